@@ -1,0 +1,45 @@
+"""Durable asynchronous work for Django on PostgreSQL alone.
+
+The public API; import from here rather than from the modules.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    "EnqueueError",
+    "JobContext",
+    "PermanentError",
+    "RateLimited",
+    "Revoked",
+    "TransientError",
+    "enqueue",
+    "enqueue_many",
+    "job",
+]
+
+from django_pgoutbox.errors import (
+    EnqueueError,
+    PermanentError,
+    RateLimited,
+    Revoked,
+    TransientError,
+)
+
+if TYPE_CHECKING:
+    from django_pgoutbox.jobs import JobContext, enqueue, enqueue_many, job
+
+_LAZY = {"JobContext", "enqueue", "enqueue_many", "job"}
+
+
+def __getattr__(name: str) -> Any:
+    # jobs.py imports the models, which need the app registry; import it on first use so that
+    # settings files and apps.py can import this package before Django is set up.
+    if name in _LAZY:
+        from django_pgoutbox import jobs
+
+        return getattr(jobs, name)
+    raise AttributeError(f"module 'django_pgoutbox' has no attribute {name!r}")

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.core import checks
+from django.utils.module_loading import autodiscover_modules
+
+
+class PgOutboxConfig(AppConfig):
+    name = "django_pgoutbox"
+    label = "pgoutbox"
+    verbose_name = "Outbox and jobs"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django_pgoutbox import checks as pgoutbox_checks
+        from django_pgoutbox import conf  # noqa: F401 - connects the setting_changed receiver
+
+        checks.register(pgoutbox_checks.check_settings)
+        checks.register(pgoutbox_checks.check_database_engines)
+        checks.register(pgoutbox_checks.check_driver)
+        checks.register(pgoutbox_checks.check_job_queues)
+        checks.register(pgoutbox_checks.check_server_version, checks.Tags.database)
+        # Handlers live in each app's jobs.py, like admin.py for the admin.
+        autodiscover_modules("jobs")

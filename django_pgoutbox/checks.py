@@ -1,0 +1,130 @@
+"""System checks, with stable ids (docs/settings.md lists them).
+
+- ``pgoutbox.E001``: a database that holds the app's tables is not PostgreSQL.
+- ``pgoutbox.E002``: the PostgreSQL driver is psycopg 2; psycopg 3 is required.
+- ``pgoutbox.E003``: ``PGOUTBOX`` (or a section of it) is not a dict, or has an unknown key.
+- ``pgoutbox.E004``: a ``PGOUTBOX`` value is invalid.
+- ``pgoutbox.E005``: a registered job type names a queue that ``PGOUTBOX['QUEUES']`` lacks.
+- ``pgoutbox.E006``: the PostgreSQL server is older than 15 (needs ``check --database``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core.checks import CheckMessage, Error
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, router
+from django.db.utils import load_backend
+
+MIN_SERVER_VERSION = 150000
+
+
+def _our_databases(databases: Sequence[str] | None = None) -> list[str]:
+    from django_pgoutbox.models import Job
+
+    aliases = databases if databases is not None else list(settings.DATABASES)
+    return [alias for alias in aliases if router.allow_migrate_model(alias, Job)]
+
+
+def _vendor(engine: str) -> str:
+    """The vendor of a backend, from its class: no connection is opened."""
+    try:
+        vendor: str = load_backend(engine).DatabaseWrapper.vendor
+    except ImproperlyConfigured:
+        return "unknown"
+    return vendor
+
+
+def check_settings(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    from django_pgoutbox.conf import settings_problems
+
+    return [
+        Error(f"{problem.key} {problem.message}", hint=problem.hint, id=problem.check_id)
+        for problem in settings_problems()
+    ]
+
+
+def check_database_engines(
+    app_configs: Sequence[AppConfig] | None, **kwargs: Any
+) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    for alias in _our_databases():
+        engine = settings.DATABASES[alias].get("ENGINE", "")
+        if _vendor(engine) != "postgresql":
+            errors.append(
+                Error(
+                    f"DATABASES[{alias!r}] uses {engine!r}; django-pgoutbox needs PostgreSQL.",
+                    hint="Set ENGINE to 'django.db.backends.postgresql', or route the "
+                    "pgoutbox app away from this database with a database router.",
+                    id="pgoutbox.E001",
+                )
+            )
+    return errors
+
+
+def check_driver(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    engines = [settings.DATABASES[alias].get("ENGINE", "") for alias in _our_databases()]
+    if not any(_vendor(engine) == "postgresql" for engine in engines):
+        return []
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    if is_psycopg3:
+        return []
+    return [
+        Error(
+            "Django is using psycopg 2; django-pgoutbox needs psycopg 3.",
+            hint="pip install 'psycopg[binary]' (or 'psycopg[c]'); Django prefers psycopg 3 "
+            "when both are installed.",
+            id="pgoutbox.E002",
+        )
+    ]
+
+
+def check_job_queues(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    from django_pgoutbox.conf import settings_problems
+    from django_pgoutbox.jobs import registered_jobs
+
+    if settings_problems():
+        return []  # check_settings reports those; queue names may not be known
+    from django_pgoutbox.conf import get_settings
+
+    queues = get_settings().queues
+    return [
+        Error(
+            f"Job type {definition.name!r} uses queue {definition.queue!r}, which "
+            "PGOUTBOX['QUEUES'] does not configure.",
+            hint=f"Add {definition.queue!r} to PGOUTBOX['QUEUES'] or pass another queue= "
+            f"to @job. Configured: {', '.join(queues) or 'none'}.",
+            obj=definition.func,
+            id="pgoutbox.E005",
+        )
+        for definition in registered_jobs().values()
+        if definition.queue not in queues
+    ]
+
+
+def check_server_version(
+    app_configs: Sequence[AppConfig] | None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    for alias in _our_databases(databases or []):
+        connection = connections[alias]
+        if connection.vendor != "postgresql":
+            continue
+        version = connection.pg_version  # type: ignore[attr-defined]
+        if version < MIN_SERVER_VERSION:
+            errors.append(
+                Error(
+                    f"DATABASES[{alias!r}] is PostgreSQL {version // 10000}; django-pgoutbox "
+                    "needs 15 or newer.",
+                    hint="The idempotency index uses NULLS NOT DISTINCT, new in PostgreSQL 15.",
+                    id="pgoutbox.E006",
+                )
+            )
+    return errors

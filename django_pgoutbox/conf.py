@@ -1,0 +1,299 @@
+"""The ``PGOUTBOX`` settings dict, merged over documented defaults, typed and validated.
+
+Every value is read through :func:`get_settings`, which parses ``settings.PGOUTBOX`` once and
+caches the result until Django's ``setting_changed`` signal says it changed (as
+``override_settings`` does). Parsing collects every problem instead of stopping at the first, so
+that one ``manage.py check`` run names them all. :mod:`django_pgoutbox.checks` turns them into
+system check errors, and :func:`get_settings` raises ``ImproperlyConfigured`` if code runs with a
+broken configuration anyway.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+SETTING_NAME = "PGOUTBOX"
+
+#: The notification channel that wakes job workers; the payload is the queue name.
+JOBS_CHANNEL = "pgoutbox_jobs"
+
+#: Queue names travel in NOTIFY payloads, metric labels and command-line flags: keep them plain.
+QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
+
+#: Keys a queue may override; each defaults to the top-level key of the same name.
+QUEUE_KEYS = ("CONCURRENCY", "LEASE_SECONDS", "POLL_INTERVAL")
+
+DEFAULTS: dict[str, Any] = {
+    # Queue name -> overrides of CONCURRENCY, LEASE_SECONDS and POLL_INTERVAL for that queue.
+    "QUEUES": {"default": {}},
+    # Handler threads per queue in one ``runworkers`` process.
+    "CONCURRENCY": 4,
+    # How long a claim lasts before another worker may take the job over; renewed while it runs.
+    "LEASE_SECONDS": 60,
+    # Seconds between reconciliation polls; NOTIFY only shortens the wait.
+    "POLL_INTERVAL": 5.0,
+    # Attempts a job gets unless its @job(max_attempts=...) says otherwise.
+    "MAX_ATTEMPTS": 10,
+    "RETRY": {
+        # Exponential backoff: BASE_DELAY * 2**min(attempt, 10), capped at MAX_DELAY (seconds).
+        "BASE_DELAY": 1.0,
+        "MAX_DELAY": 3600.0,
+        # Fraction of the delay added or removed at random, so that retries do not stampede.
+        "JITTER": 0.1,
+        # Retries granted to an exception the policy does not know, before it is dead-lettered.
+        "UNKNOWN_ERROR_RETRIES": 3,
+    },
+    "RETENTION": {
+        # How long finished rows are kept before pruning; None keeps them forever.
+        "COMPLETED_JOBS": timedelta(days=7),
+        "CANCELLED_JOBS": timedelta(days=7),
+        "PROCESSED_EVENTS": timedelta(days=7),
+    },
+    # Send pg_notify wake-ups on enqueue; workers poll either way.
+    "NOTIFY": True,
+    # Recurring schedules: name -> definition (see docs/scheduling.md).
+    "SCHEDULES": {},
+}
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    name: str
+    concurrency: int
+    lease_seconds: float
+    poll_interval: float
+
+
+@dataclass(frozen=True)
+class RetrySettings:
+    base_delay: float
+    max_delay: float
+    jitter: float
+    unknown_error_retries: int
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    completed_jobs: timedelta | None
+    cancelled_jobs: timedelta | None
+    processed_events: timedelta | None
+
+
+@dataclass(frozen=True)
+class PgOutboxSettings:
+    queues: Mapping[str, QueueSettings]
+    concurrency: int
+    lease_seconds: float
+    poll_interval: float
+    max_attempts: int
+    retry: RetrySettings
+    retention: RetentionSettings
+    notify: bool
+    schedules: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SettingsProblem:
+    """One thing wrong with ``PGOUTBOX``; ``check_id`` is the system check that reports it."""
+
+    key: str
+    message: str
+    hint: str | None = None
+    check_id: str = "pgoutbox.E004"
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+class _Parser:
+    def __init__(self) -> None:
+        self.problems: list[SettingsProblem] = []
+
+    def problem(self, key: str, message: str, hint: str | None = None, check_id: str = "") -> None:
+        self.problems.append(SettingsProblem(key, message, hint, check_id or "pgoutbox.E004"))
+
+    def section(self, raw: Any, defaults: Mapping[str, Any], key: str) -> dict[str, Any]:
+        """Merge ``raw`` over ``defaults``, reporting a non-dict or unknown keys."""
+        if raw is None:
+            return dict(defaults)
+        if not isinstance(raw, Mapping):
+            self.problem(
+                key, f"must be a dict, not {type(raw).__name__}.", check_id="pgoutbox.E003"
+            )
+            return dict(defaults)
+        for name in raw:
+            if name not in defaults:
+                self.unknown_key(f"{key}[{name!r}]", name, defaults)
+        return {**defaults, **{k: v for k, v in raw.items() if k in defaults}}
+
+    def unknown_key(self, key: str, name: object, known: Mapping[str, Any]) -> None:
+        close = difflib.get_close_matches(str(name), list(known), n=1)
+        hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(known)}."
+        self.problem(key, "is not a setting of django-pgoutbox.", hint, "pgoutbox.E003")
+
+    def positive_int(self, value: Any, key: str, *, minimum: int = 1) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.problem(key, f"must be an integer >= {minimum}, not {value!r}.")
+            return minimum
+        return value
+
+    def seconds(self, value: Any, key: str, *, allow_zero: bool = False) -> float:
+        """A duration as a number of seconds or a ``timedelta``."""
+        if isinstance(value, timedelta):
+            number = value.total_seconds()
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            number = float(value)
+        else:
+            self.problem(key, f"must be a number of seconds or a timedelta, not {value!r}.")
+            return 1.0
+        if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            self.problem(key, f"must be {bound} seconds, not {value!r}.")
+            return 1.0
+        return number
+
+    def fraction(self, value: Any, key: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            self.problem(key, f"must be a number between 0 and 1, not {value!r}.")
+            return 0.0
+        return float(value)
+
+    def age(self, value: Any, key: str) -> timedelta | None:
+        if value is None:
+            return None
+        return timedelta(seconds=self.seconds(value, key))
+
+
+def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
+    """Parse a ``PGOUTBOX`` value; return usable settings (defaults where broken) and problems."""
+    parser = _Parser()
+    top = parser.section(raw, DEFAULTS, SETTING_NAME)
+
+    concurrency = parser.positive_int(top["CONCURRENCY"], f"{SETTING_NAME}['CONCURRENCY']")
+    lease = parser.seconds(top["LEASE_SECONDS"], f"{SETTING_NAME}['LEASE_SECONDS']")
+    poll = parser.seconds(top["POLL_INTERVAL"], f"{SETTING_NAME}['POLL_INTERVAL']")
+    queues = _parse_queues(parser, top["QUEUES"], concurrency, lease, poll)
+
+    retry_key = f"{SETTING_NAME}['RETRY']"
+    retry_raw = parser.section(top["RETRY"], DEFAULTS["RETRY"], retry_key)
+    retry = RetrySettings(
+        base_delay=parser.seconds(retry_raw["BASE_DELAY"], f"{retry_key}['BASE_DELAY']"),
+        max_delay=parser.seconds(retry_raw["MAX_DELAY"], f"{retry_key}['MAX_DELAY']"),
+        jitter=parser.fraction(retry_raw["JITTER"], f"{retry_key}['JITTER']"),
+        unknown_error_retries=parser.positive_int(
+            retry_raw["UNKNOWN_ERROR_RETRIES"], f"{retry_key}['UNKNOWN_ERROR_RETRIES']", minimum=0
+        ),
+    )
+    if retry.max_delay < retry.base_delay:
+        parser.problem(
+            f"{retry_key}['MAX_DELAY']",
+            f"({retry.max_delay:g}s) is smaller than BASE_DELAY ({retry.base_delay:g}s).",
+        )
+
+    retention_key = f"{SETTING_NAME}['RETENTION']"
+    retention_raw = parser.section(top["RETENTION"], DEFAULTS["RETENTION"], retention_key)
+    retention = RetentionSettings(
+        completed_jobs=parser.age(
+            retention_raw["COMPLETED_JOBS"], f"{retention_key}['COMPLETED_JOBS']"
+        ),
+        cancelled_jobs=parser.age(
+            retention_raw["CANCELLED_JOBS"], f"{retention_key}['CANCELLED_JOBS']"
+        ),
+        processed_events=parser.age(
+            retention_raw["PROCESSED_EVENTS"], f"{retention_key}['PROCESSED_EVENTS']"
+        ),
+    )
+
+    notify = top["NOTIFY"]
+    if not isinstance(notify, bool):
+        parser.problem(f"{SETTING_NAME}['NOTIFY']", f"must be True or False, not {notify!r}.")
+        notify = True
+
+    schedules = top["SCHEDULES"]
+    if not isinstance(schedules, Mapping):
+        parser.problem(
+            f"{SETTING_NAME}['SCHEDULES']", f"must be a dict, not {type(schedules).__name__}."
+        )
+        schedules = {}
+
+    parsed = PgOutboxSettings(
+        queues=queues,
+        concurrency=concurrency,
+        lease_seconds=lease,
+        poll_interval=poll,
+        max_attempts=parser.positive_int(top["MAX_ATTEMPTS"], f"{SETTING_NAME}['MAX_ATTEMPTS']"),
+        retry=retry,
+        retention=retention,
+        notify=notify,
+        schedules=dict(schedules),
+    )
+    return parsed, parser.problems
+
+
+def _parse_queues(
+    parser: _Parser, raw: Any, concurrency: int, lease: float, poll: float
+) -> dict[str, QueueSettings]:
+    key = f"{SETTING_NAME}['QUEUES']"
+    if not isinstance(raw, Mapping):
+        parser.problem(key, f"must be a dict of queue name -> options, not {type(raw).__name__}.")
+        return {}
+    if not raw:
+        parser.problem(key, "names no queue; workers would have nothing to run.")
+    queues: dict[str, QueueSettings] = {}
+    for name, options in raw.items():
+        queue_key = f"{key}[{name!r}]"
+        if not isinstance(name, str) or not QUEUE_NAME_RE.match(name):
+            parser.problem(
+                queue_key,
+                "is not a valid queue name.",
+                "Use 1-63 letters, digits, '_', '.', ':' or '-', starting with a letter or digit.",
+            )
+            continue
+        inherited = {"CONCURRENCY": concurrency, "LEASE_SECONDS": lease, "POLL_INTERVAL": poll}
+        merged = parser.section(options, inherited, queue_key)
+        queues[name] = QueueSettings(
+            name=name,
+            concurrency=parser.positive_int(merged["CONCURRENCY"], f"{queue_key}['CONCURRENCY']"),
+            lease_seconds=parser.seconds(merged["LEASE_SECONDS"], f"{queue_key}['LEASE_SECONDS']"),
+            poll_interval=parser.seconds(merged["POLL_INTERVAL"], f"{queue_key}['POLL_INTERVAL']"),
+        )
+    return queues
+
+
+@functools.cache
+def _cached() -> tuple[PgOutboxSettings, tuple[SettingsProblem, ...]]:
+    parsed, problems = parse_settings(getattr(settings, SETTING_NAME, None))
+    return parsed, tuple(problems)
+
+
+def settings_problems() -> tuple[SettingsProblem, ...]:
+    """What is wrong with the current ``PGOUTBOX`` (empty when it is valid)."""
+    return _cached()[1]
+
+
+def get_settings() -> PgOutboxSettings:
+    """The parsed ``PGOUTBOX``; raises ``ImproperlyConfigured`` naming every bad key."""
+    parsed, problems = _cached()
+    if problems:
+        raise ImproperlyConfigured(
+            "Invalid PGOUTBOX setting:\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+    return parsed
+
+
+@receiver(setting_changed)
+def _reset_on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting == SETTING_NAME:
+        _cached.cache_clear()

@@ -1,0 +1,74 @@
+"""Exceptions: the failure classes of the retry policy, and errors of bad input.
+
+A handler raises one of the four failure classes to tell the retry policy what happened; any other
+exception is *unknown* and gets a few retries before it is dead-lettered (see docs/retries.md).
+"""
+
+from __future__ import annotations
+
+
+class PgOutboxError(Exception):
+    """Base class of every exception this app raises on its own."""
+
+
+# -- failure classes a handler raises ------------------------------------------------------------
+
+
+class JobFailure(Exception):
+    """Base class of the failures that a handler raises to steer the retry policy.
+
+    ``code`` is stored in ``jobs.last_error_code``; it defaults to the class name.
+    """
+
+    code: str | None = None
+
+    def __init__(self, message: str = "", *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class TransientError(JobFailure):
+    """A network or service failure that may pass: retry with exponential backoff and jitter."""
+
+
+class RateLimited(JobFailure):
+    """The other side asked us to slow down: retry after ``retry_after`` seconds (its hint)."""
+
+    def __init__(
+        self, retry_after: float | None = None, message: str = "", *, code: str | None = None
+    ) -> None:
+        if retry_after is not None and (
+            isinstance(retry_after, bool)
+            or not isinstance(retry_after, int | float)
+            or retry_after < 0
+        ):
+            raise TypeError(
+                f"RateLimited(retry_after=...) must be seconds >= 0, not {retry_after!r}"
+            )
+        super().__init__(message or f"rate limited (retry after {retry_after}s)", code=code)
+        self.retry_after = retry_after
+
+
+class PermanentError(JobFailure):
+    """The payload can never succeed (invalid, refers to nothing): dead-letter at once."""
+
+
+class Revoked(JobFailure):
+    """Authorization was withdrawn or the work was revoked: cancel safely, never retry."""
+
+
+# -- errors of bad input -------------------------------------------------------------------------
+
+
+class EnqueueError(PgOutboxError, ValueError):
+    """An enqueue was refused; ``field`` names the argument that was wrong. Nothing was written."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class JobRegistrationError(PgOutboxError, TypeError):
+    """A ``@job`` declaration is wrong (bad name, queue or handler signature, duplicate name)."""

@@ -1,0 +1,533 @@
+"""The ``@job`` registry and ``enqueue()`` / ``enqueue_many()``.
+
+Enqueueing writes through the Django connection of the chosen database, so it joins whatever
+transaction the caller has open: roll it back and the job never existed. Every argument is checked
+before anything is written, and a bad one raises :class:`~django_pgoutbox.errors.EnqueueError`
+naming the argument.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import math
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, TypeAlias, overload
+
+from django.conf import settings
+from django.db import connections, router, transaction
+
+from django_pgoutbox import queries
+from django_pgoutbox.conf import JOBS_CHANNEL, get_settings
+from django_pgoutbox.errors import EnqueueError, JobRegistrationError
+from django_pgoutbox.ids import uuid7
+from django_pgoutbox.models import Job, JobStatus, job_from_row
+
+Payload: TypeAlias = dict[str, Any]
+Handler: TypeAlias = Callable[[Payload, "JobContext"], Any]
+
+#: Rows per INSERT statement in ``enqueue_many``; bounds the size of one statement.
+ENQUEUE_CHUNK_SIZE = 5000
+
+_INT32 = (-(2**31), 2**31 - 1)
+
+
+@dataclass
+class JobContext:
+    """What a handler knows about the attempt it is running."""
+
+    job_id: uuid.UUID
+    job_type: str
+    attempt: int
+    organization_id: uuid.UUID | None
+    queue: str
+    logger: logging.LoggerAdapter[logging.Logger]
+    _renew: Callable[[], None] = field(repr=False)
+
+    def renew_lease(self) -> None:
+        """Extend this attempt's lease now (workers also renew it on their own while it runs)."""
+        self._renew()
+
+
+class JobDefinition:
+    """A registered handler with its defaults; calling it runs the handler in-process."""
+
+    def __init__(
+        self, func: Handler, *, name: str, queue: str, max_attempts: int | None, priority: int
+    ) -> None:
+        self.func = func
+        self.name = name
+        self.queue = queue
+        self.max_attempts = max_attempts
+        self.priority = priority
+        self.__doc__ = func.__doc__
+        self.__name__ = getattr(func, "__name__", name)
+        self.__module__ = func.__module__
+
+    def __repr__(self) -> str:
+        return f"<JobDefinition {self.name!r} queue={self.queue!r}>"
+
+    def __call__(self, payload: Payload, ctx: JobContext) -> Any:
+        return self.func(payload, ctx)
+
+    def enqueue(
+        self,
+        payload: Payload,
+        *,
+        idempotency_key: str | None = None,
+        organization_id: uuid.UUID | str | None = None,
+        priority: int | None = None,
+        run_at: datetime | timedelta | None = None,
+        queue: str | None = None,
+        using: str | None = None,
+    ) -> Job:
+        """Enqueue this job type; see :func:`enqueue`."""
+        return enqueue(
+            self.name,
+            payload,
+            idempotency_key=idempotency_key,
+            organization_id=organization_id,
+            priority=priority,
+            run_at=run_at,
+            queue=queue,
+            using=using,
+        )
+
+
+_registry: dict[str, JobDefinition] = {}
+
+
+def registered_jobs() -> Mapping[str, JobDefinition]:
+    """Every registered job type, by name."""
+    return dict(_registry)
+
+
+def get_job(name: str) -> JobDefinition | None:
+    """The definition registered under ``name``, or None (a handler deployed elsewhere)."""
+    return _registry.get(name)
+
+
+def unregister_job(name: str) -> None:
+    """Forget a job type (for tests that register handlers of their own)."""
+    _registry.pop(name, None)
+
+
+@overload
+def job(func: Handler, /) -> JobDefinition: ...
+
+
+@overload
+def job(
+    name: str | None = None,
+    *,
+    queue: str = "default",
+    max_attempts: int | None = None,
+    priority: int = 0,
+) -> Callable[[Handler], JobDefinition]: ...
+
+
+def job(
+    name: str | Handler | None = None,
+    *,
+    queue: str = "default",
+    max_attempts: int | None = None,
+    priority: int = 0,
+) -> JobDefinition | Callable[[Handler], JobDefinition]:
+    """Register ``handler(payload: dict, ctx: JobContext)`` as a job type.
+
+    Use it bare (``@job``) or with options (``@job("emails.send", queue="notifications")``). The
+    name defaults to ``module.function``; it is what is stored in ``jobs.job_type``, so keep it
+    stable across deployments. ``max_attempts`` defaults to ``PGOUTBOX["MAX_ATTEMPTS"]``.
+    """
+    if callable(name):
+        return _register(name, None, queue, max_attempts, priority)
+    if name is not None and (not isinstance(name, str) or not name.strip() or "\x00" in name):
+        raise JobRegistrationError(f"@job name must be a non-empty string, not {name!r}")
+
+    def decorator(func: Handler) -> JobDefinition:
+        return _register(func, name, queue, max_attempts, priority)
+
+    return decorator
+
+
+def _register(
+    func: Handler, name: str | None, queue: str, max_attempts: int | None, priority: int
+) -> JobDefinition:
+    if not callable(func):
+        raise JobRegistrationError(f"@job must decorate a function, not {func!r}")
+    job_name = name or f"{func.__module__}.{func.__qualname__}"
+    if not isinstance(queue, str) or not queue:
+        raise JobRegistrationError(f"@job {job_name!r}: queue must be a non-empty string")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+    ):
+        raise JobRegistrationError(
+            f"@job {job_name!r}: max_attempts must be an integer >= 1, not {max_attempts!r}"
+        )
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise JobRegistrationError(f"@job {job_name!r}: priority must be an int, not {priority!r}")
+    _check_signature(job_name, func)
+    existing = _registry.get(job_name)
+    if existing is not None and _qualified(existing.func) != _qualified(func):
+        raise JobRegistrationError(
+            f"job type {job_name!r} is already registered by {_qualified(existing.func)}; "
+            "give one of them another name"
+        )
+    definition = JobDefinition(
+        func, name=job_name, queue=queue, max_attempts=max_attempts, priority=priority
+    )
+    _registry[job_name] = definition
+    return definition
+
+
+def _qualified(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{getattr(func, '__qualname__', repr(func))}"
+
+
+def _check_signature(name: str, func: Callable[..., Any]) -> None:
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # builtins without a signature: trust them
+        return
+    try:
+        signature.bind(object(), object())
+    except TypeError:
+        raise JobRegistrationError(
+            f"@job {name!r}: the handler must accept (payload, ctx); its signature is "
+            f"{func.__name__}{signature}"
+        ) from None
+
+
+# -- enqueue -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    """One validated job, ready for ``ENQUEUE_JOBS``."""
+
+    id: uuid.UUID
+    organization_id: uuid.UUID | None
+    queue: str
+    job_type: str
+    payload: Payload
+    payload_json: str
+    idempotency_key: str | None
+    priority: int
+    run_at: datetime | None
+    delay: timedelta
+    max_attempts: int
+
+
+def enqueue(
+    job_type: str,
+    payload: Payload,
+    *,
+    idempotency_key: str | None = None,
+    organization_id: uuid.UUID | str | None = None,
+    priority: int | None = None,
+    run_at: datetime | timedelta | None = None,
+    queue: str | None = None,
+    using: str | None = None,
+) -> Job:
+    """Enqueue one job in the caller's transaction and return it.
+
+    ``payload`` is a JSON object (a dict of JSON values). ``run_at`` is an aware datetime or a
+    delay from now. ``queue``, ``priority`` and the attempt budget default to the job type's
+    ``@job`` declaration, then to the ``default`` queue. A repeated ``idempotency_key`` for the
+    same ``(organization_id, job_type)`` returns the job that already holds it, unchanged.
+
+    One statement when the job is new; one more to read the existing job on a repeated key.
+    """
+    alias = _database(using)
+    row = _validate(
+        job_type,
+        payload,
+        idempotency_key=idempotency_key,
+        organization_id=organization_id,
+        priority=priority,
+        run_at=run_at,
+        queue=queue,
+        prefix="",
+    )
+    return _insert(alias, [row])[0]
+
+
+#: Keys an ``enqueue_many`` item may have.
+_ITEM_KEYS = frozenset(
+    {"job_type", "payload", "idempotency_key", "organization_id", "priority", "run_at", "queue"}
+)
+
+
+def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None) -> list[Job]:
+    """Enqueue many jobs atomically, in a few statements, and return them in input order.
+
+    Each item is a mapping with ``job_type`` and ``payload`` and, optionally, the keyword arguments
+    of :func:`enqueue` (``idempotency_key``, ``organization_id``, ``priority``, ``run_at``,
+    ``queue``). Every item is validated before anything is written; one bad item refuses the
+    whole batch with an error naming its index. Items that repeat an idempotency key (of an
+    existing job or of an earlier item) return the job that holds it.
+    """
+    alias = _database(using)
+    rows: list[_Row] = []
+    for index, item in enumerate(items):
+        prefix = f"items[{index}]."
+        if not isinstance(item, Mapping):
+            raise EnqueueError(f"items[{index}]", f"must be a dict, not {type(item).__name__}")
+        unknown = sorted(set(item) - _ITEM_KEYS, key=str)
+        if unknown:
+            raise EnqueueError(
+                f"items[{index}]",
+                f"unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_ITEM_KEYS))}",
+            )
+        for required in ("job_type", "payload"):
+            if required not in item:
+                raise EnqueueError(f"{prefix}{required}", "is required")
+        rows.append(
+            _validate(
+                item["job_type"],
+                item["payload"],
+                idempotency_key=item.get("idempotency_key"),
+                organization_id=item.get("organization_id"),
+                priority=item.get("priority"),
+                run_at=item.get("run_at"),
+                queue=item.get("queue"),
+                prefix=prefix,
+            )
+        )
+    if not rows:
+        return []
+    with transaction.atomic(using=alias, savepoint=False):
+        jobs: list[Job] = []
+        for start in range(0, len(rows), ENQUEUE_CHUNK_SIZE):
+            jobs.extend(_insert(alias, rows[start : start + ENQUEUE_CHUNK_SIZE]))
+    return jobs
+
+
+def _database(using: str | None) -> str:
+    if using is None:
+        return router.db_for_write(Job)
+    if using not in settings.DATABASES:
+        raise EnqueueError(
+            "using", f"no database {using!r} in DATABASES ({', '.join(settings.DATABASES)})"
+        )
+    return using
+
+
+def _insert(alias: str, rows: Sequence[_Row]) -> list[Job]:
+    """Insert ``rows`` (at most one chunk); return their jobs, existing ones for repeated keys."""
+    conf = get_settings()
+    created: dict[uuid.UUID, Job] = {}
+    pending = list(rows)
+    # A conflicting job can vanish between our insert and our read (retention pruned it, an
+    # operator deleted it); its rows are then inserted again. Three rounds is plenty: each
+    # round either inserts or finds every row, barring a deletion racing us each time.
+    for _ in range(3):
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                queries.ENQUEUE_JOBS,
+                [
+                    [r.id for r in pending],
+                    [r.organization_id for r in pending],
+                    [r.queue for r in pending],
+                    [r.job_type for r in pending],
+                    [r.payload_json for r in pending],
+                    [r.idempotency_key for r in pending],
+                    [r.priority for r in pending],
+                    [r.run_at for r in pending],
+                    [r.delay for r in pending],
+                    [r.max_attempts for r in pending],
+                    JOBS_CHANNEL,
+                    conf.notify,
+                ],
+            )
+            returned = {job_id: (run_at, created_at) for job_id, run_at, created_at, _ in cursor}
+        for row in pending:
+            if row.id in returned:
+                run_at, created_at = returned[row.id]
+                created[row.id] = _job_from(alias, row, run_at, created_at)
+        conflicting = [r for r in pending if r.id not in returned]
+        existing = _existing_jobs(alias, conflicting)
+        pending = [r for r in conflicting if _key(r) not in existing]
+        if not pending:
+            return [created.get(r.id) or existing[_key(r)] for r in rows]
+    raise EnqueueError(
+        "idempotency_key",
+        f"{pending[0].idempotency_key!r} conflicts with a job that keeps disappearing; try again",
+    )
+
+
+def _key(row: _Row) -> tuple[uuid.UUID | None, str, str | None]:
+    return (row.organization_id, row.job_type, row.idempotency_key)
+
+
+def _existing_jobs(
+    alias: str, rows: Sequence[_Row]
+) -> dict[tuple[uuid.UUID | None, str, str | None], Job]:
+    """The jobs that hold the idempotency keys of ``rows``, one query per (organization, type)."""
+    groups: dict[tuple[uuid.UUID | None, str], set[str]] = defaultdict(set)
+    for row in rows:
+        assert row.idempotency_key is not None  # only keyed rows can conflict
+        groups[(row.organization_id, row.job_type)].add(row.idempotency_key)
+    found: dict[tuple[uuid.UUID | None, str, str | None], Job] = {}
+    for (organization_id, job_type), keys in groups.items():
+        matches = Job.objects.using(alias).filter(
+            organization_id=organization_id, job_type=job_type, idempotency_key__in=keys
+        )
+        for existing in matches:
+            found[(existing.organization_id, existing.job_type, existing.idempotency_key)] = (
+                existing
+            )
+    return found
+
+
+def _job_from(alias: str, row: _Row, run_at: datetime, created_at: datetime) -> Job:
+    return job_from_row(
+        alias,
+        {
+            "id": row.id,
+            "organization_id": row.organization_id,
+            "queue": row.queue,
+            "job_type": row.job_type,
+            "payload": row.payload,
+            "idempotency_key": row.idempotency_key,
+            "status": JobStatus.PENDING,
+            "priority": row.priority,
+            "run_at": run_at,
+            "attempts": 0,
+            "max_attempts": row.max_attempts,
+            "created_at": created_at,
+        },
+    )
+
+
+# -- validation ----------------------------------------------------------------------------------
+
+
+def _validate(
+    job_type: Any,
+    payload: Any,
+    *,
+    idempotency_key: Any,
+    organization_id: Any,
+    priority: Any,
+    run_at: Any,
+    queue: Any,
+    prefix: str,
+) -> _Row:
+    conf = get_settings()
+    if not isinstance(job_type, str) or not job_type.strip():
+        raise EnqueueError(f"{prefix}job_type", f"must be a non-empty string, not {job_type!r}")
+    _reject_nul(job_type, f"{prefix}job_type")
+    definition = _registry.get(job_type)
+
+    if not isinstance(payload, dict):
+        raise EnqueueError(
+            f"{prefix}payload", f"must be a dict (a JSON object), not {type(payload).__name__}"
+        )
+    _check_json(payload, f"{prefix}payload")
+    payload_json = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+    if idempotency_key is not None:
+        if not isinstance(idempotency_key, str) or not idempotency_key:
+            raise EnqueueError(
+                f"{prefix}idempotency_key",
+                f"must be a non-empty string or None, not {idempotency_key!r}",
+            )
+        _reject_nul(idempotency_key, f"{prefix}idempotency_key")
+
+    if organization_id is not None and not isinstance(organization_id, uuid.UUID):
+        try:
+            organization_id = uuid.UUID(str(organization_id))
+        except ValueError:
+            raise EnqueueError(
+                f"{prefix}organization_id", f"must be a UUID or None, not {organization_id!r}"
+            ) from None
+
+    if priority is None:
+        priority = definition.priority if definition else 0
+    elif isinstance(priority, bool) or not isinstance(priority, int):
+        raise EnqueueError(f"{prefix}priority", f"must be an int, not {priority!r}")
+    elif not _INT32[0] <= priority <= _INT32[1]:
+        raise EnqueueError(f"{prefix}priority", f"{priority} is outside the 32-bit integer range")
+
+    absolute: datetime | None = None
+    delay = timedelta(0)
+    if isinstance(run_at, datetime):
+        if run_at.utcoffset() is None:
+            raise EnqueueError(
+                f"{prefix}run_at",
+                f"{run_at!r} is naive; pass an aware datetime "
+                "(django.utils.timezone.now() + timedelta(...)) or a timedelta",
+            )
+        absolute = run_at
+    elif isinstance(run_at, timedelta):
+        delay = run_at
+    elif run_at is not None:
+        raise EnqueueError(
+            f"{prefix}run_at",
+            f"must be an aware datetime, a timedelta or None, not {type(run_at).__name__}",
+        )
+
+    if queue is None:
+        queue = definition.queue if definition else "default"
+    elif not isinstance(queue, str):
+        raise EnqueueError(f"{prefix}queue", f"must be a string, not {queue!r}")
+    if queue not in conf.queues:
+        raise EnqueueError(
+            f"{prefix}queue",
+            f"unknown queue {queue!r}; PGOUTBOX['QUEUES'] has {', '.join(conf.queues) or 'none'}",
+        )
+
+    max_attempts = definition.max_attempts if definition else None
+    return _Row(
+        id=uuid7(),
+        organization_id=organization_id,
+        queue=queue,
+        job_type=job_type,
+        payload=payload,
+        payload_json=payload_json,
+        idempotency_key=idempotency_key,
+        priority=priority,
+        run_at=absolute,
+        delay=delay,
+        max_attempts=max_attempts or conf.max_attempts,
+    )
+
+
+def _reject_nul(text: str, where: str) -> None:
+    if "\x00" in text:
+        raise EnqueueError(where, "contains a NUL character (\\x00), which PostgreSQL cannot store")
+
+
+def _check_json(value: Any, where: str) -> None:
+    """Raise naming the first value under ``where`` that jsonb cannot store as given."""
+    if value is None or isinstance(value, bool | int):
+        return
+    if isinstance(value, str):
+        _reject_nul(value, where)
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise EnqueueError(where, f"{value!r} is not a JSON number")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise EnqueueError(
+                    f"{where}[{key!r}]",
+                    f"JSON object keys must be strings, not {type(key).__name__}",
+                )
+            _reject_nul(key, f"{where} key {key!r}")
+            _check_json(item, f"{where}[{key!r}]")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            _check_json(item, f"{where}[{index}]")
+    else:
+        raise EnqueueError(
+            where,
+            f"{type(value).__name__} is not JSON-serialisable; convert it first "
+            "(str() for a UUID or Decimal, .isoformat() for a datetime)",
+        )

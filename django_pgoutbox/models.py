@@ -1,0 +1,180 @@
+"""The three tables: ``outbox_events`` (facts), ``jobs`` (executable work), ``schedule_cursors``.
+
+Columns, types, defaults and indexes follow the source text exactly, with the seed's names. Columns
+this app adds are marked "added". Every time column that has a default takes it from the database
+clock (``now()``), never from a worker's clock, so that hosts with skewed clocks agree.
+Storage parameters (fillfactor, autovacuum) are set in the initial migration; see docs/tables.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.contrib.postgres.functions import RandomUUID
+from django.db import models
+
+from django_pgoutbox.ids import uuid7
+
+
+class TransactionNow(models.Func):
+    """``now()``: the database clock at the start of the transaction, as the seed's defaults use.
+
+    Django's ``Now()`` renders ``STATEMENT_TIMESTAMP()`` on PostgreSQL; the seed's tables say
+    ``DEFAULT now()``, and so do this app's statements, so every default agrees with them.
+    """
+
+    template = "now()"
+    output_field = models.DateTimeField()
+
+
+class JobStatus(models.TextChoices):
+    """The six states of a job (docs/tables.md has the diagram)."""
+
+    PENDING = "pending", "pending"
+    LEASED = "leased", "leased"
+    RETRYING = "retrying", "retrying"
+    COMPLETED = "completed", "completed"
+    DEAD = "dead", "dead"
+    CANCELLED = "cancelled", "cancelled"
+
+
+#: States a worker may claim from; the claim index covers exactly these.
+CLAIMABLE_STATUSES = (JobStatus.PENDING, JobStatus.RETRYING)
+#: States that never change again (until an operator re-drives a dead letter).
+FINISHED_STATUSES = (JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED)
+
+
+class OutboxEvent(models.Model):
+    """A fact that has already happened, committed in the same transaction as the change."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, db_default=RandomUUID(), editable=False)
+    organization_id = models.UUIDField(null=True, blank=True)
+    aggregate_type = models.TextField()
+    aggregate_id = models.UUIDField()
+    event_type = models.TextField()
+    schema_version = models.IntegerField()
+    payload = models.JSONField()
+    occurred_at = models.DateTimeField(db_default=TransactionNow())
+    available_at = models.DateTimeField(db_default=TransactionNow())
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.TextField(null=True, blank=True)
+    processed_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.IntegerField(default=0, db_default=0)
+    last_error = models.TextField(null=True, blank=True)
+
+    class Meta:
+        db_table = "outbox_events"
+        verbose_name = "outbox event"
+        ordering: ClassVar[list[str]] = ["occurred_at", "id"]
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(
+                fields=["available_at", "occurred_at"],
+                name="outbox_pending_idx",
+                condition=models.Q(processed_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} {self.aggregate_type}:{self.aggregate_id} ({self.id})"
+
+
+class Job(models.Model):
+    """Executable work with a lease, a retry budget and a dead-letter state."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, db_default=RandomUUID(), editable=False)
+    organization_id = models.UUIDField(null=True, blank=True)
+    queue = models.TextField()
+    job_type = models.TextField()
+    payload = models.JSONField()
+    idempotency_key = models.TextField(null=True, blank=True)
+    status = models.TextField(
+        choices=JobStatus.choices, default=JobStatus.PENDING, db_default=JobStatus.PENDING
+    )
+    priority = models.IntegerField(default=0, db_default=0)
+    run_at = models.DateTimeField(db_default=TransactionNow())
+    attempts = models.IntegerField(default=0, db_default=0)
+    max_attempts = models.IntegerField(default=10, db_default=10)
+    locked_at = models.DateTimeField(null=True, blank=True)
+    locked_by = models.TextField(null=True, blank=True)
+    last_error_code = models.TextField(null=True, blank=True)
+    last_error_summary = models.TextField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(db_default=TransactionNow())
+    # Added: when the current lease ends. A lease is renewed by moving this forward, and this
+    # column is in no index, so a renewal can be a HOT update.
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Added: when the job reached completed, dead or cancelled (completed_at is only for completed).
+    finished_at = models.DateTimeField(null=True, blank=True)
+    # Added: the handler's JSON return value, for callers that read results (django.tasks).
+    result = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        db_table = "jobs"
+        ordering: ClassVar[list[str]] = ["-created_at", "id"]
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            # NULLS NOT DISTINCT (PostgreSQL 15+): without it two jobs with the same key and no
+            # organization would both be accepted, because NULL never equals NULL.
+            models.UniqueConstraint(
+                fields=["organization_id", "job_type", "idempotency_key"],
+                name="jobs_idempotency_uq",
+                condition=models.Q(idempotency_key__isnull=False),
+                nulls_distinct=False,
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=JobStatus.values), name="jobs_status_valid"
+            ),
+        ]
+        indexes: ClassVar[list[models.Index]] = [
+            # The claim: WHERE queue = %s AND status IN ('pending', 'retrying') AND run_at <= now()
+            # ORDER BY priority DESC, run_at, created_at, id. Equality on queue, then the order.
+            models.Index(
+                fields=["queue", "-priority", "run_at", "created_at", "id"],
+                name="jobs_claim_idx",
+                condition=models.Q(status__in=CLAIMABLE_STATUSES),
+            ),
+            # Lease recovery and shutdown release scan only the few leased rows.
+            models.Index(
+                fields=["locked_by"],
+                name="jobs_leased_idx",
+                condition=models.Q(status=JobStatus.LEASED),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_type} [{self.queue}] {self.status} ({self.id})"
+
+
+class DeadLetterManager(models.Manager["DeadLetter"]):
+    def get_queryset(self) -> models.QuerySet[DeadLetter]:
+        return super().get_queryset().filter(status=JobStatus.DEAD)
+
+
+class DeadLetter(Job):
+    """Jobs in the ``dead`` state: the dead-letter view of the ``jobs`` table."""
+
+    objects: ClassVar[DeadLetterManager] = DeadLetterManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
+
+
+class ScheduleCursor(models.Model):
+    """The last slot a recurring schedule enqueued, so duplicate scheduler runs stay harmless."""
+
+    name = models.TextField(primary_key=True)
+    last_slot_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(db_default=TransactionNow())
+
+    class Meta:
+        db_table = "schedule_cursors"
+        verbose_name = "schedule cursor"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def job_from_row(using: str, values: dict[str, Any]) -> Job:
+    """A saved ``Job`` instance from column values already converted to Python."""
+    names = [f.attname for f in Job._meta.concrete_fields]
+    return Job.from_db(using, names, [values.get(name) for name in names])

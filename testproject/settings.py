@@ -1,0 +1,73 @@
+"""Settings of the test and demo project."""
+
+from __future__ import annotations
+
+from testproject.database import database_url, parse_database_url
+
+SECRET_KEY = "pgoutbox-test-not-secret"
+DEBUG = True
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_pgoutbox",
+    "testproject.demo",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+STATIC_URL = "/static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {"default": parse_database_url(database_url())}
+
+# The seed's seven queues, each with the concurrency its workload calls for.
+PGOUTBOX = {
+    "QUEUES": {
+        "default": {},
+        "critical_alerts": {"CONCURRENCY": 4, "LEASE_SECONDS": 30},
+        "notifications": {"CONCURRENCY": 4},
+        "webhooks": {"CONCURRENCY": 4},
+        "location_derivation": {"CONCURRENCY": 2},
+        "reports": {"CONCURRENCY": 1, "LEASE_SECONDS": 300},
+        "exports": {"CONCURRENCY": 1, "LEASE_SECONDS": 300},
+        "maintenance": {"CONCURRENCY": 1},
+    },
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_pgoutbox": {"handlers": ["console"], "level": "WARNING"}},
+}

@@ -1,0 +1,44 @@
+"""Fixtures shared by the suite. The database comes from testproject/database.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from django_pgoutbox import jobs
+
+
+@pytest.fixture
+def registry() -> Iterator[None]:
+    """Restore the job registry after a test that registers handlers of its own."""
+    saved = dict(jobs._registry)
+    yield
+    jobs._registry.clear()
+    jobs._registry.update(saved)
+
+
+@pytest.fixture
+def raw_connection_params() -> dict[str, Any]:
+    """psycopg connection arguments for the test database, for a second, independent connection."""
+    params: dict[str, Any] = connection.get_connection_params()
+    params.pop("cursor_factory", None)
+    params.pop("context", None)
+    params.pop("server_side_binding", None)
+    return params
+
+
+@pytest.fixture
+def listener(raw_connection_params: dict[str, Any]) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection listening on the jobs channel."""
+    with psycopg.connect(**raw_connection_params, autocommit=True) as conn:
+        conn.execute("LISTEN pgoutbox_jobs")
+        yield conn
+
+
+def drain_notifications(conn: psycopg.Connection[Any], timeout: float = 0.5) -> list[str]:
+    """Payloads of the notifications that arrive within ``timeout`` seconds."""
+    return [n.payload for n in conn.notifies(timeout=timeout, stop_after=None)]

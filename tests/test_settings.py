@@ -1,0 +1,214 @@
+"""PGOUTBOX parsing and the system checks that report it."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.core.checks import run_checks
+from django.core.exceptions import ImproperlyConfigured
+from django.test import override_settings
+
+from django_pgoutbox import checks, job
+from django_pgoutbox.conf import DEFAULTS, get_settings, parse_settings
+
+
+def problems_of(raw: Any) -> list[tuple[str, str, str]]:
+    _, problems = parse_settings(raw)
+    return [(p.check_id, p.key, p.message) for p in problems]
+
+
+class TestDefaults:
+    def test_absent_setting_gives_documented_defaults(self) -> None:
+        parsed, problems = parse_settings(None)
+        assert problems == []
+        assert list(parsed.queues) == ["default"]
+        default = parsed.queues["default"]
+        assert (default.concurrency, default.lease_seconds, default.poll_interval) == (4, 60.0, 5.0)
+        assert parsed.max_attempts == 10
+        assert parsed.retry.base_delay == 1.0
+        assert parsed.retry.max_delay == 3600.0
+        assert parsed.retry.jitter == 0.1
+        assert parsed.retry.unknown_error_retries == 3
+        assert parsed.retention.completed_jobs == timedelta(days=7)
+        assert parsed.notify is True
+
+    def test_queues_inherit_top_level_values(self) -> None:
+        parsed, problems = parse_settings(
+            {
+                "CONCURRENCY": 8,
+                "LEASE_SECONDS": timedelta(minutes=2),
+                "QUEUES": {"a": {}, "b": {"CONCURRENCY": 1, "POLL_INTERVAL": 0.5}},
+            }
+        )
+        assert problems == []
+        assert (parsed.queues["a"].concurrency, parsed.queues["a"].lease_seconds) == (8, 120.0)
+        assert (parsed.queues["b"].concurrency, parsed.queues["b"].poll_interval) == (1, 0.5)
+
+    def test_partial_sections_merge_over_defaults(self) -> None:
+        parsed, problems = parse_settings(
+            {"RETRY": {"MAX_DELAY": 60}, "RETENTION": {"COMPLETED_JOBS": None}}
+        )
+        assert problems == []
+        assert (parsed.retry.base_delay, parsed.retry.max_delay) == (1.0, 60.0)
+        assert parsed.retention.completed_jobs is None
+        assert parsed.retention.cancelled_jobs == timedelta(days=7)
+
+    def test_every_default_key_is_documented(self) -> None:
+        from pathlib import Path
+
+        reference = (Path(__file__).parent.parent / "docs" / "settings.md").read_text()
+        for key in DEFAULTS:
+            assert f"`{key}`" in reference
+        for section in ("RETRY", "RETENTION"):
+            for key in DEFAULTS[section]:
+                assert f"`{key}`" in reference
+
+
+class TestProblems:
+    @pytest.mark.parametrize(
+        ("raw", "check_id", "key", "message"),
+        [
+            ([], "pgoutbox.E003", "PGOUTBOX", "must be a dict"),
+            ({"QUEUE": {}}, "pgoutbox.E003", "PGOUTBOX['QUEUE']", "is not a setting"),
+            (
+                {"RETRY": {"BASE": 1}},
+                "pgoutbox.E003",
+                "PGOUTBOX['RETRY']['BASE']",
+                "is not a setting",
+            ),
+            (
+                {"QUEUES": {"a": {"CONCURENCY": 2}}},
+                "pgoutbox.E003",
+                "PGOUTBOX['QUEUES']['a']['CONCURENCY']",
+                "is not a setting",
+            ),
+            ({"QUEUES": {"a": 3}}, "pgoutbox.E003", "PGOUTBOX['QUEUES']['a']", "must be a dict"),
+            ({"QUEUES": []}, "pgoutbox.E004", "PGOUTBOX['QUEUES']", "must be a dict"),
+            ({"QUEUES": {}}, "pgoutbox.E004", "PGOUTBOX['QUEUES']", "names no queue"),
+            (
+                {"QUEUES": {"bad name": {}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['bad name']",
+                "not a valid queue name",
+            ),
+            (
+                {"QUEUES": {"a": {"CONCURRENCY": 0}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['a']['CONCURRENCY']",
+                "integer >= 1",
+            ),
+            ({"CONCURRENCY": "4"}, "pgoutbox.E004", "PGOUTBOX['CONCURRENCY']", "integer >= 1"),
+            ({"CONCURRENCY": True}, "pgoutbox.E004", "PGOUTBOX['CONCURRENCY']", "integer >= 1"),
+            ({"LEASE_SECONDS": 0}, "pgoutbox.E004", "PGOUTBOX['LEASE_SECONDS']", "> 0 seconds"),
+            ({"LEASE_SECONDS": -5}, "pgoutbox.E004", "PGOUTBOX['LEASE_SECONDS']", "> 0 seconds"),
+            (
+                {"POLL_INTERVAL": "5s"},
+                "pgoutbox.E004",
+                "PGOUTBOX['POLL_INTERVAL']",
+                "number of seconds",
+            ),
+            (
+                {"POLL_INTERVAL": float("nan")},
+                "pgoutbox.E004",
+                "PGOUTBOX['POLL_INTERVAL']",
+                "> 0 seconds",
+            ),
+            ({"MAX_ATTEMPTS": 0}, "pgoutbox.E004", "PGOUTBOX['MAX_ATTEMPTS']", "integer >= 1"),
+            (
+                {"RETRY": {"JITTER": 1.5}},
+                "pgoutbox.E004",
+                "PGOUTBOX['RETRY']['JITTER']",
+                "between 0 and 1",
+            ),
+            (
+                {"RETRY": {"UNKNOWN_ERROR_RETRIES": -1}},
+                "pgoutbox.E004",
+                "PGOUTBOX['RETRY']['UNKNOWN_ERROR_RETRIES']",
+                "integer >= 0",
+            ),
+            (
+                {"RETRY": {"BASE_DELAY": 10, "MAX_DELAY": 5}},
+                "pgoutbox.E004",
+                "PGOUTBOX['RETRY']['MAX_DELAY']",
+                "smaller than BASE_DELAY",
+            ),
+            (
+                {"RETENTION": {"COMPLETED_JOBS": "7d"}},
+                "pgoutbox.E004",
+                "PGOUTBOX['RETENTION']['COMPLETED_JOBS']",
+                "number of seconds",
+            ),
+            ({"NOTIFY": "yes"}, "pgoutbox.E004", "PGOUTBOX['NOTIFY']", "True or False"),
+            ({"SCHEDULES": []}, "pgoutbox.E004", "PGOUTBOX['SCHEDULES']", "must be a dict"),
+        ],
+    )
+    def test_bad_value_is_named(self, raw: Any, check_id: str, key: str, message: str) -> None:
+        found = problems_of(raw)
+        assert any((c, k) == (check_id, key) and message in m for c, k, m in found), found
+
+    def test_every_problem_is_reported_at_once(self) -> None:
+        found = problems_of({"CONCURRENCY": 0, "NOTIFY": 1, "EXTRA": 2})
+        assert {key for _, key, _ in found} == {
+            "PGOUTBOX['CONCURRENCY']",
+            "PGOUTBOX['NOTIFY']",
+            "PGOUTBOX['EXTRA']",
+        }
+
+    def test_unknown_key_hint_suggests_the_close_one(self) -> None:
+        _, problems = parse_settings({"MAX_ATTEMPT": 3})
+        assert problems[0].hint == "Did you mean 'MAX_ATTEMPTS'?"
+
+
+class TestChecks:
+    def test_valid_project_passes(self) -> None:
+        assert [m for m in run_checks() if m.id and m.id.startswith("pgoutbox.")] == []
+
+    @override_settings(PGOUTBOX={"CONCURENCY": 2})
+    def test_settings_errors_become_system_checks(self) -> None:
+        messages = checks.check_settings(None)
+        assert [m.id for m in messages] == ["pgoutbox.E003"]
+        assert "PGOUTBOX['CONCURENCY']" in messages[0].msg
+        assert messages[0].hint == "Did you mean 'CONCURRENCY'?"
+        with pytest.raises(ImproperlyConfigured, match=r"PGOUTBOX\['CONCURENCY'\]"):
+            get_settings()
+
+    @override_settings(
+        DATABASES={
+            "default": {"ENGINE": "django.db.backends.postgresql", "NAME": "x"},
+            "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+        }
+    )
+    @pytest.mark.filterwarnings("ignore:Overriding setting DATABASES")
+    def test_non_postgresql_engine(self) -> None:
+        messages = checks.check_database_engines(None)
+        assert [m.id for m in messages] == ["pgoutbox.E001"]
+        assert "DATABASES['other']" in messages[0].msg
+
+    def test_psycopg3_is_in_use(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from django.db.backends.postgresql import psycopg_any
+
+        assert checks.check_driver(None) == []
+        monkeypatch.setattr(psycopg_any, "is_psycopg3", False)
+        messages = checks.check_driver(None)
+        assert [m.id for m in messages] == ["pgoutbox.E002"]
+
+    def test_job_on_unconfigured_queue(self, registry: None) -> None:
+        @job("test.misplaced", queue="nowhere")
+        def misplaced(payload: dict[str, Any], ctx: Any) -> None:
+            pass
+
+        messages = checks.check_job_queues(None)
+        assert [m.id for m in messages] == ["pgoutbox.E005"]
+        assert "'test.misplaced'" in messages[0].msg
+        assert "'nowhere'" in messages[0].msg
+
+    @pytest.mark.django_db
+    def test_server_version_check(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from django.db import connections
+
+        assert checks.check_server_version(None, databases=["default"]) == []
+        monkeypatch.setattr(connections["default"], "pg_version", 140010)
+        messages = checks.check_server_version(None, databases=["default"])
+        assert [m.id for m in messages] == ["pgoutbox.E006"]
