@@ -54,6 +54,15 @@ class PermanentError(JobFailure):
     """The payload can never succeed (invalid, refers to nothing): dead-letter at once."""
 
 
+class InvalidResult(PermanentError):
+    """The handler returned a value that is not JSON; the attempt is dead-lettered.
+
+    Retrying would repeat the handler's side effects and fail the same way.
+    """
+
+    code = "invalid_result"
+
+
 class Revoked(JobFailure):
     """Authorization was withdrawn or the work was revoked: cancel safely, never retry."""
 
@@ -72,3 +81,11 @@ class EnqueueError(PgOutboxError, ValueError):
 
 class JobRegistrationError(PgOutboxError, TypeError):
     """A ``@job`` declaration is wrong (bad name, queue or handler signature, duplicate name)."""
+
+
+class LeaseLost(PgOutboxError):
+    """This attempt's lease expired and may have been taken over: its outcome will be discarded.
+
+    Raised by ``ctx.renew_lease()``. A handler that sees it should stop; another worker may
+    already be running the job.
+    """

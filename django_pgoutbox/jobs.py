@@ -219,7 +219,7 @@ class _Row:
     idempotency_key: str | None
     priority: int
     run_at: datetime | None
-    delay: timedelta
+    delay: float  # seconds after run_at (or now)
     max_attempts: int
 
 
@@ -456,7 +456,7 @@ def _validate(
         raise EnqueueError(f"{prefix}priority", f"{priority} is outside the 32-bit integer range")
 
     absolute: datetime | None = None
-    delay = timedelta(0)
+    delay = 0.0
     if isinstance(run_at, datetime):
         if run_at.utcoffset() is None:
             raise EnqueueError(
@@ -466,7 +466,7 @@ def _validate(
             )
         absolute = run_at
     elif isinstance(run_at, timedelta):
-        delay = run_at
+        delay = run_at.total_seconds()
     elif run_at is not None:
         raise EnqueueError(
             f"{prefix}run_at",

@@ -12,7 +12,7 @@ from __future__ import annotations
 #:
 #: Parameters: ids uuid[], organization_ids uuid[], queues text[], job_types text[],
 #: payloads text[] (JSON), idempotency_keys text[], priorities int[], run_ats timestamptz[]
-#: (NULL = now), delays interval[], max_attempts int[], channel text, notify boolean.
+#: (NULL = now), delays float8[] (seconds), max_attempts int[], channel text, notify boolean.
 #:
 #: Rows are passed as parallel arrays, so 5,000 jobs cost one statement with twelve parameters.
 #: ``ON CONFLICT ... DO NOTHING`` on ``jobs_idempotency_uq`` makes a repeated key a no-op, also
@@ -28,10 +28,10 @@ WITH inserted AS (
         priority, run_at, max_attempts
     )
     SELECT r.id, r.organization_id, r.queue, r.job_type, r.payload::jsonb, r.idempotency_key,
-           r.priority, COALESCE(r.run_at, now()) + r.delay, r.max_attempts
+           r.priority, COALESCE(r.run_at, now()) + make_interval(secs => r.delay), r.max_attempts
     FROM unnest(
         %s::uuid[], %s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[],
-        %s::integer[], %s::timestamptz[], %s::interval[], %s::integer[]
+        %s::integer[], %s::timestamptz[], %s::float8[], %s::integer[]
     ) AS r(id, organization_id, queue, job_type, payload, idempotency_key,
            priority, run_at, delay, max_attempts)
     ON CONFLICT (organization_id, job_type, idempotency_key)
@@ -43,4 +43,138 @@ woken AS (
     SELECT pg_notify(%s, queue) FROM (SELECT DISTINCT queue FROM inserted) AS q WHERE %s
 )
 SELECT id, run_at, created_at, (SELECT count(*) FROM woken) FROM inserted
+"""
+
+# -- claim ---------------------------------------------------------------------------------------
+
+#: Lease up to ``limit`` due jobs of one queue, in priority order, and count the attempt.
+#:
+#: Parameters: queue text, limit int, worker_id text, lease seconds float.
+#:
+#: The CTE is MATERIALIZED on purpose: it is the fence that makes ``LIMIT`` apply once. Were
+#: the planner to fold it into the UPDATE as a join, the row locks could be taken on more rows
+#: than the limit, or the subquery re-run. ``SKIP LOCKED`` lets concurrent workers claim disjoint
+#: rows without waiting on each other. ``WHERE`` and ``ORDER BY`` match ``jobs_claim_idx``
+#: exactly, so the claim reads the first due rows of the queue in order with no sort. The
+#: statement commits on its own (autocommit): the lease is visible before any handler runs.
+CLAIM_JOBS = """
+WITH candidates AS MATERIALIZED (
+    SELECT id
+    FROM jobs
+    WHERE queue = %s
+      AND status IN ('pending', 'retrying')
+      AND run_at <= now()
+    ORDER BY priority DESC, run_at, created_at, id
+    LIMIT %s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs AS j
+SET status = 'leased',
+    locked_at = now(),
+    locked_by = %s,
+    lease_expires_at = now() + make_interval(secs => %s),
+    attempts = j.attempts + 1
+FROM candidates AS c
+WHERE j.id = c.id
+RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
+          j.queue, j.priority, j.created_at
+"""
+
+# -- outcomes ------------------------------------------------------------------------------------
+
+#: Record the outcomes of many attempts in one statement; returns the ids it applied.
+#:
+#: Parameters: ids uuid[], attempts int[], statuses text[] ('completed', 'retrying', 'dead' or
+#: 'cancelled'), delays float8[] (seconds, for 'retrying'), codes text[], summaries text[],
+#: results text[] (JSON), worker_id text.
+#:
+#: Fenced: a row is written only while it is still leased by this worker *for this attempt*.
+#: ``attempts`` is the fencing token: every claim increments it, so once a lease expired and
+#: another worker claimed the job, the stale worker's (id, attempt) matches nothing and its
+#: outcome is dropped. A job whose expired lease was only recovered (status no longer 'leased')
+#: is protected by the status test. The caller compares the returned ids with what it sent.
+RECORD_OUTCOMES = """
+UPDATE jobs AS j
+SET status = u.status,
+    run_at = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
+                  ELSE j.run_at END,
+    completed_at = CASE WHEN u.status = 'completed' THEN now() END,
+    finished_at = CASE WHEN u.status <> 'retrying' THEN now() END,
+    last_error_code = CASE WHEN u.status = 'completed' THEN j.last_error_code ELSE u.code END,
+    last_error_summary = CASE
+        WHEN u.status = 'completed' THEN j.last_error_summary ELSE u.summary END,
+    result = u.result::jsonb,
+    lease_expires_at = NULL
+FROM unnest(
+    %s::uuid[], %s::integer[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::text[]
+) AS u(id, attempt, status, delay, code, summary, result)
+WHERE j.id = u.id
+  AND j.attempts = u.attempt
+  AND j.locked_by = %s
+  AND j.status = 'leased'
+RETURNING j.id
+"""
+
+# -- leases --------------------------------------------------------------------------------------
+
+#: Extend the leases of the attempts this worker is running; returns the ids still held.
+#:
+#: Parameters: lease seconds float, ids uuid[], attempts int[], worker_id text.
+#:
+#: Fenced like RECORD_OUTCOMES. Only ``lease_expires_at`` changes, a column in no index, so on
+#: a page with free space (fillfactor 80) this is a HOT update that writes no index entry.
+RENEW_LEASES = """
+UPDATE jobs AS j
+SET lease_expires_at = now() + make_interval(secs => %s)
+FROM unnest(%s::uuid[], %s::integer[]) AS u(id, attempt)
+WHERE j.id = u.id
+  AND j.attempts = u.attempt
+  AND j.locked_by = %s
+  AND j.status = 'leased'
+RETURNING j.id
+"""
+
+#: Make jobs whose lease expired claimable again, or dead when that was their last attempt.
+#:
+#: Parameters: queue text or NULL (every queue).
+#:
+#: A worker that crashed or stalled past its lease never recorded an outcome; its job goes back
+#: to 'retrying' due now, or to 'dead' if the budget is spent. Concurrent recoverers are safe:
+#: under READ COMMITTED the second re-checks ``status = 'leased'`` on the locked row after the
+#: first commits and skips it, so each expiry is returned, and counted, exactly once.
+#: The scan reads ``jobs_leased_idx``: only the rows that are running.
+RECOVER_EXPIRED_LEASES = """
+UPDATE jobs
+SET status = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'retrying' END,
+    run_at = now(),
+    finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
+    last_error_code = 'lease_expired',
+    last_error_summary = 'lease of attempt ' || attempts || ' held by ' || coalesce(locked_by, '?')
+        || ' expired at ' || lease_expires_at,
+    lease_expires_at = NULL
+WHERE status = 'leased'
+  AND lease_expires_at < now()
+  AND (%s::text IS NULL OR queue = %s::text)
+RETURNING id, queue, status
+"""
+
+#: Give back jobs this worker claimed but will not finish (graceful shutdown past its grace).
+#:
+#: Parameters: ids uuid[], attempts int[], worker_id text.
+#:
+#: They return to 'pending', due now, for another worker. The attempt stays counted: it did
+#: start, and its side effects may have happened (handlers are idempotent).
+RELEASE_JOBS = """
+UPDATE jobs AS j
+SET status = 'pending',
+    run_at = now(),
+    lease_expires_at = NULL,
+    last_error_code = 'worker_shutdown',
+    last_error_summary = 'released by ' || j.locked_by || ' at shutdown'
+FROM unnest(%s::uuid[], %s::integer[]) AS u(id, attempt)
+WHERE j.id = u.id
+  AND j.attempts = u.attempt
+  AND j.locked_by = %s
+  AND j.status = 'leased'
+RETURNING j.id
 """

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+
 from testproject.database import database_url, parse_database_url
 
 SECRET_KEY = "pgoutbox-test-not-secret"
@@ -19,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_pgoutbox",
     "testproject.demo",
+    "testproject.testjobs",
 ]
 
 MIDDLEWARE = [
@@ -64,6 +68,12 @@ PGOUTBOX = {
         "maintenance": {"CONCURRENCY": 1},
     },
 }
+
+# Tests start worker processes with their own lease and poll settings (seconds, not minutes).
+_overrides = json.loads(os.environ.get("PGOUTBOX_TEST_SETTINGS") or "{}")
+for _name, _options in _overrides.pop("QUEUES", {}).items():
+    PGOUTBOX["QUEUES"][_name] = {**PGOUTBOX["QUEUES"].get(_name, {}), **_options}
+PGOUTBOX.update(_overrides)
 
 LOGGING = {
     "version": 1,

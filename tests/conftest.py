@@ -7,9 +7,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import connection
 
-from django_pgoutbox import jobs
+from django_pgoutbox import db, jobs
 
 
 @pytest.fixture
@@ -24,11 +23,7 @@ def registry() -> Iterator[None]:
 @pytest.fixture
 def raw_connection_params() -> dict[str, Any]:
     """psycopg connection arguments for the test database, for a second, independent connection."""
-    params: dict[str, Any] = connection.get_connection_params()
-    params.pop("cursor_factory", None)
-    params.pop("context", None)
-    params.pop("server_side_binding", None)
-    return params
+    return db.raw_connection_params("default")
 
 
 @pytest.fixture
@@ -42,3 +37,6 @@ def listener(raw_connection_params: dict[str, Any]) -> Iterator[psycopg.Connecti
 def drain_notifications(conn: psycopg.Connection[Any], timeout: float = 0.5) -> list[str]:
     """Payloads of the notifications that arrive within ``timeout`` seconds."""
     return [n.payload for n in conn.notifies(timeout=timeout, stop_after=None)]
+
+
+from tests.processes import start_worker  # noqa: E402, F401 - a fixture for every test module

@@ -1,0 +1,140 @@
+"""``manage.py runworkers``: run the workers of the configured queues."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_pgoutbox.worker import Worker
+
+logger = logging.getLogger("django_pgoutbox.worker")
+
+
+def _names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",") if name.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("expected comma-separated queue names")
+    return names
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {number}")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the job workers of the configured queues: each queue with its own threads and "
+        "database connections. SIGTERM (or Ctrl-C) stops claiming and lets running jobs finish "
+        "within the grace period; a second one exits at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queues",
+            type=_names,
+            action="extend",
+            metavar="NAME[,NAME]",
+            help="Only these queues (default: every queue of PGOUTBOX['QUEUES']).",
+        )
+        parser.add_argument(
+            "--exclude-queues",
+            type=_names,
+            action="extend",
+            default=[],
+            metavar="NAME[,NAME]",
+            help="Every queue but these.",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=_positive_int,
+            help="Handler threads per queue, overriding each queue's CONCURRENCY.",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Run the jobs that are due, then exit.",
+        )
+        parser.add_argument(
+            "--worker-id",
+            help="Name stored in jobs.locked_by (default: host:pid:random).",
+        )
+        parser.add_argument(
+            "--grace-period",
+            type=_seconds,
+            default=30.0,
+            help="Seconds running jobs get to finish after SIGTERM (default 30).",
+        )
+        parser.add_argument(
+            "--database",
+            default=None,
+            help="Database alias holding the jobs (default: the router's choice).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            worker = Worker(
+                queues=options["queues"],
+                exclude_queues=options["exclude_queues"],
+                concurrency=options["concurrency"],
+                burst=options["burst"],
+                worker_id=options["worker_id"],
+                using=options["database"],
+                grace_period=options["grace_period"],
+            )
+        except ValueError as error:
+            raise CommandError(str(error)) from error
+        self._install_signal_handlers(worker)
+        if options["verbosity"] >= 1:
+            queues = ", ".join(
+                f"{name} (x{runner.concurrency})" for name, runner in worker.runners.items()
+            )
+            self.stdout.write(f"Worker {worker.worker_id}: {queues}")
+        worker.run()
+        # Handlers that outlived the grace period were released for other workers; do not let
+        # their threads (daemons) or anything else keep the process alive.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if any(t.daemon and t.is_alive() for t in threading.enumerate()):
+            logging.shutdown()
+            os._exit(0)
+
+    def _install_signal_handlers(self, worker: Worker) -> None:
+        received: list[int] = []
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            received.append(signum)
+            if len(received) == 1:
+                logger.warning(
+                    "received %s: finishing running jobs, then exiting", signal.Signals(signum).name
+                )
+                worker.stop()
+            else:
+                # Second signal: leave now. Leases cover whatever was cut short.
+                os._exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)

@@ -1,0 +1,148 @@
+"""Run one claimed attempt outside any transaction and turn what happened into an outcome."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import close_old_connections
+
+from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.errors import InvalidResult, JobFailure
+from django_pgoutbox.jobs import JobContext, get_job
+from django_pgoutbox.models import JobStatus
+from django_pgoutbox.retry import Action, bound, decide
+
+logger = logging.getLogger("django_pgoutbox.worker")
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """One leased attempt, as the claim returned it."""
+
+    id: uuid.UUID
+    job_type: str
+    payload: dict[str, Any]
+    attempt: int
+    max_attempts: int
+    organization_id: uuid.UUID | None
+    queue: str
+    priority: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to write for an attempt: the new status and, for a retry, when to try again."""
+
+    job: ClaimedJob
+    status: JobStatus
+    delay: float = 0.0  # seconds until the retry, for 'retrying'
+    code: str | None = None
+    summary: str | None = None
+    result_json: str | None = None
+
+
+_ACTION_STATUS = {
+    Action.RETRY: JobStatus.RETRYING,
+    Action.DEAD: JobStatus.DEAD,
+    Action.CANCEL: JobStatus.CANCELLED,
+}
+
+
+def job_logger(job: ClaimedJob) -> logging.LoggerAdapter[logging.Logger]:
+    """A logger whose records carry the job's id, type, queue and attempt as ``extra`` fields."""
+    return logging.LoggerAdapter(
+        logging.getLogger(f"django_pgoutbox.jobs.{job.job_type}"),
+        {
+            "job_id": str(job.id),
+            "job_type": job.job_type,
+            "queue": job.queue,
+            "attempt": job.attempt,
+        },
+    )
+
+
+def execute(job: ClaimedJob, *, policy: RetrySettings, renew: Callable[[], None]) -> Outcome:
+    """Run the handler of ``job`` and decide its outcome; never raises."""
+    extra = {
+        "job_id": str(job.id),
+        "job_type": job.job_type,
+        "queue": job.queue,
+        "attempt": job.attempt,
+    }
+    definition = get_job(job.job_type)
+    if definition is None:
+        logger.error(
+            "no handler for job type %r (job %s); dead-lettered with its payload intact",
+            job.job_type,
+            job.id,
+            extra={**extra, "outcome": "dead"},
+        )
+        return Outcome(
+            job,
+            JobStatus.DEAD,
+            code="unknown_job_type",
+            summary=bound(
+                f"no handler is registered for job type {job.job_type!r} in this worker; "
+                "deploy it, then retry this dead letter"
+            ),
+        )
+    ctx = JobContext(
+        job_id=job.id,
+        job_type=job.job_type,
+        attempt=job.attempt,
+        organization_id=job.organization_id,
+        queue=job.queue,
+        logger=job_logger(job),
+        _renew=renew,
+    )
+    close_old_connections()
+    try:
+        returned = definition(job.payload, ctx)
+        result_json = None if returned is None else _result_json(returned)
+    except BaseException as error:
+        decision = decide(error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy)
+        status = _ACTION_STATUS[decision.action]
+        # A retry the handler asked for (TransientError, RateLimited) is routine: one line. An
+        # unexpected exception, a dead letter or a cancellation gets its traceback, correlated
+        # by job id; the table only ever holds the bounded summary.
+        routine = status == JobStatus.RETRYING and isinstance(error, JobFailure)
+        (logger.warning if status == JobStatus.RETRYING else logger.error)(
+            "job %s (%s) attempt %d/%d: %s -> %s",
+            job.id,
+            job.job_type,
+            job.attempt,
+            job.max_attempts,
+            decision.summary,
+            status.value,
+            exc_info=None if routine else error,
+            extra={**extra, "outcome": status.value, "error_code": decision.code},
+        )
+        return Outcome(
+            job,
+            status,
+            delay=decision.delay,
+            code=decision.code,
+            summary=decision.summary,
+        )
+    finally:
+        close_old_connections()
+    return Outcome(job, JobStatus.COMPLETED, result_json=result_json)
+
+
+def _result_json(value: Any) -> str:
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as error:
+        raise InvalidResult(
+            f"the handler returned {type(value).__name__}, which is not JSON: {error}"
+        ) from None
+    if "\\u0000" in text:
+        raise InvalidResult("the handler's return value contains a NUL character (\\x00)")
+    return text

@@ -1,0 +1,63 @@
+"""Handlers that tests (and worker subprocesses started by tests) run, steered by the payload."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+from django_pgoutbox import JobContext, PermanentError, RateLimited, Revoked, TransientError, job
+from testproject.testjobs.models import SideEffect
+
+
+def record(ctx: JobContext, event: str) -> None:
+    SideEffect.objects.create(
+        job_id=ctx.job_id,
+        attempt=ctx.attempt,
+        event=event,
+        pid=os.getpid(),
+        worker_thread=threading.current_thread().name,
+    )
+
+
+def _failure(kind: str, payload: dict[str, Any]) -> BaseException:
+    if kind == "transient":
+        return TransientError("upstream timed out")
+    if kind == "rate_limited":
+        return RateLimited(retry_after=payload.get("retry_after"))
+    if kind == "permanent":
+        return PermanentError("invalid payload")
+    if kind == "revoked":
+        return Revoked("authorization withdrawn")
+    if kind == "huge":
+        return ValueError("x" * 1_000_000)
+    return KeyError("unexpected")
+
+
+@job("tests.behave")
+def behave(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Record a start, maybe sleep, maybe fail (while attempt <= fail_attempts), record an end."""
+    if payload.get("record", True):
+        record(ctx, "start")
+    if payload.get("sleep"):
+        time.sleep(payload["sleep"])
+    if payload.get("renew"):
+        ctx.renew_lease()
+    if payload.get("fail") and ctx.attempt <= payload.get("fail_attempts", 10**6):
+        raise _failure(payload["fail"], payload)
+    if payload.get("record", True):
+        record(ctx, "end")
+    if "result" in payload:
+        return payload["result"]
+    return {"pid": os.getpid()}
+
+
+@job("tests.noop")
+def noop(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Does nothing: for throughput measurements."""
+
+
+@job("tests.bad_result")
+def bad_result(payload: dict[str, Any], ctx: JobContext) -> Any:
+    return {"when": object()}

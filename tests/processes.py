@@ -1,0 +1,95 @@
+"""Real ``runworkers`` processes for tests: started on the test database, stopped at teardown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url_for_tests() -> str:
+    """A URL for the database this test session uses (pytest-django's test database)."""
+    s = connection.settings_dict
+    auth = quote(s["USER"] or "postgres")
+    if s["PASSWORD"]:
+        auth += ":" + quote(s["PASSWORD"])
+    host = s["HOST"] or ""
+    if host.startswith("/"):
+        return f"postgres://{auth}@/{quote(s['NAME'])}?host={quote(host)}"
+    port = f":{s['PORT']}" if s["PORT"] else ""
+    return f"postgres://{auth}@{host or 'localhost'}{port}/{quote(s['NAME'])}"
+
+
+class WorkerProcess:
+    def __init__(self, args: list[str], settings: dict[str, Any], log: Path) -> None:
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url_for_tests(),
+            "PGOUTBOX_TEST_SETTINGS": json.dumps(settings),
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.log_path = log
+        self._log = log.open("w")
+        self.process = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "runworkers", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self.pid = self.process.pid
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.process.wait(timeout=timeout)
+
+    def output(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture
+def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``manage.py runworkers ARGS`` with ``PGOUTBOX`` overrides; killed at teardown."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, **settings: Any) -> WorkerProcess:
+        worker = WorkerProcess(list(args), settings, tmp_path / f"worker-{len(started)}.log")
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout}s: {condition.__doc__ or condition}")

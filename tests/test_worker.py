@@ -1,0 +1,303 @@
+"""The worker engine driven in-process: outcomes, retries, leases, fencing, order.
+
+Every test here is transaction=True: the worker's threads use their own connections and must see
+the jobs the test committed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from django_pgoutbox import enqueue, enqueue_many, metrics, queries
+from django_pgoutbox.errors import LeaseLost
+from django_pgoutbox.models import Job, JobStatus
+from django_pgoutbox.retry import MAX_SUMMARY_LENGTH
+from django_pgoutbox.worker import Worker
+from django_pgoutbox.worker.runner import QueueRunner
+from testproject.testjobs.models import SideEffect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FAST = {"POLL_INTERVAL": 0.2, "RETRY": {"BASE_DELAY": 30, "MAX_DELAY": 600, "JITTER": 0}}
+
+
+@pytest.fixture
+def fast(settings: Any) -> Any:
+    settings.PGOUTBOX = {**settings.PGOUTBOX, **FAST}
+    return settings
+
+
+def drain(**options: Any) -> Worker:
+    worker = Worker(burst=True, **{"queues": ["default"], **options})
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "the burst worker did not finish"
+    return worker
+
+
+def behave(**payload: Any) -> Job:
+    return enqueue("tests.behave", payload)
+
+
+class TestOutcomes:
+    def test_success_completes_with_the_result(self, fast: Any) -> None:
+        job = behave(result={"sent": 3})
+        drain()
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.result) == (JobStatus.COMPLETED, 1, {"sent": 3})
+        assert job.completed_at is not None
+        assert job.finished_at == job.completed_at
+        assert job.lease_expires_at is None
+        assert job.locked_by is not None
+
+    @pytest.mark.parametrize(
+        ("fail", "status", "code", "delay"),
+        [
+            ("transient", JobStatus.RETRYING, "TransientError", 60),  # 30 * 2**1
+            ("rate_limited", JobStatus.RETRYING, "RateLimited", 45),  # the hint
+            ("permanent", JobStatus.DEAD, "PermanentError", None),
+            ("revoked", JobStatus.CANCELLED, "Revoked", None),
+            ("unknown", JobStatus.RETRYING, "KeyError", 60),
+        ],
+    )
+    def test_each_failure_class(
+        self, fast: Any, fail: str, status: str, code: str, delay: int | None
+    ) -> None:
+        job = behave(fail=fail, retry_after=45)
+        before = timezone.now()
+        drain()
+        job.refresh_from_db()
+        assert (job.status, job.last_error_code, job.attempts) == (status, code, 1)
+        if delay is None:
+            assert job.finished_at is not None
+        else:
+            assert job.finished_at is None
+            expected = before + timedelta(seconds=delay)
+            assert abs((job.run_at - expected).total_seconds()) < 5
+
+    def test_unknown_errors_are_dead_after_their_retries(self, fast: Any, settings: Any) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "RETRY": {"BASE_DELAY": 0.01, "MAX_DELAY": 0.01, "JITTER": 0},
+        }
+        job = behave(fail="unknown")
+        for _ in range(4):
+            time.sleep(0.05)
+            drain()
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.last_error_code) == (JobStatus.DEAD, 4, "KeyError")
+
+    def test_exhausted_budget_is_dead(self, fast: Any, settings: Any, registry: None) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "RETRY": {"BASE_DELAY": 0.01, "MAX_DELAY": 0.01, "JITTER": 0},
+        }
+        from django_pgoutbox import job as declare
+        from testproject.testjobs.jobs import behave as handler
+
+        declare("tests.limited", max_attempts=2)(handler.func)
+        job = enqueue("tests.limited", {"fail": "transient"})
+        assert job.max_attempts == 2
+        for _ in range(3):
+            time.sleep(0.05)
+            drain()
+        job.refresh_from_db()
+        assert (job.status, job.attempts) == (JobStatus.DEAD, 2)
+        assert (job.last_error_summary or "").startswith("attempts exhausted (2/2)")
+
+    def test_error_summary_is_bounded(self, fast: Any) -> None:
+        job = behave(fail="huge")
+        drain()
+        job.refresh_from_db()
+        assert job.last_error_code == "ValueError"
+        assert len(job.last_error_summary or "") <= MAX_SUMMARY_LENGTH
+
+    def test_traceback_goes_to_the_log_with_the_job_id(self, fast: Any, caplog: Any) -> None:
+        job = behave(fail="permanent")
+        with caplog.at_level("ERROR", logger="django_pgoutbox.worker"):
+            drain()
+        records = [r for r in caplog.records if getattr(r, "job_id", None) == str(job.id)]
+        assert records
+        assert records[0].exc_info is not None
+        assert records[0].outcome == "dead"
+
+    def test_unknown_job_type_is_dead_with_payload_intact_and_retryable(
+        self, fast: Any, registry: None
+    ) -> None:
+        job = enqueue("later.deployed", {"keep": ["me", 1]})
+        drain()
+        job.refresh_from_db()
+        assert (job.status, job.last_error_code) == (JobStatus.DEAD, "unknown_job_type")
+        assert job.payload == {"keep": ["me", 1]}
+
+        from django_pgoutbox import job as declare
+
+        @declare("later.deployed")
+        def deployed(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
+            return payload
+
+        # An operator retries the dead letter once the handler is deployed.
+        Job.objects.filter(pk=job.pk).update(
+            status=JobStatus.PENDING, run_at=timezone.now(), finished_at=None
+        )
+        drain()
+        job.refresh_from_db()
+        assert (job.status, job.result) == (JobStatus.COMPLETED, {"keep": ["me", 1]})
+
+    def test_non_json_result_is_dead(self, fast: Any) -> None:
+        job = enqueue("tests.bad_result", {})
+        drain()
+        job.refresh_from_db()
+        assert (job.status, job.last_error_code) == (JobStatus.DEAD, "invalid_result")
+
+
+class TestClaiming:
+    def test_priority_then_run_at_order(self, fast: Any) -> None:
+        low = behave(n="low")
+        high = behave(n="high")
+        Job.objects.filter(pk=high.pk).update(priority=5)
+        older = behave(n="older")
+        Job.objects.filter(pk=older.pk).update(run_at=timezone.now() - timedelta(hours=1))
+        drain(concurrency=1)
+        order = list(
+            SideEffect.objects.filter(event="start").order_by("id").values_list("job_id", flat=True)
+        )
+        assert order == [high.pk, older.pk, low.pk]
+
+    def test_future_jobs_wait(self, fast: Any) -> None:
+        later = enqueue("tests.behave", {}, run_at=timedelta(hours=1))
+        drain()
+        later.refresh_from_db()
+        assert later.status == JobStatus.PENDING
+
+    def test_only_the_chosen_queues(self, fast: Any) -> None:
+        mine = enqueue("tests.behave", {}, queue="webhooks")
+        other = enqueue("tests.behave", {}, queue="reports")
+        drain(queues=["webhooks"])
+        mine.refresh_from_db()
+        other.refresh_from_db()
+        assert (mine.status, other.status) == (JobStatus.COMPLETED, JobStatus.PENDING)
+
+    def test_outcomes_are_written_in_batches(
+        self, fast: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 400)
+        batches: list[int] = []
+        original = QueueRunner._flush_outcomes
+
+        def counting(self: QueueRunner) -> None:
+            if self._outcomes:
+                batches.append(len(self._outcomes))
+            original(self)
+
+        monkeypatch.setattr(QueueRunner, "_flush_outcomes", counting)
+        drain(concurrency=8)
+        assert Job.objects.filter(status=JobStatus.COMPLETED).count() == 400
+        assert sum(batches) == 400
+        assert len(batches) < 200, batches
+
+    def test_claims_are_counted(self, fast: Any) -> None:
+        before = metrics.JOBS_CLAIMED.value(queue="default")
+        enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 7)
+        drain()
+        assert metrics.JOBS_CLAIMED.value(queue="default") - before == 7
+
+    def test_unknown_queue_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="unknown queue"):
+            Worker(queues=["nope"])
+        with pytest.raises(ValueError, match="no queue left"):
+            Worker(queues=["default"], exclude_queues=["default"])
+
+
+class TestLeases:
+    def test_long_job_keeps_its_lease_by_renewal(self, settings: Any) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "LEASE_SECONDS": 0.6,
+            "POLL_INTERVAL": 0.1,
+            "QUEUES": {"default": {}},
+        }
+        job = behave(sleep=2.0)
+        before = metrics.LEASE_EXPIRATIONS.value(queue="default")
+        drain()
+        job.refresh_from_db()
+        assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1)
+        assert SideEffect.objects.filter(job_id=job.pk, event="start").count() == 1
+        assert metrics.LEASE_EXPIRATIONS.value(queue="default") == before
+
+    def test_ctx_renew_lease(self, fast: Any) -> None:
+        job = behave(renew=True)
+        drain()
+        job.refresh_from_db()
+        assert job.status == JobStatus.COMPLETED
+
+    def test_expired_lease_is_recovered_and_counted(self, fast: Any) -> None:
+        job = behave()
+        with connection.cursor() as cursor:
+            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "crashed-worker", 0.0])
+        before = metrics.LEASE_EXPIRATIONS.value(queue="default")
+        drain()
+        job.refresh_from_db()
+        assert (job.status, job.attempts) == (JobStatus.COMPLETED, 2)
+        assert job.last_error_code == "lease_expired"
+        assert metrics.LEASE_EXPIRATIONS.value(queue="default") == before + 1
+
+    def test_expired_last_attempt_is_dead(self, fast: Any) -> None:
+        job = behave()
+        Job.objects.filter(pk=job.pk).update(max_attempts=1)
+        with connection.cursor() as cursor:
+            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "crashed-worker", 0.0])
+        drain()
+        job.refresh_from_db()
+        assert (job.status, job.last_error_code) == (JobStatus.DEAD, "lease_expired")
+
+    def test_stale_outcome_is_fenced(self, fast: Any) -> None:
+        job = behave()
+        with connection.cursor() as cursor:
+            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "worker-a", 0.0])
+            cursor.execute(queries.RECOVER_EXPIRED_LEASES, [None, None])
+            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "worker-b", 60.0])
+
+            def write(worker: str, attempt: int, status: str) -> Any:
+                cursor.execute(
+                    queries.RECORD_OUTCOMES,
+                    [[job.pk], [attempt], [status], [0.0], [None], [None], [None], worker],
+                )
+                return cursor.fetchall()
+
+            assert write("worker-a", 1, "completed") == []  # the stale holder: rejected
+            assert write("worker-b", 1, "completed") == []  # right worker, wrong attempt
+            assert write("worker-b", 2, "dead") == [(job.pk,)]
+            assert write("worker-b", 2, "completed") == []  # no longer leased
+        job.refresh_from_db()
+        assert (job.status, job.locked_by) == (JobStatus.DEAD, "worker-b")
+
+    def test_renew_lease_raises_once_lost(self, fast: Any, caplog: Any) -> None:
+        job = behave(sleep=0.6, renew=True)
+        worker = Worker(queues=["default"], burst=True)
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        for _ in range(100):
+            if SideEffect.objects.filter(job_id=job.pk).exists():
+                break
+            time.sleep(0.02)
+        # Someone else takes the job over while the handler sleeps.
+        Job.objects.filter(pk=job.pk).update(attempts=5, locked_by="thief")
+        with caplog.at_level("WARNING", logger="django_pgoutbox.worker"):
+            thread.join(timeout=30)
+        job.refresh_from_db()
+        assert (job.attempts, job.locked_by, job.status) == (5, "thief", JobStatus.LEASED)
+        assert not SideEffect.objects.filter(job_id=job.pk, event="end").exists()
+        raised = [r.exc_info[0] for r in caplog.records if r.exc_info]
+        assert raised == [LeaseLost]
+        assert any(
+            "outcome" in r.getMessage() and "discarded" in r.getMessage() for r in caplog.records
+        )

@@ -1,0 +1,172 @@
+"""Real worker processes: crashes, stalls, shutdowns, isolation and wake-ups.
+
+transaction=True throughout: the workers are other processes and see only committed rows.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from django_pgoutbox import enqueue, enqueue_many
+from django_pgoutbox.models import Job, JobStatus
+from testproject.testjobs.models import SideEffect
+from tests.processes import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: Short leases and polls, so that recovery happens within the test's patience.
+QUICK = {"LEASE_SECONDS": 1, "POLL_INTERVAL": 0.2}
+
+
+def statuses() -> Counter[str]:
+    return Counter(Job.objects.values_list("status", flat=True))
+
+
+def events(event: str) -> Counter[Any]:
+    return Counter(SideEffect.objects.filter(event=event).values_list("job_id", flat=True))
+
+
+def first_start(job_id: Any) -> Callable[[], SideEffect | None]:
+    def find() -> SideEffect | None:
+        return SideEffect.objects.filter(job_id=job_id, event="start").first()
+
+    return find
+
+
+def test_sigkill_mid_handler_loses_nothing(start_worker: Any) -> None:
+    jobs = enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.3}}] * 24)
+    victim = start_worker("--queues", "default", "--concurrency", "4", **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(event="end").count() >= 4)
+    wait_for(lambda: Job.objects.filter(status=JobStatus.LEASED).exists())
+    victim.signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    killed_mid_handler = Job.objects.filter(status=JobStatus.LEASED).count()
+    assert killed_mid_handler > 0
+
+    rescuer = start_worker("--queues", "default", "--concurrency", "4", **QUICK)
+    wait_for(lambda: statuses() == Counter({JobStatus.COMPLETED: 24}), timeout=30)
+    rescuer.signal(signal.SIGTERM)
+    rescuer.wait(timeout=10)
+
+    starts, ends = events("start"), events("end")
+    assert set(ends) == {j.pk for j in jobs}
+    assert all(count == 1 for count in ends.values())  # completed once each
+    assert all(count <= 2 for count in starts.values())  # at most one extra run per kill
+    recovered = Job.objects.filter(last_error_code="lease_expired")
+    assert recovered.count() >= killed_mid_handler
+    assert all(j.attempts == 2 for j in recovered)
+
+
+def test_sigstop_past_the_lease_cannot_overwrite_the_new_holder(start_worker: Any) -> None:
+    job = enqueue("tests.behave", {"sleep": 2.0})
+    stalled = start_worker("--queues", "default", "--worker-id", "stalled", **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(job_id=job.pk, event="start").exists())
+    stalled.signal(signal.SIGSTOP)
+
+    rescuer = start_worker("--queues", "default", "--worker-id", "rescuer", **QUICK)
+    wait_for(lambda: Job.objects.filter(pk=job.pk, status=JobStatus.COMPLETED).exists(), timeout=30)
+    stalled.signal(signal.SIGCONT)
+    # The stalled worker's handler wakes up, finishes, and tries to record its outcome.
+    wait_for(
+        lambda: SideEffect.objects.filter(job_id=job.pk, event="end", pid=stalled.pid).exists()
+    )
+    wait_for(lambda: "discarded" in stalled.output(), timeout=10)
+
+    job.refresh_from_db()
+    assert (job.status, job.locked_by, job.attempts) == (JobStatus.COMPLETED, "rescuer", 2)
+    assert job.result == {"pid": rescuer.pid}
+
+
+def test_sigterm_drains_gracefully(start_worker: Any) -> None:
+    enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.2}}] * 40)
+    worker = start_worker("--queues", "default", "--concurrency", "4", **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(event="end").count() >= 8)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=15) == 0
+    counts = statuses()
+    assert counts[JobStatus.LEASED] == 0
+    assert counts[JobStatus.COMPLETED] + counts[JobStatus.PENDING] == 40
+    assert counts[JobStatus.COMPLETED] < 40
+    assert set(events("end").values()) == {1}
+    assert len(events("end")) == counts[JobStatus.COMPLETED]
+
+
+def test_grace_period_over_releases_the_rest(start_worker: Any) -> None:
+    job = enqueue("tests.behave", {"sleep": 30})
+    worker = start_worker("--queues", "default", "--grace-period", "0.5", **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(job_id=job.pk).exists())
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 0
+    assert time.monotonic() - started < 5
+    job.refresh_from_db()
+    assert (job.status, job.last_error_code, job.attempts) == (
+        JobStatus.PENDING,
+        "worker_shutdown",
+        1,
+    )
+
+
+def test_second_sigterm_exits_at_once(start_worker: Any) -> None:
+    job = enqueue("tests.behave", {"sleep": 30})
+    worker = start_worker("--queues", "default", **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(job_id=job.pk).exists())
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    started = time.monotonic()
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=5) != 0
+    assert time.monotonic() - started < 2
+    job.refresh_from_db()
+    assert job.status == JobStatus.LEASED  # its lease will expire and another worker takes it
+
+
+def test_saturated_reports_never_delay_critical_alerts(start_worker: Any) -> None:
+    enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 4}, "queue": "reports"}] * 5)
+    start_worker("--queues", "reports,critical_alerts", **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(event="start").exists())  # reports are running
+    delays = []
+    for _ in range(5):
+        enqueued_at = timezone.now()
+        alert = enqueue("tests.behave", {}, queue="critical_alerts")
+        started = wait_for(first_start(alert.pk), timeout=5)
+        delays.append((started.at - enqueued_at).total_seconds())
+    assert (
+        Job.objects.filter(queue="reports", status=JobStatus.PENDING).count() >= 3
+    )  # still saturated
+    assert max(delays) < 1.0, delays
+
+
+def test_notify_wakes_an_idle_worker(start_worker: Any) -> None:
+    # A 30 s poll: only the notification can explain a start within a second.
+    start_worker("--queues", "default", POLL_INTERVAL=30)
+    first = enqueue("tests.behave", {})
+    # The worker claims at start-up; wait for that claim, then it is idle until woken.
+    wait_for(lambda: SideEffect.objects.filter(job_id=first.pk, event="end").exists(), timeout=15)
+    time.sleep(0.5)
+    delays = []
+    for _ in range(5):
+        enqueued_at = timezone.now()
+        woken = enqueue("tests.behave", {})
+        started = wait_for(first_start(woken.pk), timeout=5)
+        delays.append((started.at - enqueued_at).total_seconds())
+    assert max(delays) < 1.0, delays
+
+
+def test_without_notify_polling_completes_everything(start_worker: Any) -> None:
+    start_worker("--queues", "default", NOTIFY=False, POLL_INTERVAL=0.3)
+    enqueue_many([{"job_type": "tests.behave", "payload": {}}] * 10)
+    wait_for(lambda: statuses() == Counter({JobStatus.COMPLETED: 10}), timeout=15)
+
+
+def test_runworkers_rejects_unknown_queues(start_worker: Any) -> None:
+    worker = start_worker("--queues", "nope")
+    assert worker.wait(timeout=20) != 0
+    assert "unknown queue(s) 'nope'" in worker.output()
