@@ -56,12 +56,20 @@ def test_sigkill_mid_handler_loses_nothing(start_worker: Any) -> None:
     rescuer.wait(timeout=10)
 
     starts, ends = events("start"), events("end")
-    assert set(ends) == {j.pk for j in jobs}
-    assert all(count == 1 for count in ends.values())  # completed once each
-    assert all(count <= 2 for count in starts.values())  # at most one extra run per kill
-    recovered = Job.objects.filter(last_error_code="lease_expired")
-    assert recovered.count() >= killed_mid_handler
-    assert all(j.attempts == 2 for j in recovered)
+    assert set(ends) == {j.pk for j in jobs}  # every job ran to its end at least once
+    recovered = set(
+        Job.objects.filter(last_error_code="lease_expired").values_list("pk", flat=True)
+    )
+    assert len(recovered) >= killed_mid_handler
+    assert all(j.attempts == 2 for j in Job.objects.filter(pk__in=recovered))
+    # At-least-once, with bounded duplicates: only the jobs in flight when the worker died (at
+    # most one per handler thread) ran again, once each. A job may even have reached its end
+    # twice: killed after its side effects, before its outcome was written.
+    again = {pk for pk, count in starts.items() if count > 1}
+    assert all(count <= 2 for count in starts.values())
+    assert all(count <= 2 for count in ends.values())
+    assert again <= recovered
+    assert len(again) <= 4
 
 
 def test_sigstop_past_the_lease_cannot_overwrite_the_new_holder(start_worker: Any) -> None:

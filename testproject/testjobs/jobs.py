@@ -61,3 +61,9 @@ def noop(payload: dict[str, Any], ctx: JobContext) -> None:
 @job("tests.bad_result")
 def bad_result(payload: dict[str, Any], ctx: JobContext) -> Any:
     return {"when": object()}
+
+
+@job("tests.stamp")
+def stamp(payload: dict[str, Any], ctx: JobContext) -> dict[str, float]:
+    """Return when the handler started (wall clock), for wake-up latency measurements."""
+    return {"started": time.time()}
