@@ -11,19 +11,25 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "EnqueueError",
+    "Event",
     "JobContext",
+    "OutboxModelMixin",
     "PermanentError",
+    "PublishError",
     "RateLimited",
     "Revoked",
     "TransientError",
     "enqueue",
     "enqueue_many",
     "job",
+    "publish",
+    "subscriber",
 ]
 
 from django_pgoutbox.errors import (
     EnqueueError,
     PermanentError,
+    PublishError,
     RateLimited,
     Revoked,
     TransientError,
@@ -31,15 +37,25 @@ from django_pgoutbox.errors import (
 
 if TYPE_CHECKING:
     from django_pgoutbox.jobs import JobContext, enqueue, enqueue_many, job
+    from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber
 
-_LAZY = {"JobContext", "enqueue", "enqueue_many", "job"}
+_LAZY = {
+    "JobContext": "jobs",
+    "enqueue": "jobs",
+    "enqueue_many": "jobs",
+    "job": "jobs",
+    "Event": "outbox",
+    "OutboxModelMixin": "outbox",
+    "publish": "outbox",
+    "subscriber": "outbox",
+}
 
 
 def __getattr__(name: str) -> Any:
     # jobs.py imports the models, which need the app registry; import it on first use so that
     # settings files and apps.py can import this package before Django is set up.
     if name in _LAZY:
-        from django_pgoutbox import jobs
+        import importlib
 
-        return getattr(jobs, name)
+        return getattr(importlib.import_module(f"django_pgoutbox.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'django_pgoutbox' has no attribute {name!r}")

@@ -20,5 +20,7 @@ class PgOutboxConfig(AppConfig):
         checks.register(pgoutbox_checks.check_driver)
         checks.register(pgoutbox_checks.check_job_queues)
         checks.register(pgoutbox_checks.check_server_version, checks.Tags.database)
-        # Handlers live in each app's jobs.py, like admin.py for the admin.
+        # Handlers and subscribers live in each app's jobs.py (or subscribers.py), as admin
+        # classes live in admin.py.
         autodiscover_modules("jobs")
+        autodiscover_modules("subscribers")

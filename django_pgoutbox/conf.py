@@ -28,6 +28,8 @@ SETTING_NAME = "PGOUTBOX"
 
 #: The notification channel that wakes job workers; the payload is the queue name.
 JOBS_CHANNEL = "pgoutbox_jobs"
+#: The notification channel that wakes the outbox relay; the payload is the event id.
+OUTBOX_CHANNEL = "outbox_ready"
 
 #: Queue names travel in NOTIFY payloads, metric labels and command-line flags: keep them plain.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
@@ -61,7 +63,17 @@ DEFAULTS: dict[str, Any] = {
         "CANCELLED_JOBS": timedelta(days=7),
         "PROCESSED_EVENTS": timedelta(days=7),
     },
-    # Send pg_notify wake-ups on enqueue; workers poll either way.
+    "OUTBOX": {
+        # Events the relay claims (and projects in one transaction) at a time.
+        "BATCH_SIZE": 100,
+        # The relay's claim lasts this long; then another relay may take the event over.
+        "CLAIM_SECONDS": 60,
+        # Projection attempts before a failing event is dead (its aggregate's later events wait).
+        "MAX_ATTEMPTS": 10,
+        # Seconds between the relay's polls; None uses the top-level POLL_INTERVAL.
+        "POLL_INTERVAL": None,
+    },
+    # Send pg_notify wake-ups on enqueue and publish; workers poll either way.
     "NOTIFY": True,
     # Recurring schedules: name -> definition (see docs/scheduling.md).
     "SCHEDULES": {},
@@ -92,6 +104,14 @@ class RetentionSettings:
 
 
 @dataclass(frozen=True)
+class OutboxSettings:
+    batch_size: int
+    claim_seconds: float
+    max_attempts: int
+    poll_interval: float
+
+
+@dataclass(frozen=True)
 class PgOutboxSettings:
     queues: Mapping[str, QueueSettings]
     concurrency: int
@@ -100,6 +120,7 @@ class PgOutboxSettings:
     max_attempts: int
     retry: RetrySettings
     retention: RetentionSettings
+    outbox: OutboxSettings
     notify: bool
     schedules: Mapping[str, Any] = field(default_factory=dict)
 
@@ -216,6 +237,20 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         ),
     )
 
+    outbox_key = f"{SETTING_NAME}['OUTBOX']"
+    outbox_raw = parser.section(top["OUTBOX"], DEFAULTS["OUTBOX"], outbox_key)
+    outbox_poll = outbox_raw["POLL_INTERVAL"]
+    outbox = OutboxSettings(
+        batch_size=parser.positive_int(outbox_raw["BATCH_SIZE"], f"{outbox_key}['BATCH_SIZE']"),
+        claim_seconds=parser.seconds(outbox_raw["CLAIM_SECONDS"], f"{outbox_key}['CLAIM_SECONDS']"),
+        max_attempts=parser.positive_int(
+            outbox_raw["MAX_ATTEMPTS"], f"{outbox_key}['MAX_ATTEMPTS']"
+        ),
+        poll_interval=poll
+        if outbox_poll is None
+        else parser.seconds(outbox_poll, f"{outbox_key}['POLL_INTERVAL']"),
+    )
+
     notify = top["NOTIFY"]
     if not isinstance(notify, bool):
         parser.problem(f"{SETTING_NAME}['NOTIFY']", f"must be True or False, not {notify!r}.")
@@ -236,6 +271,7 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         max_attempts=parser.positive_int(top["MAX_ATTEMPTS"], f"{SETTING_NAME}['MAX_ATTEMPTS']"),
         retry=retry,
         retention=retention,
+        outbox=outbox,
         notify=notify,
         schedules=dict(schedules),
     )

@@ -70,8 +70,8 @@ class Revoked(JobFailure):
 # -- errors of bad input -------------------------------------------------------------------------
 
 
-class EnqueueError(PgOutboxError, ValueError):
-    """An enqueue was refused; ``field`` names the argument that was wrong. Nothing was written."""
+class InvalidInput(PgOutboxError, ValueError):
+    """An argument was refused; ``field`` names it. Nothing was written."""
 
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
@@ -79,8 +79,20 @@ class EnqueueError(PgOutboxError, ValueError):
         self.message = message
 
 
+class EnqueueError(InvalidInput):
+    """An enqueue was refused; ``field`` names the argument that was wrong."""
+
+
+class PublishError(InvalidInput):
+    """A publish was refused; ``field`` names the argument that was wrong."""
+
+
 class JobRegistrationError(PgOutboxError, TypeError):
     """A ``@job`` declaration is wrong (bad name, queue or handler signature, duplicate name)."""
+
+
+class SubscriberRegistrationError(PgOutboxError, TypeError):
+    """A ``@subscriber`` declaration is wrong (no event type, bad versions or signature)."""
 
 
 class LeaseLost(PgOutboxError):

@@ -9,9 +9,7 @@ naming the argument.
 from __future__ import annotations
 
 import inspect
-import json
 import logging
-import math
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -27,6 +25,7 @@ from django_pgoutbox.conf import JOBS_CHANNEL, get_settings
 from django_pgoutbox.errors import EnqueueError, JobRegistrationError
 from django_pgoutbox.ids import uuid7
 from django_pgoutbox.models import Job, JobStatus, job_from_row
+from django_pgoutbox.validation import json_object, non_empty_text, optional_uuid, reject_nul
 
 Payload: TypeAlias = dict[str, Any]
 Handler: TypeAlias = Callable[[Payload, "JobContext"], Any]
@@ -420,17 +419,9 @@ def _validate(
     prefix: str,
 ) -> _Row:
     conf = get_settings()
-    if not isinstance(job_type, str) or not job_type.strip():
-        raise EnqueueError(f"{prefix}job_type", f"must be a non-empty string, not {job_type!r}")
-    _reject_nul(job_type, f"{prefix}job_type")
+    non_empty_text(job_type, f"{prefix}job_type", EnqueueError)
     definition = _registry.get(job_type)
-
-    if not isinstance(payload, dict):
-        raise EnqueueError(
-            f"{prefix}payload", f"must be a dict (a JSON object), not {type(payload).__name__}"
-        )
-    _check_json(payload, f"{prefix}payload")
-    payload_json = json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    payload_json = json_object(payload, f"{prefix}payload", EnqueueError)
 
     if idempotency_key is not None:
         if not isinstance(idempotency_key, str) or not idempotency_key:
@@ -438,15 +429,8 @@ def _validate(
                 f"{prefix}idempotency_key",
                 f"must be a non-empty string or None, not {idempotency_key!r}",
             )
-        _reject_nul(idempotency_key, f"{prefix}idempotency_key")
-
-    if organization_id is not None and not isinstance(organization_id, uuid.UUID):
-        try:
-            organization_id = uuid.UUID(str(organization_id))
-        except ValueError:
-            raise EnqueueError(
-                f"{prefix}organization_id", f"must be a UUID or None, not {organization_id!r}"
-            ) from None
+        reject_nul(idempotency_key, f"{prefix}idempotency_key", EnqueueError)
+    organization_id = optional_uuid(organization_id, f"{prefix}organization_id", EnqueueError)
 
     if priority is None:
         priority = definition.priority if definition else 0
@@ -497,37 +481,3 @@ def _validate(
         delay=delay,
         max_attempts=max_attempts or conf.max_attempts,
     )
-
-
-def _reject_nul(text: str, where: str) -> None:
-    if "\x00" in text:
-        raise EnqueueError(where, "contains a NUL character (\\x00), which PostgreSQL cannot store")
-
-
-def _check_json(value: Any, where: str) -> None:
-    """Raise naming the first value under ``where`` that jsonb cannot store as given."""
-    if value is None or isinstance(value, bool | int):
-        return
-    if isinstance(value, str):
-        _reject_nul(value, where)
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise EnqueueError(where, f"{value!r} is not a JSON number")
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise EnqueueError(
-                    f"{where}[{key!r}]",
-                    f"JSON object keys must be strings, not {type(key).__name__}",
-                )
-            _reject_nul(key, f"{where} key {key!r}")
-            _check_json(item, f"{where}[{key!r}]")
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _check_json(item, f"{where}[{index}]")
-    else:
-        raise EnqueueError(
-            where,
-            f"{type(value).__name__} is not JSON-serialisable; convert it first "
-            "(str() for a UUID or Decimal, .isoformat() for a datetime)",
-        )

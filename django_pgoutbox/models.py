@@ -61,6 +61,12 @@ class OutboxEvent(models.Model):
     processed_at = models.DateTimeField(null=True, blank=True)
     attempts = models.IntegerField(default=0, db_default=0)
     last_error = models.TextField(null=True, blank=True)
+    # Added: the class of the last failure (or why the event is dead), as jobs have it.
+    last_error_code = models.TextField(null=True, blank=True)
+    # Added: set when projection gave up (poison event, unsupported schema version). A dead
+    # event is never claimed, and holds back the later events of its aggregate until an
+    # operator re-drives or discards it.
+    dead_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "outbox_events"
@@ -70,6 +76,19 @@ class OutboxEvent(models.Model):
             models.Index(
                 fields=["available_at", "occurred_at"],
                 name="outbox_pending_idx",
+                condition=models.Q(processed_at__isnull=True),
+            ),
+            # The relay's claim walks unprocessed events in (occurred_at, id) order and stops at
+            # its LIMIT, instead of sorting the whole backlog.
+            models.Index(
+                fields=["occurred_at", "id"],
+                name="outbox_claim_idx",
+                condition=models.Q(processed_at__isnull=True),
+            ),
+            # The relay's order check: which unprocessed event of this aggregate comes first?
+            models.Index(
+                fields=["aggregate_type", "aggregate_id", "occurred_at", "id"],
+                name="outbox_aggregate_pending_idx",
                 condition=models.Q(processed_at__isnull=True),
             ),
         ]

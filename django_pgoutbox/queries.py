@@ -178,3 +178,115 @@ WHERE j.id = u.id
   AND j.status = 'leased'
 RETURNING j.id
 """
+
+# -- outbox --------------------------------------------------------------------------------------
+
+#: Write one fact in the caller's transaction, and say so at commit.
+#:
+#: Parameters: id uuid, organization_id uuid, aggregate_type text, aggregate_id uuid,
+#: event_type text, schema_version int, payload text (JSON), occurred_at timestamptz (NULL =
+#: now()), available_at timestamptz (NULL = now()), notify boolean, channel text.
+#:
+#: ``pg_notify`` runs in the same statement, inside the caller's transaction: the relay hears of
+#: the event only once it is committed, and never after a rollback. ``occurred_at`` defaults to
+#: ``now()``, the start of the business transaction, as the source text's example writes it.
+PUBLISH_EVENT = """
+INSERT INTO outbox_events (
+    id, organization_id, aggregate_type, aggregate_id, event_type, schema_version, payload,
+    occurred_at, available_at
+)
+VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s, now()), COALESCE(%s, now()))
+RETURNING occurred_at, available_at,
+          CASE WHEN %s THEN pg_notify(%s, id::text)::text END
+"""
+
+#: Claim a bounded batch of events to project: the source text's claim, plus order.
+#:
+#: Parameters: claim seconds float, limit int, relay_id text.
+#:
+#: As in the source text: unprocessed, available, and not claimed (or claimed longer ago than
+#: the claim lasts: a relay that died is taken over), oldest first, ``FOR UPDATE SKIP LOCKED``,
+#: ``attempts + 1``. Two additions: dead events are never claimed, and only the *earliest*
+#: unprocessed event of each aggregate is claimable, so that the events of one aggregate are
+#: projected one at a time, in ``(occurred_at, id)`` order, however many relays run.
+#:
+#: Plan: ``outbox_claim_idx`` yields candidates in order, and the scan stops at ``LIMIT``; for
+#: each candidate, the head of its aggregate is one probe of ``outbox_aggregate_pending_idx``.
+#: (A ``NOT EXISTS (earlier event)`` form reads the same, but PostgreSQL plans it as a hash anti
+#: join over the whole backlog: 72 ms instead of 0.3 ms for a claim of 10 out of 10,000.) The
+#: CTE is MATERIALIZED so that ``LIMIT`` and the locks apply once, as in CLAIM_JOBS.
+CLAIM_EVENTS = """
+WITH candidates AS MATERIALIZED (
+    SELECT e.id
+    FROM outbox_events AS e
+    WHERE e.processed_at IS NULL
+      AND e.dead_at IS NULL
+      AND e.available_at <= now()
+      AND (e.claimed_at IS NULL OR e.claimed_at < now() - make_interval(secs => %s))
+      AND e.id = (
+          SELECT head.id
+          FROM outbox_events AS head
+          WHERE head.aggregate_type = e.aggregate_type
+            AND head.aggregate_id = e.aggregate_id
+            AND head.processed_at IS NULL
+          ORDER BY head.occurred_at, head.id
+          LIMIT 1
+      )
+    ORDER BY e.occurred_at, e.id
+    FOR UPDATE SKIP LOCKED
+    LIMIT %s
+)
+UPDATE outbox_events AS o
+SET claimed_at = now(),
+    claimed_by = %s,
+    attempts = o.attempts + 1
+FROM candidates AS c
+WHERE o.id = c.id
+RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_type,
+          o.schema_version, o.payload::text, o.occurred_at, o.available_at, o.attempts
+"""
+
+#: Lock the claimed events this relay still holds, at the start of the projecting transaction.
+#:
+#: Parameters: ids uuid[], attempts int[], relay_id text.
+#:
+#: The fence of the outbox: an event whose claim expired and was taken over by another relay
+#: (its ``attempts`` moved on) is not returned, and is skipped; the lock keeps any other relay
+#: from claiming these rows until this transaction ends.
+LOCK_CLAIMED_EVENTS = """
+SELECT o.id
+FROM outbox_events AS o
+JOIN unnest(%s::uuid[], %s::integer[]) AS c(id, attempt) ON o.id = c.id
+WHERE o.attempts = c.attempt
+  AND o.claimed_by = %s
+  AND o.processed_at IS NULL
+FOR UPDATE OF o
+"""
+
+#: Mark events projected, in the transaction that committed what their subscribers wrote.
+#:
+#: Parameters: ids uuid[].
+MARK_EVENTS_PROCESSED = """
+UPDATE outbox_events
+SET processed_at = now(), claimed_at = NULL
+WHERE id = ANY(%s::uuid[])
+"""
+
+#: Record failed projections: retry later (backoff) or dead.
+#:
+#: Parameters: ids uuid[], dead boolean[], delays float8[] (seconds), codes text[],
+#: errors text[].
+#:
+#: The claim is released so that the retry does not wait for the claim to expire.
+RECORD_EVENT_FAILURES = """
+UPDATE outbox_events AS o
+SET available_at = CASE WHEN f.dead THEN o.available_at
+                        ELSE now() + make_interval(secs => f.delay) END,
+    dead_at = CASE WHEN f.dead THEN now() END,
+    claimed_at = NULL,
+    last_error_code = f.code,
+    last_error = f.error
+FROM unnest(%s::uuid[], %s::boolean[], %s::float8[], %s::text[], %s::text[])
+    AS f(id, dead, delay, code, error)
+WHERE o.id = f.id
+"""

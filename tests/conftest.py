@@ -8,16 +8,19 @@ from typing import Any
 import psycopg
 import pytest
 
-from django_pgoutbox import db, jobs
+from django_pgoutbox import db, jobs, outbox
 
 
 @pytest.fixture
 def registry() -> Iterator[None]:
-    """Restore the job registry after a test that registers handlers of its own."""
-    saved = dict(jobs._registry)
+    """Restore the job and subscriber registries after a test that registers its own."""
+    saved_jobs = dict(jobs._registry)
+    saved_subscribers = {key: list(value) for key, value in outbox._subscribers.items()}
     yield
     jobs._registry.clear()
-    jobs._registry.update(saved)
+    jobs._registry.update(saved_jobs)
+    outbox._subscribers.clear()
+    outbox._subscribers.update(saved_subscribers)
 
 
 @pytest.fixture
@@ -31,6 +34,14 @@ def listener(raw_connection_params: dict[str, Any]) -> Iterator[psycopg.Connecti
     """An autocommit connection listening on the jobs channel."""
     with psycopg.connect(**raw_connection_params, autocommit=True) as conn:
         conn.execute("LISTEN pgoutbox_jobs")
+        yield conn
+
+
+@pytest.fixture
+def outbox_listener(raw_connection_params: dict[str, Any]) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection listening on the outbox channel."""
+    with psycopg.connect(**raw_connection_params, autocommit=True) as conn:
+        conn.execute("LISTEN outbox_ready")
         yield conn
 
 

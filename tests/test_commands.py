@@ -39,12 +39,14 @@ def test_demo_runs_the_batch_to_the_end() -> None:
     call_command("demo", stdout=out)
     text = out.getvalue()
     assert "0 job(s) still open" in text
+    assert "Outbox: 6 of 6 facts projected" in text
     counts = {s: Job.objects.filter(status=s).count() for s in JobStatus.values}
+    # 126 jobs enqueued, plus a notification and a report for each of 3 completed sessions.
     assert counts == {
         "pending": 0,
         "leased": 0,
         "retrying": 0,
-        "completed": 125,
+        "completed": 131,
         "dead": 1,
         "cancelled": 0,
     }

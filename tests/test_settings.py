@@ -61,7 +61,7 @@ class TestDefaults:
         reference = (Path(__file__).parent.parent / "docs" / "settings.md").read_text()
         for key in DEFAULTS:
             assert f"`{key}`" in reference
-        for section in ("RETRY", "RETENTION"):
+        for section in ("RETRY", "RETENTION", "OUTBOX"):
             for key in DEFAULTS[section]:
                 assert f"`{key}`" in reference
 

@@ -86,7 +86,7 @@ def test_every_seed_column_with_its_type_and_default(
 
 def test_added_columns() -> None:
     assert set(columns("jobs")) - set(SEED_JOBS) == {"lease_expires_at", "finished_at", "result"}
-    assert set(columns("outbox_events")) == set(SEED_OUTBOX)
+    assert set(columns("outbox_events")) - set(SEED_OUTBOX) == {"last_error_code", "dead_at"}
     assert columns("schedule_cursors") == {
         "name": ("text", "NO", None),
         "last_slot_at": (TS, "YES", None),
@@ -115,6 +115,13 @@ def test_seed_indexes_verbatim() -> None:
         "CREATE UNIQUE INDEX jobs_idempotency_uq ON public.jobs "
         "USING btree (organization_id, job_type, idempotency_key) NULLS NOT DISTINCT "
         "WHERE (idempotency_key IS NOT NULL)"
+    )
+
+
+def test_outbox_order_index() -> None:
+    assert indexes("outbox_events")["outbox_aggregate_pending_idx"] == (
+        "CREATE INDEX outbox_aggregate_pending_idx ON public.outbox_events "
+        "USING btree (aggregate_type, aggregate_id, occurred_at, id) WHERE (processed_at IS NULL)"
     )
 
 

@@ -156,6 +156,8 @@ class Migration(migrations.Migration):
                 ("processed_at", models.DateTimeField(blank=True, null=True)),
                 ("attempts", models.IntegerField(db_default=0, default=0)),
                 ("last_error", models.TextField(blank=True, null=True)),
+                ("last_error_code", models.TextField(blank=True, null=True)),
+                ("dead_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
                 "verbose_name": "outbox event",
@@ -166,7 +168,17 @@ class Migration(migrations.Migration):
                         condition=models.Q(("processed_at__isnull", True)),
                         fields=["available_at", "occurred_at"],
                         name="outbox_pending_idx",
-                    )
+                    ),
+                    models.Index(
+                        condition=models.Q(("processed_at__isnull", True)),
+                        fields=["occurred_at", "id"],
+                        name="outbox_claim_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("processed_at__isnull", True)),
+                        fields=["aggregate_type", "aggregate_id", "occurred_at", "id"],
+                        name="outbox_aggregate_pending_idx",
+                    ),
                 ],
             },
         ),

@@ -1,4 +1,4 @@
-"""The LISTEN connection: one per worker process, waking the loop of the queue it names.
+"""The LISTEN connection: one per worker process, waking the loop that a notification concerns.
 
 A notification says only "new work may exist in queue X". It is not durable: one sent while this
 connection is down is lost. So on every (re)connect the listener wakes every queue, which then
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import psycopg
 from psycopg import sql
@@ -30,13 +30,11 @@ class Listener:
         self,
         *,
         using: str,
-        channel: str,
-        on_notify: Callable[[str], None],
+        channels: Mapping[str, Callable[[str], None]],
         on_connect: Callable[[], None],
     ) -> None:
         self.using = using
-        self.channel = channel
-        self.on_notify = on_notify
+        self.channels = dict(channels)  # channel -> called with each notification's payload
         self.on_connect = on_connect
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pgoutbox-listener", daemon=True)
@@ -57,14 +55,15 @@ class Listener:
         while not self._stop.is_set():
             try:
                 with psycopg.connect(**params, autocommit=True) as conn:
-                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+                    for channel in self.channels:
+                        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
                     self.connected.set()
                     backoff = RECONNECT_BACKOFF[0]
                     # Anything sent while we were away is lost: look at every queue once.
                     self.on_connect()
                     while not self._stop.is_set():
                         for notification in conn.notifies(timeout=STOP_CHECK_INTERVAL):
-                            self.on_notify(notification.payload)
+                            self.channels[notification.channel](notification.payload)
             except psycopg.Error as error:
                 self.connected.clear()
                 if self._stop.is_set():

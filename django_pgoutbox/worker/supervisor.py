@@ -1,4 +1,4 @@
-"""``Worker``: the queues of one ``runworkers`` process, their listener, and how they stop."""
+"""``Worker``: the roles of one ``runworkers`` process, their listener, and how they stop."""
 
 from __future__ import annotations
 
@@ -7,16 +7,20 @@ import os
 import secrets
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.db import router
 
-from django_pgoutbox.conf import JOBS_CHANNEL, get_settings
+from django_pgoutbox.conf import JOBS_CHANNEL, OUTBOX_CHANNEL, get_settings
 from django_pgoutbox.models import Job
 from django_pgoutbox.worker.listener import Listener
+from django_pgoutbox.worker.relay import Relay
 from django_pgoutbox.worker.runner import QueueRunner
 
 logger = logging.getLogger("django_pgoutbox.worker")
+
+#: What a worker process can do; ``runworkers --roles`` picks among them.
+ROLES = ("jobs", "relay")
 
 
 def default_worker_id() -> str:
@@ -25,7 +29,7 @@ def default_worker_id() -> str:
 
 
 class Worker:
-    """Runs the jobs of the chosen queues until stopped.
+    """Runs the chosen roles (the jobs of the chosen queues, the outbox relay) until stopped.
 
     Drive it from tests as ``Worker(queues=["default"], burst=True).run()``; ``runworkers`` is a
     thin command around it.
@@ -34,6 +38,7 @@ class Worker:
     def __init__(
         self,
         *,
+        roles: Iterable[str] = ROLES,
         queues: Iterable[str] | None = None,
         exclude_queues: Iterable[str] = (),
         concurrency: int | None = None,
@@ -43,55 +48,83 @@ class Worker:
         grace_period: float = 30.0,
     ) -> None:
         conf = get_settings()
-        chosen = list(queues) if queues is not None else list(conf.queues)
-        excluded = set(exclude_queues)
-        unknown = [name for name in [*chosen, *excluded] if name not in conf.queues]
-        if unknown:
+        self.roles = list(dict.fromkeys(roles))
+        unknown_roles = [role for role in self.roles if role not in ROLES]
+        if unknown_roles or not self.roles:
             raise ValueError(
-                f"unknown queue(s) {', '.join(map(repr, unknown))}; "
-                f"PGOUTBOX['QUEUES'] has {', '.join(conf.queues)}"
+                f"unknown role(s) {', '.join(map(repr, unknown_roles)) or '(none given)'}; "
+                f"roles are {', '.join(ROLES)}"
             )
-        names = [name for name in dict.fromkeys(chosen) if name not in excluded]
-        if not names:
-            raise ValueError("no queue left to run")
         self.worker_id = worker_id or default_worker_id()
         self.using = using or router.db_for_write(Job)
         # A burst drains what is already due: nothing to wait for, so nothing to listen to.
         self.listen = conf.notify and not burst
-        self.runners = {
-            name: QueueRunner(
-                conf.queues[name],
-                worker_id=self.worker_id,
+        self.runners: dict[str, QueueRunner] = {}
+        if "jobs" in self.roles:
+            for name in self._queue_names(conf.queues, queues, exclude_queues):
+                self.runners[name] = QueueRunner(
+                    conf.queues[name],
+                    worker_id=self.worker_id,
+                    using=self.using,
+                    policy=conf.retry,
+                    concurrency=concurrency,
+                    burst=burst,
+                    grace_period=grace_period,
+                )
+        self.relay = (
+            Relay(
+                conf.outbox,
+                relay_id=self.worker_id,
                 using=self.using,
                 policy=conf.retry,
-                concurrency=concurrency,
                 burst=burst,
-                grace_period=grace_period,
             )
-            for name in names
-        }
+            if "relay" in self.roles
+            else None
+        )
         self.listener: Listener | None = None
-        self._stopped = threading.Event()
+
+    @staticmethod
+    def _queue_names(
+        configured: Iterable[str], queues: Iterable[str] | None, exclude: Iterable[str]
+    ) -> list[str]:
+        configured = list(configured)
+        chosen = list(queues) if queues is not None else configured
+        excluded = set(exclude)
+        unknown = [name for name in [*chosen, *excluded] if name not in configured]
+        if unknown:
+            raise ValueError(
+                f"unknown queue(s) {', '.join(map(repr, unknown))}; "
+                f"PGOUTBOX['QUEUES'] has {', '.join(configured)}"
+            )
+        names = [name for name in dict.fromkeys(chosen) if name not in excluded]
+        if not names:
+            raise ValueError("no queue left to run")
+        return names
+
+    def describe(self) -> str:
+        parts = [f"{name} (x{runner.concurrency})" for name, runner in self.runners.items()]
+        if self.relay is not None:
+            parts.append("outbox relay")
+        return ", ".join(parts)
 
     def run(self) -> None:
-        """Run until ``stop()`` (or, with ``burst``, until no queue has due work)."""
-        logger.info(
-            "worker %s running queues %s",
-            self.worker_id,
-            ", ".join(f"{name}x{runner.concurrency}" for name, runner in self.runners.items()),
-        )
+        """Run until ``stop()`` (or, with ``burst``, until nothing is due)."""
+        logger.info("worker %s running %s", self.worker_id, self.describe())
         if self.listen:
-            self.listener = Listener(
-                using=self.using,
-                channel=JOBS_CHANNEL,
-                on_notify=self._on_notify,
-                on_connect=self._wake_all,
-            )
+            channels: dict[str, Callable[[str], None]] = {}
+            if self.runners:
+                channels[JOBS_CHANNEL] = self._on_job_notification
+            if self.relay is not None:
+                channels[OUTBOX_CHANNEL] = self.relay.wake
+            self.listener = Listener(using=self.using, channels=channels, on_connect=self._wake_all)
             self.listener.start()
-        threads = [
-            threading.Thread(target=runner.run, name=f"pgoutbox-dispatch-{name}")
-            for name, runner in self.runners.items()
+        loops: list[tuple[str, Callable[[], None]]] = [
+            (f"pgoutbox-dispatch-{name}", runner.run) for name, runner in self.runners.items()
         ]
+        if self.relay is not None:
+            loops.append(("pgoutbox-relay", self.relay.run))
+        threads = [threading.Thread(target=target, name=name) for name, target in loops]
         for thread in threads:
             thread.start()
         try:
@@ -102,15 +135,16 @@ class Worker:
             if self.listener is not None:
                 self.listener.stop()
                 self.listener.join(timeout=2)
-            self._stopped.set()
         logger.info("worker %s stopped", self.worker_id)
 
     def stop(self) -> None:
         """Stop claiming; running jobs finish within the grace period, the rest are released."""
         for runner in self.runners.values():
             runner.stop()
+        if self.relay is not None:
+            self.relay.stop()
 
-    def _on_notify(self, queue: str) -> None:
+    def _on_job_notification(self, queue: str) -> None:
         runner = self.runners.get(queue)
         if runner is not None:
             runner.wake()
@@ -118,3 +152,5 @@ class Worker:
     def _wake_all(self) -> None:
         for runner in self.runners.values():
             runner.wake()
+        if self.relay is not None:
+            self.relay.wake()

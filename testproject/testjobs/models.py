@@ -13,3 +13,15 @@ class SideEffect(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} #{self.attempt} {self.event}"
+
+
+class Projection(models.Model):
+    """One row per event a test subscriber projected, written in the relay's transaction."""
+
+    event_id = models.UUIDField(unique=True)
+    aggregate_id = models.UUIDField()
+    sequence = models.IntegerField()
+    relay = models.TextField()
+
+    def __str__(self) -> str:
+        return f"{self.aggregate_id} #{self.sequence}"

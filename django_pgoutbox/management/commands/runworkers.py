@@ -14,6 +14,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_pgoutbox.worker import Worker
+from django_pgoutbox.worker.supervisor import ROLES
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -53,6 +54,13 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--roles",
+            type=_names,
+            action="extend",
+            metavar="ROLE[,ROLE]",
+            help=f"What this process does: {', '.join(ROLES)} (default: all).",
+        )
         parser.add_argument(
             "--queues",
             type=_names,
@@ -97,6 +105,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         try:
             worker = Worker(
+                roles=options["roles"] or ROLES,
                 queues=options["queues"],
                 exclude_queues=options["exclude_queues"],
                 concurrency=options["concurrency"],
@@ -109,10 +118,7 @@ class Command(BaseCommand):
             raise CommandError(str(error)) from error
         self._install_signal_handlers(worker)
         if options["verbosity"] >= 1:
-            queues = ", ".join(
-                f"{name} (x{runner.concurrency})" for name, runner in worker.runners.items()
-            )
-            self.stdout.write(f"Worker {worker.worker_id}: {queues}")
+            self.stdout.write(f"Worker {worker.worker_id}: {worker.describe()}")
         worker.run()
         # Handlers that outlived the grace period were released for other workers; do not let
         # their threads (daemons) or anything else keep the process alive.

@@ -10,10 +10,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
+from django.db.models import Q
 
 from django_pgoutbox import enqueue_many
-from django_pgoutbox.models import Job, JobStatus
+from django_pgoutbox.models import Job, JobStatus, OutboxEvent
 from django_pgoutbox.worker import Worker
+from testproject.demo.models import TrackingSession, complete_session
 
 OPEN = (JobStatus.PENDING, JobStatus.LEASED, JobStatus.RETRYING)
 
@@ -46,7 +48,8 @@ def demo_batch(batch: str) -> list[dict[str, Any]]:
 
 class Command(BaseCommand):
     help = (
-        "Enqueue a demo batch into the seven queues, run the workers until it is done, summarise."
+        "Enqueue a demo batch into the seven queues, complete a few tracking sessions (facts "
+        "that the outbox relay projects into jobs), run the workers until all is done, summarise."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -58,10 +61,23 @@ class Command(BaseCommand):
         batch = uuid.uuid4().hex[:8]
         with transaction.atomic():
             jobs = enqueue_many(demo_batch(batch))
+        # The source text's example: completing a tracking session is a fact, committed with
+        # the change; the relay projects it into a notification job and a report job.
+        organization = uuid.uuid4()
+        sessions = [
+            TrackingSession.objects.create(organization_id=organization, device=f"{batch}-{n}")
+            for n in range(3)
+        ]
+        for session in sessions:
+            complete_session(session.id)
         self.stdout.write(
-            f"Enqueued {len(jobs)} jobs (batch {batch}) into 7 queues; running workers..."
+            f"Enqueued {len(jobs)} jobs (batch {batch}) into 7 queues and completed "
+            f"{len(sessions)} tracking sessions; running the workers and the outbox relay..."
         )
-        ids = [job.pk for job in jobs]
+        batch_jobs = Job.objects.filter(
+            Q(pk__in=[job.pk for job in jobs]) | Q(organization_id=organization)
+        )
+        events = OutboxEvent.objects.filter(aggregate_id__in=[s.id for s in sessions])
 
         worker = Worker(grace_period=5)
         thread = threading.Thread(target=worker.run, name="demo-worker")
@@ -69,14 +85,21 @@ class Command(BaseCommand):
         thread.start()
         try:
             while time.monotonic() - started < options["timeout"]:
-                if not Job.objects.filter(pk__in=ids, status__in=OPEN).exists():
+                if not (
+                    events.filter(processed_at__isnull=True).exists()
+                    or batch_jobs.filter(status__in=OPEN).exists()
+                ):
                     break
                 time.sleep(0.2)
         finally:
             worker.stop()
             thread.join()
-        elapsed = time.monotonic() - started
-        self._summarise(ids, elapsed)
+        projected = events.filter(processed_at__isnull=False).count()
+        self.stdout.write(
+            f"Outbox: {projected} of {events.count()} facts projected "
+            "(tracking_session.started, tracking_session.completed)."
+        )
+        self._summarise(list(batch_jobs.values_list("pk", flat=True)), time.monotonic() - started)
 
     def _summarise(self, ids: list[uuid.UUID], elapsed: float) -> None:
         by_queue: dict[str, Counter[str]] = defaultdict(Counter)

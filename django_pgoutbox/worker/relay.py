@@ -1,0 +1,220 @@
+"""The outbox relay: claim a batch of facts, project each through its subscribers, exactly once.
+
+One loop, one thread, one database connection. Each turn:
+
+1. claims up to ``OUTBOX['BATCH_SIZE']`` events with the source text's ``FOR UPDATE SKIP LOCKED``
+   claim (a lease: ``claimed_at``/``claimed_by``, taken over after ``CLAIM_SECONDS``), only the
+   earliest unprocessed event of each aggregate, so an aggregate's events go one at a time, in
+   order;
+2. opens one transaction for the batch and locks the events it still holds (the fence);
+3. for each event, in a savepoint: runs its subscribers (what they enqueue or write joins the
+   transaction) and marks it processed. A subscriber that raises rolls back that event's
+   savepoint only; the event is retried later with backoff, or dead after ``MAX_ATTEMPTS``;
+4. commits: the subscribers' jobs and the ``processed_at`` marks land together. A relay killed
+   at any line leaves each event either unprocessed with no jobs, or processed with its jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db import InterfaceError, OperationalError, connections, transaction
+
+from django_pgoutbox import queries
+from django_pgoutbox.conf import OutboxSettings, RetrySettings
+from django_pgoutbox.models import OutboxEvent
+from django_pgoutbox.outbox import subscribers_for
+from django_pgoutbox.retry import backoff, bound, error_code, summarize
+
+logger = logging.getLogger("django_pgoutbox.relay")
+
+ERROR_BACKOFF = (0.2, 10.0)
+
+
+@dataclass(frozen=True)
+class _Failure:
+    event_id: uuid.UUID
+    dead: bool
+    delay: float
+    code: str
+    error: str
+
+
+class Relay:
+    """Projects outbox events until stopped (or, in burst mode, until none is claimable)."""
+
+    def __init__(
+        self,
+        settings: OutboxSettings,
+        *,
+        relay_id: str,
+        using: str,
+        policy: RetrySettings,
+        burst: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.relay_id = relay_id
+        self.using = using
+        self.policy = policy
+        self.burst = burst
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self.finished = threading.Event()
+
+    def wake(self, _payload: str = "") -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    def run(self) -> None:
+        pause = ERROR_BACKOFF[0]
+        try:
+            while not self._stopping.is_set():
+                self._wake.clear()
+                try:
+                    claimed = self.run_once()
+                    pause = ERROR_BACKOFF[0]
+                except (OperationalError, InterfaceError) as error:
+                    logger.warning(
+                        "relay: database unavailable (%s); retrying in %.1fs", error, pause
+                    )
+                    connections[self.using].close()
+                    self._stopping.wait(pause)
+                    pause = min(pause * 2, ERROR_BACKOFF[1])
+                    continue
+                if claimed:
+                    # More may be waiting, and projecting this batch made the next event of
+                    # each of its aggregates claimable: claim again before sleeping.
+                    continue
+                if self.burst:
+                    return
+                self._wake.wait(self.settings.poll_interval)
+        finally:
+            connections[self.using].close()
+            self.finished.set()
+
+    def run_once(self) -> int:
+        """Claim and project one batch; return how many events were claimed."""
+        events = self._claim()
+        if events:
+            self._project(events)
+        return len(events)
+
+    def _claim(self) -> list[OutboxEvent]:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(
+                queries.CLAIM_EVENTS,
+                [self.settings.claim_seconds, self.settings.batch_size, self.relay_id],
+            )
+            rows = cursor.fetchall()
+        names = [
+            "id",
+            "organization_id",
+            "aggregate_type",
+            "aggregate_id",
+            "event_type",
+            "schema_version",
+            "payload",
+            "occurred_at",
+            "available_at",
+            "attempts",
+        ]
+        events = []
+        for row in rows:
+            values = dict(zip(names, row, strict=True))
+            values["payload"] = json.loads(values["payload"])
+            values["claimed_by"] = self.relay_id
+            events.append(
+                OutboxEvent.from_db(
+                    self.using,
+                    [f.attname for f in OutboxEvent._meta.concrete_fields],
+                    [values.get(f.attname) for f in OutboxEvent._meta.concrete_fields],
+                )
+            )
+        # The claim is ordered by (occurred_at, id); UPDATE ... RETURNING is not.
+        events.sort(key=lambda e: (e.occurred_at, e.id))
+        return events
+
+    def _project(self, events: Sequence[OutboxEvent]) -> None:
+        processed: list[uuid.UUID] = []
+        failures: list[_Failure] = []
+        with transaction.atomic(using=self.using):
+            held = self._lock(events)
+            for event in events:
+                if event.id not in held:
+                    logger.warning(
+                        "event %s: claim taken over by another relay; skipped",
+                        event.id,
+                        extra={"event_id": str(event.id), "event_type": event.event_type},
+                    )
+                    continue
+                failure = self._project_one(event)
+                if failure is None:
+                    processed.append(event.id)
+                else:
+                    failures.append(failure)
+            with connections[self.using].cursor() as cursor:
+                if processed:
+                    cursor.execute(queries.MARK_EVENTS_PROCESSED, [processed])
+                if failures:
+                    cursor.execute(
+                        queries.RECORD_EVENT_FAILURES,
+                        [
+                            [f.event_id for f in failures],
+                            [f.dead for f in failures],
+                            [f.delay for f in failures],
+                            [f.code for f in failures],
+                            [f.error for f in failures],
+                        ],
+                    )
+
+    def _lock(self, events: Sequence[OutboxEvent]) -> set[uuid.UUID]:
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(
+                queries.LOCK_CLAIMED_EVENTS,
+                [[e.id for e in events], [e.attempts for e in events], self.relay_id],
+            )
+            return {row[0] for row in cursor.fetchall()}
+
+    def _project_one(self, event: OutboxEvent) -> _Failure | None:
+        extra = {
+            "event_id": str(event.id),
+            "event_type": event.event_type,
+            "attempt": event.attempts,
+        }
+        subscribers = subscribers_for(event.event_type)
+        refusing = [s.name for s in subscribers if event.schema_version not in s.versions]
+        if refusing:
+            message = (
+                f"schema version {event.schema_version} of {event.event_type!r} is not accepted "
+                f"by {', '.join(refusing)}"
+            )
+            logger.error("event %s: %s; dead-lettered", event.id, message, extra=extra)
+            return _Failure(event.id, True, 0.0, "unsupported_schema_version", bound(message))
+        try:
+            with transaction.atomic(using=self.using):  # a savepoint: this event only
+                for projection in subscribers:
+                    projection(event)
+        except Exception as error:
+            dead = event.attempts >= self.settings.max_attempts
+            delay = 0.0 if dead else backoff(event.attempts, self.policy)
+            logger.error(
+                "event %s (%s) attempt %d/%d: %s -> %s",
+                event.id,
+                event.event_type,
+                event.attempts,
+                self.settings.max_attempts,
+                summarize(error),
+                "dead" if dead else f"retry in {delay:.1f}s",
+                exc_info=error,
+                extra=extra,
+            )
+            return _Failure(event.id, dead, delay, bound(error_code(error), 200), summarize(error))
+        return None

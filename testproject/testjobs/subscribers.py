@@ -1,0 +1,25 @@
+"""Subscribers that tests (and relay subprocesses started by tests) run, steered by the payload."""
+
+from __future__ import annotations
+
+import time
+
+from django_pgoutbox import enqueue, subscriber
+from django_pgoutbox.models import OutboxEvent
+from testproject.testjobs.models import Projection
+
+
+@subscriber("tests.projected")
+def project(event: OutboxEvent) -> None:
+    """Record the projection and enqueue a job for it, in the relay's transaction."""
+    if event.payload.get("sleep"):
+        time.sleep(event.payload["sleep"])
+    if event.payload.get("fail"):
+        raise ValueError(f"cannot project {event.payload.get('sequence')}")
+    Projection.objects.create(
+        event_id=event.id,
+        aggregate_id=event.aggregate_id,
+        sequence=event.payload.get("sequence", 0),
+        relay=event.claimed_by or "",
+    )
+    enqueue("tests.noop", {"event": str(event.id)})

@@ -1,0 +1,326 @@
+"""publish(), the model-save hook, subscribers and the relay (in-process)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, connections, transaction
+from django.utils import timezone
+
+from django_pgoutbox import Event, PublishError, enqueue, publish, subscriber
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.models import Job, OutboxEvent
+from django_pgoutbox.worker.relay import Relay
+from testproject.demo.models import TrackingSession, complete_session
+from testproject.testjobs.models import Projection
+from tests.conftest import drain_notifications
+
+
+def fact(aggregate: uuid.UUID | None = None, **payload: Any) -> OutboxEvent:
+    return publish(
+        "tests.projected",
+        aggregate_type="test",
+        aggregate_id=aggregate or uuid.uuid4(),
+        payload=payload,
+    )
+
+
+def relay(relay_id: str = "relay-1", **overrides: Any) -> Relay:
+    conf = get_settings()
+    outbox = conf.outbox
+    if overrides:
+        from dataclasses import replace
+
+        outbox = replace(outbox, **overrides)
+    return Relay(outbox, relay_id=relay_id, using="default", policy=conf.retry, burst=True)
+
+
+@pytest.mark.django_db
+class TestPublish:
+    def test_writes_the_fact_with_database_times(self, django_assert_num_queries: Any) -> None:
+        aggregate, org = uuid.uuid4(), uuid.uuid4()
+        with django_assert_num_queries(1):
+            event = publish(
+                "tracking_session.completed",
+                aggregate_type="tracking_session",
+                aggregate_id=str(aggregate),
+                payload={"device": "d1"},
+                organization_id=org,
+            )
+        stored = OutboxEvent.objects.get(pk=event.pk)
+        assert (stored.aggregate_id, stored.organization_id, stored.schema_version) == (
+            aggregate,
+            org,
+            1,
+        )
+        assert stored.payload == {"device": "d1"}
+        assert stored.occurred_at == event.occurred_at
+        assert stored.processed_at is None
+        assert stored.attempts == 0
+
+    def test_rollback_leaves_no_event(self) -> None:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            fact()
+            raise RuntimeError
+        assert not OutboxEvent.objects.exists()
+
+    @pytest.mark.parametrize(
+        ("kwargs", "field", "message"),
+        [
+            ({"event_type": ""}, "event_type", "non-empty string"),
+            ({"aggregate_type": None}, "aggregate_type", "non-empty string"),
+            ({"aggregate_id": None}, "aggregate_id", "is required"),
+            ({"aggregate_id": "session-7"}, "aggregate_id", "must be a UUID"),
+            ({"payload": "text"}, "payload", "must be a dict"),
+            ({"payload": {"at": timezone.now()}}, "payload['at']", "not JSON-serialisable"),
+            ({"payload": {"s": "a\x00"}}, "payload['s']", "NUL"),
+            ({"schema_version": "2"}, "schema_version", "must be an int, not str"),
+            ({"schema_version": 1.0}, "schema_version", "must be an int, not float"),
+            ({"schema_version": True}, "schema_version", "must be an int, not bool"),
+            ({"schema_version": 0}, "schema_version", "must be >= 1"),
+            ({"organization_id": "acme"}, "organization_id", "must be a UUID"),
+            ({"available_at": datetime(2030, 1, 1)}, "available_at", "aware datetime"),
+            ({"using": "other"}, "using", "no database 'other'"),
+        ],
+    )
+    def test_bad_input_is_refused(self, kwargs: dict[str, Any], field: str, message: str) -> None:
+        arguments: dict[str, Any] = {
+            "event_type": "x.happened",
+            "aggregate_type": "x",
+            "aggregate_id": uuid.uuid4(),
+            "payload": {},
+            **kwargs,
+        }
+        with pytest.raises(PublishError) as caught:
+            publish(arguments.pop("event_type"), **arguments)
+        assert caught.value.field == field
+        assert message in caught.value.message
+        assert not OutboxEvent.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the listener is a second connection
+class TestPublishWakeUp:
+    def test_notification_carries_the_id_and_arrives_at_commit(
+        self, outbox_listener: psycopg.Connection[Any]
+    ) -> None:
+        with transaction.atomic():
+            event = fact()
+            assert drain_notifications(outbox_listener, timeout=0.3) == []
+        assert drain_notifications(outbox_listener) == [str(event.id)]
+
+    def test_rollback_sends_nothing(self, outbox_listener: psycopg.Connection[Any]) -> None:
+        with pytest.raises(RuntimeError), transaction.atomic():
+            fact()
+            raise RuntimeError
+        assert drain_notifications(outbox_listener) == []
+
+
+@pytest.mark.django_db
+class TestSaveHook:
+    def test_create_publishes_with_the_save(self) -> None:
+        org = uuid.uuid4()
+        session = TrackingSession.objects.create(organization_id=org, device="d1")
+        event = OutboxEvent.objects.get()
+        assert (event.event_type, event.aggregate_type) == (
+            "tracking_session.started",
+            "tracking_session",
+        )
+        assert (event.aggregate_id, event.organization_id) == (session.id, org)
+        session.device = "d2"
+        session.save()
+        assert OutboxEvent.objects.count() == 1  # updates publish nothing in this model
+
+    @pytest.mark.django_db(transaction=True)  # no test transaction around it: real autocommit
+    def test_failing_event_rolls_back_the_save_even_in_autocommit(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        def bad(self: TrackingSession, *, created: bool) -> list[Event]:
+            return [Event("tracking_session.started", {"when": timezone.now()})]
+
+        monkeypatch.setattr(TrackingSession, "outbox_events_for_save", bad)
+        assert connection.get_autocommit()
+        with pytest.raises(PublishError, match="payload"):
+            TrackingSession.objects.create(organization_id=uuid.uuid4(), device="d1")
+        assert not TrackingSession.objects.exists()
+        assert not OutboxEvent.objects.exists()
+
+    def test_delete_publishes_with_the_delete(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        session = TrackingSession.objects.create(organization_id=uuid.uuid4(), device="d1")
+        monkeypatch.setattr(
+            TrackingSession,
+            "outbox_events_for_delete",
+            lambda self: [Event("tracking_session.deleted", {"device": self.device})],
+        )
+        session_id = session.id
+        session.delete()
+        deleted = OutboxEvent.objects.get(event_type="tracking_session.deleted")
+        assert deleted.aggregate_id == session_id
+
+    def test_guarded_update_publishes_once(self) -> None:
+        session = TrackingSession.objects.create(organization_id=uuid.uuid4(), device="d1")
+        assert complete_session(session.id) is True
+        assert complete_session(session.id) is False  # already completed: no second fact
+        assert OutboxEvent.objects.filter(event_type="tracking_session.completed").count() == 1
+        session.refresh_from_db()
+        assert (session.status, session.version) == ("completed", 2)
+
+    @pytest.mark.django_db(transaction=True)  # the error breaks the transaction it happens in
+    def test_event_objects_only(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(
+            TrackingSession, "outbox_events_for_save", lambda self, created: ["started"]
+        )
+        with pytest.raises(TypeError, match="must yield Event objects"):
+            TrackingSession.objects.create(organization_id=uuid.uuid4(), device="d1")
+        assert not TrackingSession.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the relay commits its own transactions
+class TestRelay:
+    def test_projects_into_jobs_exactly_once(self) -> None:
+        events = [fact(sequence=n) for n in range(5)]
+        assert relay().run_once() == 5
+        assert relay().run_once() == 0
+        assert OutboxEvent.objects.filter(processed_at__isnull=False).count() == 5
+        assert Projection.objects.count() == 5
+        assert Job.objects.filter(job_type="tests.noop").count() == 5
+        assert {p.event_id for p in Projection.objects.all()} == {e.id for e in events}
+
+    def test_demo_projection(self) -> None:
+        session = TrackingSession.objects.create(organization_id=uuid.uuid4(), device="d9")
+        complete_session(session.id)
+        relay().run()
+        assert set(Job.objects.values_list("job_type", flat=True)) == {
+            "demo.send_notification",
+            "demo.build_report",
+        }
+        assert not OutboxEvent.objects.filter(processed_at__isnull=True).exists()
+
+    def test_event_without_subscribers_is_processed(self) -> None:
+        publish("nobody.listens", aggregate_type="x", aggregate_id=uuid.uuid4(), payload={})
+        relay().run()
+        assert OutboxEvent.objects.get().processed_at is not None
+
+    def test_poison_event_rolls_back_only_itself(self, settings: Any) -> None:
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "RETRY": {"BASE_DELAY": 60, "JITTER": 0}}
+        good = fact(sequence=1)
+        poison = fact(sequence=2, fail=True)
+        other = fact(sequence=3)
+        relay().run()
+        poison.refresh_from_db()
+        assert poison.processed_at is None
+        assert (poison.attempts, poison.last_error_code) == (1, "ValueError")
+        assert "cannot project 2" in (poison.last_error or "")
+        assert poison.claimed_at is None
+        assert poison.available_at > timezone.now() + timedelta(seconds=100)  # 60 * 2**1
+        assert set(Projection.objects.values_list("event_id", flat=True)) == {good.id, other.id}
+        assert Job.objects.count() == 2  # nothing the poison event's subscriber did survives
+
+    def test_poison_event_dies_after_its_attempts_and_holds_back_its_aggregate(
+        self, settings: Any
+    ) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "RETRY": {"BASE_DELAY": 0.001, "MAX_DELAY": 0.001, "JITTER": 0},
+            "OUTBOX": {"MAX_ATTEMPTS": 3},
+        }
+        aggregate = uuid.uuid4()
+        poison = fact(aggregate, sequence=1, fail=True)
+        later = fact(aggregate, sequence=2)
+        elsewhere = fact(sequence=1)
+        for _ in range(5):
+            relay().run()
+        poison.refresh_from_db()
+        later.refresh_from_db()
+        assert (poison.attempts, poison.last_error_code) == (3, "ValueError")
+        assert poison.dead_at is not None
+        assert later.processed_at is None  # held back: never projected out of order
+        assert later.attempts == 0
+        assert Projection.objects.get().event_id == elsewhere.id  # other aggregates go on
+        # An operator re-drives the dead event once the subscriber is fixed:
+        OutboxEvent.objects.filter(pk=poison.pk).update(
+            dead_at=None, attempts=0, payload={"sequence": 1}
+        )
+        relay().run()
+        assert list(
+            Projection.objects.filter(aggregate_id=aggregate)
+            .order_by("id")
+            .values_list("sequence", flat=True)
+        ) == [1, 2]
+
+    def test_unsupported_schema_version_is_dead(self, registry: None) -> None:
+        @subscriber("tests.versioned", versions=(2,))
+        def v2_only(event: OutboxEvent) -> None:
+            enqueue("tests.noop", {})
+
+        old = publish("tests.versioned", aggregate_type="x", aggregate_id=uuid.uuid4(), payload={})
+        new = publish(
+            "tests.versioned",
+            aggregate_type="x",
+            aggregate_id=uuid.uuid4(),
+            payload={},
+            schema_version=2,
+        )
+        relay().run()
+        old.refresh_from_db()
+        new.refresh_from_db()
+        assert old.dead_at is not None
+        assert old.last_error_code == "unsupported_schema_version"
+        assert "schema version 1" in (old.last_error or "")
+        assert new.processed_at is not None
+        assert Job.objects.count() == 1
+
+    def test_one_aggregate_is_projected_in_order_one_at_a_time(self) -> None:
+        aggregate = uuid.uuid4()
+        with transaction.atomic():  # one transaction: same occurred_at, ordered by id
+            for n in range(5):
+                fact(aggregate, sequence=n)
+        claimed = relay("a").run_once()
+        assert claimed == 1  # only the head of the aggregate is claimable
+        while relay("a").run_once():
+            pass
+        assert list(Projection.objects.order_by("id").values_list("sequence", flat=True)) == list(
+            range(5)
+        )
+
+    def test_claim_taken_over_is_skipped(self) -> None:
+        event = fact(sequence=1)
+        stale = relay("stale", claim_seconds=0.001)
+        claimed = stale._claim()
+        taker = relay("taker", claim_seconds=0.001)
+        assert taker.run_once() == 1  # the stale claim expired: taken over and projected
+        stale._project(claimed)  # the stale relay wakes up and tries to project it too
+        assert Projection.objects.filter(event_id=event.id).count() == 1
+        assert Job.objects.count() == 1
+
+    def test_late_commit_is_still_projected(self) -> None:
+        # Two connections and a barrier: the first transaction's event has the earlier
+        # occurred_at but commits after a later event has been projected.
+        opened = threading.Barrier(2, timeout=10)
+        release = threading.Event()
+        late: list[OutboxEvent] = []
+
+        def slow_transaction() -> None:
+            try:
+                with transaction.atomic():
+                    late.append(fact(sequence=1))
+                    opened.wait()
+                    release.wait(timeout=10)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=slow_transaction)
+        thread.start()
+        opened.wait()
+        early = fact(sequence=2)
+        relay().run()
+        assert list(Projection.objects.values_list("event_id", flat=True)) == [early.id]
+        release.set()
+        thread.join(timeout=10)
+        assert late[0].occurred_at < early.occurred_at
+        relay().run()
+        assert set(Projection.objects.values_list("event_id", flat=True)) == {early.id, late[0].id}

@@ -1,0 +1,131 @@
+"""Real relay processes: several at once, killed mid-batch, and a listener that goes away.
+
+transaction=True throughout: the relays are other processes and see only committed rows.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_pgoutbox import enqueue, metrics, publish
+from django_pgoutbox.models import Job, JobStatus, OutboxEvent
+from django_pgoutbox.worker import Worker
+from testproject.testjobs.models import Projection
+from tests.processes import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def bulk_publish(aggregates: list[uuid.UUID], per_aggregate: int, **payload: Any) -> None:
+    """Publish ``per_aggregate`` events for each aggregate, interleaved, in a few transactions."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        for sequence in range(per_aggregate):
+            for aggregate in aggregates:
+                publish(
+                    "tests.projected",
+                    aggregate_type="test",
+                    aggregate_id=aggregate,
+                    payload={"sequence": sequence, **payload},
+                )
+
+
+def unprocessed() -> int:
+    return OutboxEvent.objects.filter(processed_at__isnull=True).count()
+
+
+def test_three_relays_project_each_event_once_and_each_aggregate_in_order(
+    start_worker: Any,
+) -> None:
+    aggregates = [uuid.uuid4() for _ in range(100)]
+    bulk_publish(aggregates, 100)
+    assert unprocessed() == 10_000
+    # Batches of 10 heads, so that the three relays work on different aggregates at once.
+    relays = [
+        start_worker("--roles", "relay", "--worker-id", f"relay-{n}", OUTBOX={"BATCH_SIZE": 10})
+        for n in range(3)
+    ]
+    wait_for(lambda: unprocessed() == 0, timeout=120, interval=0.5)
+    for relay in relays:
+        relay.signal(signal.SIGTERM)
+        assert relay.wait(timeout=15) == 0
+
+    assert Projection.objects.count() == 10_000  # event_id is unique: each projected once
+    assert Job.objects.filter(job_type="tests.noop").count() == 10_000  # no duplicate jobs
+    sequences: dict[uuid.UUID, list[int]] = defaultdict(list)
+    for aggregate_id, sequence in Projection.objects.order_by("id").values_list(
+        "aggregate_id", "sequence"
+    ):
+        sequences[aggregate_id].append(sequence)
+    assert all(seq == list(range(100)) for seq in sequences.values())  # in order, per aggregate
+    used = set(Projection.objects.values_list("relay", flat=True))
+    assert len(used) >= 2, used  # the relays really shared the backlog
+
+
+def test_sigkill_mid_batch_then_restart_projects_each_event_once(start_worker: Any) -> None:
+    aggregates = [uuid.uuid4() for _ in range(20)]
+    bulk_publish(aggregates, 5, sleep=0.02)  # 100 events; a batch of 100 heads takes 0.4 s
+    victim = start_worker("--roles", "relay", OUTBOX={"CLAIM_SECONDS": 1})
+    wait_for(lambda: OutboxEvent.objects.filter(claimed_by__isnull=False).exists())
+    time.sleep(0.1)  # inside the batch's transaction, subscribers running
+    victim.signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    killed_with = unprocessed()
+    assert killed_with > 0
+
+    start_worker("--roles", "relay", OUTBOX={"CLAIM_SECONDS": 1})
+    wait_for(lambda: unprocessed() == 0, timeout=60)
+    assert Projection.objects.count() == 100
+    assert Job.objects.filter(job_type="tests.noop").count() == 100
+    assert OutboxEvent.objects.filter(attempts__gte=2).exists()  # the killed batch was reclaimed
+
+
+def _terminate_listeners() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid() "
+            "AND datname = current_database()"
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_lost_listener_reconnects_and_polls_everything(settings: Any) -> None:
+    # A 30 s poll: only the listener (or its reconnect) can explain work done within seconds.
+    settings.PGOUTBOX = {**settings.PGOUTBOX, "POLL_INTERVAL": 30}
+    worker = Worker(roles=["jobs", "relay"], queues=["default"])
+    import threading
+
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert worker.listener is not None
+        assert worker.listener.connected.wait(10)
+        time.sleep(0.3)  # the start-up claims are done; the loops now wait for 30 s
+        failures = metrics.NOTIFICATION_FAILURES.value()
+        assert _terminate_listeners() == 1
+        # Sent while the listener is down: these notifications are lost.
+        job = enqueue("tests.behave", {})
+        event = publish(
+            "tests.projected", aggregate_type="t", aggregate_id=uuid.uuid4(), payload={}
+        )
+        wait_for(lambda: metrics.NOTIFICATION_FAILURES.value() > failures, timeout=10)
+        # The reconnect wakes every loop, which finds the work in the tables.
+        wait_for(
+            lambda: Job.objects.filter(pk=job.pk, status=JobStatus.COMPLETED).exists(), timeout=10
+        )
+        wait_for(
+            lambda: OutboxEvent.objects.filter(pk=event.pk, processed_at__isnull=False).exists(),
+            timeout=10,
+        )
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
