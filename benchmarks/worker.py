@@ -16,45 +16,14 @@ benchmarks/results/.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-BENCH_DB = "pgoutbox_bench"
-
-
-def bench_database_url() -> str:
-    import psycopg
-
-    from testproject.database import database_url
-
-    base = database_url()
-    parts = urlsplit(base)
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    return urlunsplit(parts._replace(path=f"/{BENCH_DB}"))
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
-
-
-def runworkers(*args: str, settings: dict[str, object] | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PGOUTBOX_TEST_SETTINGS": json.dumps(settings or {})}
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "manage.py"), "runworkers", "-v", "0", *args], cwd=ROOT, env=env
-    )
+from benchmarks.common import ROOT, percentile, runworkers, setup_django, truncate, write_results
 
 
 def drain(jobs: int, concurrency: int) -> dict[str, float]:
@@ -63,13 +32,14 @@ def drain(jobs: int, concurrency: int) -> dict[str, float]:
     from django_pgoutbox import enqueue_many
     from django_pgoutbox.models import Job
 
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobs")
+    truncate("jobs")
     enqueue_many([{"job_type": "tests.noop", "payload": {}}] * jobs)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE jobs")
     started = time.monotonic()
-    process = runworkers("--burst", "--queues", "default", "--concurrency", str(concurrency))
+    process = runworkers(
+        "--roles", "jobs", "--burst", "--queues", "default", "--concurrency", str(concurrency)
+    )
     process.wait()
     wall = time.monotonic() - started
     with connection.cursor() as cursor:
@@ -90,14 +60,11 @@ def drain(jobs: int, concurrency: int) -> dict[str, float]:
 
 
 def wakeup(count: int, gap: float) -> dict[str, float]:
-    from django.db import connection
-
     from django_pgoutbox import enqueue
     from django_pgoutbox.models import Job
 
-    with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE jobs")
-    process = runworkers("--queues", "default", settings={"POLL_INTERVAL": 5})
+    truncate("jobs")
+    process = runworkers("--roles", "jobs", "--queues", "default", settings={"POLL_INTERVAL": 5})
     try:
         time.sleep(3)  # start-up, first claim and the LISTEN connection: then it is idle
         committed: dict[object, float] = {}
@@ -115,7 +82,9 @@ def wakeup(count: int, gap: float) -> dict[str, float]:
     latencies = [
         (result["started"] - committed[pk]) * 1000
         for pk, result in Job.objects.values_list("pk", "result")
+        if result is not None
     ]
+    assert len(latencies) == count
     return {
         "jobs": count,
         "p50_ms": percentile(latencies, 0.5),
@@ -136,20 +105,8 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=10.0)
     args = parser.parse_args()
 
-    os.environ["DATABASE_URL"] = bench_database_url()
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
-
-    results: dict[str, object] = {
-        "when": datetime.now(UTC).isoformat(),
-        "drain": [],
-        "wakeup": None,
-    }
+    setup_django()
+    results: dict[str, object] = {"drain": [], "wakeup": None}
     print(f"{'measure':<34}{'value':>14}")
     for concurrency in args.concurrency:
         runs = [drain(args.jobs, concurrency) for _ in range(args.runs)]
@@ -167,10 +124,7 @@ def main() -> None:
         f"{'wake-up latency p50 / p95 / p99':<34}{wake['p50_ms']:>8.1f} / {wake['p95_ms']:.1f} / "
         f"{wake['p99_ms']:.1f} ms"
     )
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(exist_ok=True)
-    path = out / f"worker-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
-    path.write_text(json.dumps(results, indent=2))
+    path = write_results("worker", results)
     print(f"written to {path.relative_to(ROOT)}")
 
 

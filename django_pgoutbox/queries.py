@@ -45,20 +45,11 @@ woken AS (
 SELECT id, run_at, created_at, (SELECT count(*) FROM woken) FROM inserted
 """
 
-# -- claim ---------------------------------------------------------------------------------------
+# -- claim and outcomes --------------------------------------------------------------------------
 
-#: Lease up to ``limit`` due jobs of one queue, in priority order, and count the attempt.
-#:
-#: Parameters: queue text, limit int, worker_id text, lease seconds float.
-#:
-#: The CTE is MATERIALIZED on purpose: it is the fence that makes ``LIMIT`` apply once. Were
-#: the planner to fold it into the UPDATE as a join, the row locks could be taken on more rows
-#: than the limit, or the subquery re-run. ``SKIP LOCKED`` lets concurrent workers claim disjoint
-#: rows without waiting on each other. ``WHERE`` and ``ORDER BY`` match ``jobs_claim_idx``
-#: exactly, so the claim reads the first due rows of the queue in order with no sort. The
-#: statement commits on its own (autocommit): the lease is visible before any handler runs.
-CLAIM_JOBS = """
-WITH candidates AS MATERIALIZED (
+# The claim's two halves, shared by CLAIM_JOBS and RECORD_AND_CLAIM. Parameters: queue text,
+# limit int (candidates); worker_id text, lease seconds float (the update).
+_CLAIM_CANDIDATES = """
     SELECT id
     FROM jobs
     WHERE queue = %s
@@ -67,7 +58,8 @@ WITH candidates AS MATERIALIZED (
     ORDER BY priority DESC, run_at, created_at, id
     LIMIT %s
     FOR UPDATE SKIP LOCKED
-)
+"""
+_CLAIM_UPDATE = """
 UPDATE jobs AS j
 SET status = 'leased',
     locked_at = now(),
@@ -80,7 +72,20 @@ RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organ
           j.queue, j.priority, j.created_at
 """
 
-# -- outcomes ------------------------------------------------------------------------------------
+#: Lease up to ``limit`` due jobs of one queue, in priority order, and count the attempt.
+#:
+#: Parameters: queue text, limit int, worker_id text, lease seconds float.
+#:
+#: The CTE is MATERIALIZED on purpose: it is the fence that makes ``LIMIT`` apply once. Were
+#: the planner to fold it into the UPDATE as a join, the row locks could be taken on more rows
+#: than the limit, or the subquery re-run. ``SKIP LOCKED`` lets concurrent workers claim disjoint
+#: rows without waiting on each other. ``WHERE`` and ``ORDER BY`` match ``jobs_claim_idx``
+#: exactly, so the claim reads the first due rows of the queue in order with no sort. The
+#: statement commits on its own (autocommit): the lease is visible before any handler runs.
+CLAIM_JOBS = f"""
+WITH candidates AS MATERIALIZED ({_CLAIM_CANDIDATES})
+{_CLAIM_UPDATE}
+"""
 
 #: Record the outcomes of many attempts in one statement; returns the ids it applied.
 #:
@@ -113,6 +118,26 @@ WHERE j.id = u.id
   AND j.locked_by = %s
   AND j.status = 'leased'
 RETURNING j.id
+"""
+
+#: RECORD_OUTCOMES and CLAIM_JOBS in one statement: one round trip per dispatcher turn.
+#:
+#: Parameters: those of RECORD_OUTCOMES, then those of CLAIM_JOBS.
+#:
+#: Rows whose first column is false are the ids RECORD_OUTCOMES applied; rows whose first
+#: column is true are the claimed jobs, with CLAIM_JOBS's columns. The two updates touch
+#: disjoint rows (outcomes go to 'leased' rows, claims take 'pending' and 'retrying' ones), as
+#: one statement must; the claim's snapshot predates the outcomes, so a job retried by this
+#: very statement waits for the next claim, as its future ``run_at`` demands anyway.
+RECORD_AND_CLAIM = f"""
+WITH recorded AS ({RECORD_OUTCOMES}),
+candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
+claimed AS ({_CLAIM_UPDATE})
+SELECT false, id, NULL, NULL, NULL::integer, NULL::integer, NULL::uuid, NULL, NULL::integer,
+       NULL::timestamptz
+FROM recorded
+UNION ALL
+SELECT true, * FROM claimed
 """
 
 # -- leases --------------------------------------------------------------------------------------

@@ -191,14 +191,14 @@ class TestClaiming:
     ) -> None:
         enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 400)
         batches: list[int] = []
-        original = QueueRunner._flush_outcomes
+        original = QueueRunner._record_and_claim
 
-        def counting(self: QueueRunner) -> None:
+        def counting(self: QueueRunner, *, claim: bool) -> Any:
             if self._outcomes:
                 batches.append(len(self._outcomes))
-            original(self)
+            return original(self, claim=claim)
 
-        monkeypatch.setattr(QueueRunner, "_flush_outcomes", counting)
+        monkeypatch.setattr(QueueRunner, "_record_and_claim", counting)
         drain(concurrency=8)
         assert Job.objects.filter(status=JobStatus.COMPLETED).count() == 400
         assert sum(batches) == 400

@@ -7,11 +7,11 @@ delay the claims of ``critical_alerts``.
 
 The dispatcher is the only thread that talks to the database about leases. Each turn of its loop:
 
-1. writes the outcomes that handlers produced since the last turn, in one statement;
-2. renews the leases of running attempts, in one statement, when a third of the lease is gone;
-3. recovers this queue's expired leases, once per poll interval;
-4. claims up to the number of free handler threads, in one statement, and hands them out;
-5. waits until a handler finishes, a notification arrives, or the poll interval passes.
+1. renews the leases of running attempts, in one statement, when a third of the lease is gone;
+2. recovers this queue's expired leases, once per poll interval;
+3. writes the outcomes that handlers produced since the last turn and claims as many jobs as
+   there are free handler threads: both in one statement, one round trip;
+4. waits until a handler finishes, a notification arrives, or the poll interval passes.
 
 No transaction is open while a handler runs: the claim commits before the handler starts, and
 the outcome is written in a later, separate statement.
@@ -28,6 +28,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
@@ -158,7 +159,6 @@ class QueueRunner:
                 self._wake.clear()
                 now = time.monotonic()
                 try:
-                    self._flush_outcomes()
                     if self._renewals or (self._running and now >= next_renewal):
                         self._renew_leases()
                         next_renewal = now + renew_every
@@ -166,18 +166,20 @@ class QueueRunner:
                         recover_expired_leases(self.queue, using=self.using)
                         next_recovery = now + self.settings.poll_interval
                     if self._stopping.is_set():
+                        self._record_and_claim(claim=False)
                         stop_deadline = stop_deadline or now + self.grace_period
                         if not self._running:
                             return
                         if now >= stop_deadline:
                             self._release_unfinished()
                             return
-                    elif (free := self.concurrency - len(self._running)) > 0:
-                        claimed = self._claim(free)
-                        next_poll = now + self.settings.poll_interval
+                    else:
+                        claimed, requested = self._record_and_claim(claim=True)
+                        if requested:
+                            next_poll = now + self.settings.poll_interval
                         if self.burst and not claimed and not self._running:
                             return
-                        if len(claimed) == free:
+                        if requested and len(claimed) == requested:
                             continue  # the queue may hold more: fill the threads that free up
                     backoff = ERROR_BACKOFF[0]
                 except (OperationalError, InterfaceError) as error:
@@ -203,12 +205,55 @@ class QueueRunner:
             connections[self.using].close()
             self.finished.set()
 
-    def _claim(self, limit: int) -> list[ClaimedJob]:
-        with connections[self.using].cursor() as cursor:
-            cursor.execute(
-                queries.CLAIM_JOBS, [self.queue, limit, self.worker_id, self.lease_seconds]
-            )
-            rows = cursor.fetchall()
+    def _record_and_claim(self, *, claim: bool) -> tuple[list[ClaimedJob], int]:
+        """Write the finished attempts' outcomes and, with ``claim``, fill the free threads.
+
+        One statement either way (RECORD_AND_CLAIM when there is both to do). Returns the jobs
+        claimed and how many were asked for.
+        """
+        batch: list[Outcome] = []
+        while self._outcomes:
+            batch.append(self._outcomes.popleft())
+        # Attempts whose outcome is in this batch no longer hold a thread.
+        limit = self.concurrency - (len(self._running) - len(batch)) if claim else 0
+        if not batch and limit <= 0:
+            return [], 0
+        outcome_params: list[Any] = [
+            [o.job.id for o in batch],
+            [o.job.attempt for o in batch],
+            [o.status.value for o in batch],
+            [o.delay for o in batch],
+            [o.code for o in batch],
+            [o.summary for o in batch],
+            [o.result_json for o in batch],
+            self.worker_id,
+        ]
+        claim_params: list[Any] = [self.queue, limit, self.worker_id, self.lease_seconds]
+        applied: set[uuid.UUID] = set()
+        rows: list[tuple[Any, ...]] = []
+        try:
+            with connections[self.using].cursor() as cursor:
+                if batch and limit > 0:
+                    cursor.execute(queries.RECORD_AND_CLAIM, outcome_params + claim_params)
+                    for is_claim, *row in cursor.fetchall():
+                        if is_claim:
+                            rows.append(tuple(row))
+                        else:
+                            applied.add(row[0])
+                elif batch:
+                    cursor.execute(queries.RECORD_OUTCOMES, outcome_params)
+                    applied = {row[0] for row in cursor.fetchall()}
+                else:
+                    cursor.execute(queries.CLAIM_JOBS, claim_params)
+                    rows = cursor.fetchall()
+        except DatabaseError:
+            # Not written: keep them (and their leases, still renewed) for the next turn.
+            self._outcomes.extendleft(reversed(batch))
+            raise
+        self._settle(batch, applied)
+        return self._start(rows), limit
+
+    def _start(self, rows: list[tuple[Any, ...]]) -> list[ClaimedJob]:
         claimed = [
             ClaimedJob(
                 id=job_id,
@@ -252,32 +297,8 @@ class QueueRunner:
 
         return run
 
-    def _flush_outcomes(self) -> None:
-        if not self._outcomes:
-            return
-        batch: list[Outcome] = []
-        while self._outcomes:
-            batch.append(self._outcomes.popleft())
-        try:
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(
-                    queries.RECORD_OUTCOMES,
-                    [
-                        [o.job.id for o in batch],
-                        [o.job.attempt for o in batch],
-                        [o.status.value for o in batch],
-                        [o.delay for o in batch],
-                        [o.code for o in batch],
-                        [o.summary for o in batch],
-                        [o.result_json for o in batch],
-                        self.worker_id,
-                    ],
-                )
-                applied = {row[0] for row in cursor.fetchall()}
-        except DatabaseError:
-            # Not written: keep them (and their leases, still renewed) for the next turn.
-            self._outcomes.extendleft(reversed(batch))
-            raise
+    def _settle(self, batch: list[Outcome], applied: set[uuid.UUID]) -> None:
+        """Forget the attempts of ``batch``; count what was written and what was fenced off."""
         for outcome in batch:
             job = outcome.job
             self._running.pop(job.id, None)

@@ -23,3 +23,9 @@ def project(event: OutboxEvent) -> None:
         relay=event.claimed_by or "",
     )
     enqueue("tests.noop", {"event": str(event.id)})
+
+
+@subscriber("tests.stamped")
+def stamp(event: OutboxEvent) -> None:
+    """Enqueue a job that carries when the projection ran (wall clock), for lag measurements."""
+    enqueue("tests.noop", {"event": str(event.id), "projected": time.time()})

@@ -1,0 +1,62 @@
+"""What the benchmarks share: a fresh database, runworkers processes, percentiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DB = "pgoutbox_bench"
+
+
+def setup_django() -> None:
+    """Point DATABASE_URL at a fresh ``pgoutbox_bench`` database, set Django up, migrate."""
+    sys.path.insert(0, str(ROOT))
+    import psycopg
+
+    from testproject.database import database_url
+
+    base = database_url()
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {BENCH_DB}")
+    os.environ["DATABASE_URL"] = urlunsplit(urlsplit(base)._replace(path=f"/{BENCH_DB}"))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def truncate(*tables: str) -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {', '.join(tables)}")
+
+
+def runworkers(*args: str, settings: dict[str, Any] | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PGOUTBOX_TEST_SETTINGS": json.dumps(settings or {})}
+    command = [sys.executable, str(ROOT / "manage.py"), "runworkers", "-v", "0", *args]
+    return subprocess.Popen(command, cwd=ROOT, env=env)
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def write_results(name: str, results: dict[str, Any]) -> Path:
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(exist_ok=True)
+    path = out / f"{name}-{datetime.now(UTC):%Y%m%dT%H%M%S}.json"
+    path.write_text(json.dumps({"when": datetime.now(UTC).isoformat(), **results}, indent=2))
+    return path
