@@ -19,8 +19,11 @@ class PgOutboxConfig(AppConfig):
         checks.register(pgoutbox_checks.check_database_engines)
         checks.register(pgoutbox_checks.check_driver)
         checks.register(pgoutbox_checks.check_job_queues)
+        checks.register(pgoutbox_checks.check_schedules)
         checks.register(pgoutbox_checks.check_server_version, checks.Tags.database)
         # Handlers and subscribers live in each app's jobs.py (or subscribers.py), as admin
         # classes live in admin.py.
+        from django_pgoutbox import maintenance  # noqa: F401 - registers the built-in jobs
+
         autodiscover_modules("jobs")
         autodiscover_modules("subscribers")

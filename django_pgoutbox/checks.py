@@ -6,6 +6,7 @@
 - ``pgoutbox.E004``: a ``PGOUTBOX`` value is invalid.
 - ``pgoutbox.E005``: a registered job type names a queue that ``PGOUTBOX['QUEUES']`` lacks.
 - ``pgoutbox.E006``: the PostgreSQL server is older than 15 (needs ``check --database``).
+- ``pgoutbox.E007``: a schedule is invalid (bad cron, unknown job type or queue, bad option).
 """
 
 from __future__ import annotations
@@ -103,7 +104,26 @@ def check_job_queues(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> 
             id="pgoutbox.E005",
         )
         for definition in registered_jobs().values()
-        if definition.queue not in queues
+        # The built-in maintenance jobs run on PGOUTBOX['MAINTENANCE_QUEUE'], set per schedule.
+        if definition.queue not in queues and not definition.name.startswith("pgoutbox.")
+    ]
+
+
+def check_schedules(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    from django_pgoutbox.conf import settings_problems
+
+    if settings_problems():
+        return []
+    from django_pgoutbox.scheduler import load_schedules
+
+    _, problems = load_schedules()
+    return [
+        Error(
+            str(problem),
+            hint="See docs/scheduling.md for the keys of a schedule.",
+            id="pgoutbox.E007",
+        )
+        for problem in problems
     ]
 
 

@@ -72,7 +72,11 @@ DEFAULTS: dict[str, Any] = {
         "MAX_ATTEMPTS": 10,
         # Seconds between the relay's polls; None uses the top-level POLL_INTERVAL.
         "POLL_INTERVAL": None,
+        # Outbox reconciliation warns about events still unprocessed this long after they occurred.
+        "OVERDUE_SECONDS": 300,
     },
+    # The queue of the built-in maintenance schedules (lease recovery, pruning, reconciliation).
+    "MAINTENANCE_QUEUE": "default",
     # Send pg_notify wake-ups on enqueue and publish; workers poll either way.
     "NOTIFY": True,
     # Recurring schedules: name -> definition (see docs/scheduling.md).
@@ -109,6 +113,7 @@ class OutboxSettings:
     claim_seconds: float
     max_attempts: int
     poll_interval: float
+    overdue_seconds: float
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class PgOutboxSettings:
     retry: RetrySettings
     retention: RetentionSettings
     outbox: OutboxSettings
+    maintenance_queue: str
     notify: bool
     schedules: Mapping[str, Any] = field(default_factory=dict)
 
@@ -249,7 +255,17 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         poll_interval=poll
         if outbox_poll is None
         else parser.seconds(outbox_poll, f"{outbox_key}['POLL_INTERVAL']"),
+        overdue_seconds=parser.seconds(
+            outbox_raw["OVERDUE_SECONDS"], f"{outbox_key}['OVERDUE_SECONDS']"
+        ),
     )
+    maintenance_queue = top["MAINTENANCE_QUEUE"]
+    if not isinstance(maintenance_queue, str) or maintenance_queue not in queues:
+        parser.problem(
+            f"{SETTING_NAME}['MAINTENANCE_QUEUE']",
+            f"{maintenance_queue!r} is not one of the configured queues.",
+            "Name a queue of PGOUTBOX['QUEUES'], or add a 'default' queue.",
+        )
 
     notify = top["NOTIFY"]
     if not isinstance(notify, bool):
@@ -272,6 +288,7 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         retry=retry,
         retention=retention,
         outbox=outbox,
+        maintenance_queue=str(maintenance_queue),
         notify=notify,
         schedules=dict(schedules),
     )

@@ -1,14 +1,23 @@
-"""Maintenance: lease recovery (and, with the scheduler, retention and reconciliation)."""
+"""Maintenance: lease recovery, retention pruning, outbox reconciliation.
+
+Each is a plain function (also run by ``manage.py pgoutbox``) and a built-in job that the
+scheduler runs on a built-in schedule (see ``scheduler.BUILTIN_SCHEDULES``).
+"""
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Any
 
 from django.db import connections, router
 
 from django_pgoutbox import metrics, queries
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.jobs import JobContext, job
 from django_pgoutbox.models import Job
 
 logger = logging.getLogger("django_pgoutbox.maintenance")
@@ -41,3 +50,102 @@ def recover_expired_leases(
             extra={"job_id": str(lease.job_id), "queue": lease.queue, "outcome": "lease_expired"},
         )
     return recovered
+
+
+#: Rows deleted per statement when pruning: small enough to keep each transaction short.
+PRUNE_BATCH = 5000
+#: Pruning stops after this many seconds and goes on at its next run.
+PRUNE_TIME_BUDGET = 60.0
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    completed_jobs: int
+    cancelled_jobs: int
+    processed_events: int
+
+
+def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
+    """Delete finished rows older than ``PGOUTBOX['RETENTION']`` says, in bounded batches.
+
+    Only ``completed`` and ``cancelled`` jobs and processed events are ever deleted: pending,
+    leased, retrying and dead rows are left alone, whatever their age.
+    """
+    alias = using or router.db_for_write(Job)
+    retention = get_settings().retention
+    deadline = time.monotonic() + PRUNE_TIME_BUDGET
+    counts = [
+        _prune(alias, queries.PRUNE_JOBS, ["completed", age], batch, deadline)
+        if (age := retention.completed_jobs) is not None
+        else 0,
+        _prune(alias, queries.PRUNE_JOBS, ["cancelled", age], batch, deadline)
+        if (age := retention.cancelled_jobs) is not None
+        else 0,
+        _prune(alias, queries.PRUNE_EVENTS, [age], batch, deadline)
+        if (age := retention.processed_events) is not None
+        else 0,
+    ]
+    result = PruneResult(*counts)
+    if any(counts):
+        logger.info("pruned %s", result)
+    return result
+
+
+def _prune(alias: str, sql: str, params: list[Any], batch: int, deadline: float) -> int:
+    total = 0
+    params = [p.total_seconds() if isinstance(p, timedelta) else p for p in params]
+    while True:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(sql, [*params, batch])
+            deleted: int = cursor.rowcount
+        total += deleted
+        if deleted < batch or time.monotonic() > deadline:
+            return total
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    released_claims: int
+    overdue_events: int
+    oldest_overdue_seconds: float | None
+
+
+def reconcile_outbox(*, using: str | None = None) -> Reconciliation:
+    """Release expired relay claims and report events that are unprocessed for too long."""
+    alias = using or router.db_for_write(Job)
+    outbox = get_settings().outbox
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.RELEASE_EXPIRED_EVENT_CLAIMS, [outbox.claim_seconds])
+        released = cursor.rowcount
+        cursor.execute(queries.OVERDUE_EVENTS, [outbox.overdue_seconds])
+        overdue, oldest = cursor.fetchone()
+    result = Reconciliation(released, overdue, float(oldest) if oldest is not None else None)
+    if released:
+        logger.warning("outbox: released %d expired relay claim(s)", released)
+    if overdue:
+        logger.warning(
+            "outbox: %d event(s) unprocessed for more than %.0fs (oldest %.0fs); is a relay "
+            "running, or is an aggregate held back by a dead event?",
+            overdue,
+            outbox.overdue_seconds,
+            result.oldest_overdue_seconds or 0,
+        )
+    return result
+
+
+# -- the built-in maintenance jobs (scheduler.BUILTIN_SCHEDULES runs them) ----------------------
+
+
+@job("pgoutbox.recover_leases")
+def recover_leases_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, int]:
+    return {"recovered": len(recover_expired_leases())}
+
+
+@job("pgoutbox.prune")
+def prune_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, int]:
+    return asdict(prune())
+
+
+@job("pgoutbox.reconcile_outbox")
+def reconcile_outbox_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+    return asdict(reconcile_outbox())

@@ -85,6 +85,12 @@ class OutboxEvent(models.Model):
                 name="outbox_claim_idx",
                 condition=models.Q(processed_at__isnull=True),
             ),
+            # Retention deletes the oldest processed events first.
+            models.Index(
+                fields=["processed_at"],
+                name="outbox_processed_idx",
+                condition=models.Q(processed_at__isnull=False),
+            ),
             # The relay's order check: which unprocessed event of this aggregate comes first?
             models.Index(
                 fields=["aggregate_type", "aggregate_id", "occurred_at", "id"],
@@ -156,6 +162,12 @@ class Job(models.Model):
                 fields=["locked_by"],
                 name="jobs_leased_idx",
                 condition=models.Q(status=JobStatus.LEASED),
+            ),
+            # Retention deletes the oldest completed and cancelled jobs first.
+            models.Index(
+                fields=["finished_at"],
+                name="jobs_finished_idx",
+                condition=models.Q(status__in=(JobStatus.COMPLETED, JobStatus.CANCELLED)),
             ),
         ]
 

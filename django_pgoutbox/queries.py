@@ -315,3 +315,61 @@ FROM unnest(%s::uuid[], %s::boolean[], %s::float8[], %s::text[], %s::text[])
     AS f(id, dead, delay, code, error)
 WHERE o.id = f.id
 """
+
+# -- maintenance ---------------------------------------------------------------------------------
+
+#: Delete up to ``limit`` jobs of one finished status older than the retention.
+#:
+#: Parameters: status text ('completed' or 'cancelled'), age seconds float, limit int.
+#:
+#: The status test is explicit, so no other state can ever be deleted; ``jobs_finished_idx``
+#: finds the oldest finished rows without reading the live ones.
+PRUNE_JOBS = """
+DELETE FROM jobs
+WHERE id IN (
+    SELECT id
+    FROM jobs
+    WHERE status = %s
+      AND status IN ('completed', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %s)
+    LIMIT %s
+)
+"""
+
+#: Delete up to ``limit`` processed events older than the retention.
+#:
+#: Parameters: age seconds float, limit int.
+PRUNE_EVENTS = """
+DELETE FROM outbox_events
+WHERE id IN (
+    SELECT id
+    FROM outbox_events
+    WHERE processed_at IS NOT NULL
+      AND processed_at < now() - make_interval(secs => %s)
+    LIMIT %s
+)
+"""
+
+#: Clear relay claims that expired without the event being processed.
+#:
+#: Parameters: claim seconds float.
+#:
+#: Expired claims are claimable anyway; clearing them keeps ``claimed_by`` truthful for
+#: operators. A relay still projecting the event holds its row lock, so this waits for it and
+#: then finds the event processed.
+RELEASE_EXPIRED_EVENT_CLAIMS = """
+UPDATE outbox_events
+SET claimed_at = NULL, claimed_by = NULL
+WHERE processed_at IS NULL
+  AND claimed_at < now() - make_interval(secs => %s)
+"""
+
+#: Count unprocessed events older than a threshold, and the oldest one's age in seconds.
+#:
+#: Parameters: threshold seconds float.
+OVERDUE_EVENTS = """
+SELECT count(*), extract(epoch FROM now() - min(occurred_at))
+FROM outbox_events
+WHERE processed_at IS NULL
+  AND occurred_at < now() - make_interval(secs => %s)
+"""

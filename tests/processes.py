@@ -75,7 +75,10 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
     def start(*args: str, **settings: Any) -> WorkerProcess:
-        worker = WorkerProcess(list(args), settings, tmp_path / f"worker-{len(started)}.log")
+        # The job role alone unless a test asks for others: a scheduler would add maintenance
+        # jobs to the queues that the test counts.
+        arguments = list(args) if "--roles" in args else ["--roles", "jobs", *args]
+        worker = WorkerProcess(arguments, settings, tmp_path / f"worker-{len(started)}.log")
         started.append(worker)
         return worker
 

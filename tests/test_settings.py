@@ -40,6 +40,7 @@ class TestDefaults:
                 "CONCURRENCY": 8,
                 "LEASE_SECONDS": timedelta(minutes=2),
                 "QUEUES": {"a": {}, "b": {"CONCURRENCY": 1, "POLL_INTERVAL": 0.5}},
+                "MAINTENANCE_QUEUE": "a",
             }
         )
         assert problems == []

@@ -35,7 +35,7 @@ def fast(settings: Any) -> Any:
 
 
 def drain(**options: Any) -> Worker:
-    worker = Worker(burst=True, **{"queues": ["default"], **options})
+    worker = Worker(burst=True, **{"roles": ["jobs"], "queues": ["default"], **options})
     thread = threading.Thread(target=worker.run)
     thread.start()
     thread.join(timeout=60)
@@ -282,7 +282,7 @@ class TestLeases:
 
     def test_renew_lease_raises_once_lost(self, fast: Any, caplog: Any) -> None:
         job = behave(sleep=0.6, renew=True)
-        worker = Worker(queues=["default"], burst=True)
+        worker = Worker(roles=["jobs"], queues=["default"], burst=True)
         thread = threading.Thread(target=worker.run)
         thread.start()
         for _ in range(100):

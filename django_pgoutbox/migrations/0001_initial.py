@@ -93,6 +93,11 @@ class Migration(migrations.Migration):
                         fields=["locked_by"],
                         name="jobs_leased_idx",
                     ),
+                    models.Index(
+                        condition=models.Q(("status__in", ("completed", "cancelled"))),
+                        fields=["finished_at"],
+                        name="jobs_finished_idx",
+                    ),
                 ],
                 "constraints": [
                     models.UniqueConstraint(
@@ -173,6 +178,11 @@ class Migration(migrations.Migration):
                         condition=models.Q(("processed_at__isnull", True)),
                         fields=["occurred_at", "id"],
                         name="outbox_claim_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("processed_at__isnull", False)),
+                        fields=["processed_at"],
+                        name="outbox_processed_idx",
                     ),
                     models.Index(
                         condition=models.Q(("processed_at__isnull", True)),

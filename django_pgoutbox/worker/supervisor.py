@@ -13,6 +13,7 @@ from django.db import router
 
 from django_pgoutbox.conf import JOBS_CHANNEL, OUTBOX_CHANNEL, get_settings
 from django_pgoutbox.models import Job
+from django_pgoutbox.scheduler import Scheduler, load_schedules
 from django_pgoutbox.worker.listener import Listener
 from django_pgoutbox.worker.relay import Relay
 from django_pgoutbox.worker.runner import QueueRunner
@@ -20,7 +21,7 @@ from django_pgoutbox.worker.runner import QueueRunner
 logger = logging.getLogger("django_pgoutbox.worker")
 
 #: What a worker process can do; ``runworkers --roles`` picks among them.
-ROLES = ("jobs", "relay")
+ROLES = ("jobs", "relay", "scheduler")
 
 
 def default_worker_id() -> str:
@@ -29,7 +30,7 @@ def default_worker_id() -> str:
 
 
 class Worker:
-    """Runs the chosen roles (the jobs of the chosen queues, the outbox relay) until stopped.
+    """Runs the chosen roles (jobs of the chosen queues, the relay, the scheduler) until stopped.
 
     Drive it from tests as ``Worker(queues=["default"], burst=True).run()``; ``runworkers`` is a
     thin command around it.
@@ -82,6 +83,14 @@ class Worker:
             if "relay" in self.roles
             else None
         )
+        self.scheduler: Scheduler | None = None
+        if "scheduler" in self.roles:
+            schedules, problems = load_schedules()
+            if problems:
+                raise ValueError("; ".join(map(str, problems)))
+            self.scheduler = Scheduler(
+                schedules, using=self.using, poll_interval=conf.poll_interval, burst=burst
+            )
         self.listener: Listener | None = None
 
     @staticmethod
@@ -106,6 +115,8 @@ class Worker:
         parts = [f"{name} (x{runner.concurrency})" for name, runner in self.runners.items()]
         if self.relay is not None:
             parts.append("outbox relay")
+        if self.scheduler is not None:
+            parts.append(f"scheduler ({len(self.scheduler.schedules)} schedules)")
         return ", ".join(parts)
 
     def run(self) -> None:
@@ -124,6 +135,8 @@ class Worker:
         ]
         if self.relay is not None:
             loops.append(("pgoutbox-relay", self.relay.run))
+        if self.scheduler is not None:
+            loops.append(("pgoutbox-scheduler", self.scheduler.run))
         threads = [threading.Thread(target=target, name=name) for name, target in loops]
         for thread in threads:
             thread.start()
@@ -143,6 +156,8 @@ class Worker:
             runner.stop()
         if self.relay is not None:
             self.relay.stop()
+        if self.scheduler is not None:
+            self.scheduler.stop()
 
     def _on_job_notification(self, queue: str) -> None:
         runner = self.runners.get(queue)

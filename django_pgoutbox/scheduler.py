@@ -1,0 +1,422 @@
+"""Recurring schedules: each slot enqueued exactly once, however many schedulers run.
+
+Coordination, as the source text asks, is a lock *plus* idempotency:
+
+- for each due schedule, a scheduler takes ``pg_try_advisory_xact_lock`` on a stable key made from
+  the schedule's name, in a transaction that reads the schedule's cursor (``schedule_cursors``),
+  enqueues the slot's job, advances the cursor and commits. A replica that does not get the lock
+  skips the schedule this time; the lock is held only while checking and enqueuing, and being
+  transaction-scoped it is released at commit, also behind a transaction-pooling proxy;
+- the job's idempotency key is ``schedule:<name>:<slot>``, so that even two schedulers that both
+  got past the cursor (a cursor deleted by hand, a clock jump) enqueue the slot once.
+
+Slots come from the database clock (``now()``), never a host's, so replicas agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import InterfaceError, OperationalError, connections, router, transaction
+
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.cron import Cron, CronError
+from django_pgoutbox.jobs import JobDefinition, enqueue, get_job
+from django_pgoutbox.models import Job, ScheduleCursor
+
+logger = logging.getLogger("django_pgoutbox.scheduler")
+
+CATCH_UP_POLICIES = ("latest", "all", "none")
+SCHEDULE_KEYS = (
+    "JOB",
+    "CRON",
+    "EVERY",
+    "QUEUE",
+    "PAYLOAD",
+    "PRIORITY",
+    "CATCH_UP",
+    "MAX_CATCH_UP",
+    "GRACE",
+)
+
+#: The maintenance schedules every project gets, unless ``SCHEDULES`` overrides or removes them
+#: (``"pgoutbox.prune": None``). Their queue is ``PGOUTBOX['MAINTENANCE_QUEUE']``.
+BUILTIN_SCHEDULES: dict[str, dict[str, Any]] = {
+    "pgoutbox.recover_leases": {"JOB": "pgoutbox.recover_leases", "EVERY": 30},
+    "pgoutbox.reconcile_outbox": {"JOB": "pgoutbox.reconcile_outbox", "EVERY": 300},
+    "pgoutbox.prune": {"JOB": "pgoutbox.prune", "EVERY": 3600},
+}
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A recurring job: a cron expression or a fixed interval, and what to enqueue."""
+
+    name: str
+    job_type: str
+    cron: Cron | None = None
+    every: timedelta | None = None
+    queue: str | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    priority: int | None = None
+    catch_up: str = "latest"
+    max_catch_up: int = 100
+    grace: timedelta = timedelta(seconds=60)
+
+    @property
+    def spec(self) -> str:
+        if self.cron is not None:
+            return self.cron.expression
+        assert self.every is not None
+        return f"every {self.every.total_seconds():g}s"
+
+    @property
+    def lock_key(self) -> int:
+        """A stable, namespaced 64-bit advisory lock key for this schedule's name."""
+        digest = hashlib.blake2b(f"pgoutbox.schedule:{self.name}".encode(), digest_size=8)
+        return int.from_bytes(digest.digest(), "big", signed=True)
+
+    def latest_due(self, now: datetime) -> datetime:
+        """The last slot at or before ``now``."""
+        if self.cron is not None:
+            return self.cron.latest_at_or_before(now)
+        assert self.every is not None
+        elapsed = (now - _EPOCH) // self.every
+        return _EPOCH + elapsed * self.every
+
+    def next_after(self, moment: datetime) -> datetime:
+        if self.cron is not None:
+            return self.cron.next_after(moment)
+        return self.latest_due(moment) + self.every  # type: ignore[operator]
+
+    def idempotency_key(self, slot: datetime) -> str:
+        return f"schedule:{self.name}:{slot.astimezone(UTC).isoformat()}"
+
+    def slots_to_enqueue(self, last: datetime, now: datetime) -> list[datetime]:
+        """The slots after ``last`` (the cursor) and up to ``now`` that the policy runs."""
+        latest = self.latest_due(now)
+        if latest <= last:
+            return []
+        if self.catch_up == "none":
+            return [latest] if now - latest <= self.grace else []
+        if self.catch_up == "latest":
+            return [latest]
+        slots = [latest]
+        while len(slots) < self.max_catch_up:
+            previous = self._previous(slots[-1])
+            if previous is None or previous <= last:
+                break
+            slots.append(previous)
+        return slots[::-1]
+
+    def _previous(self, slot: datetime) -> datetime | None:
+        if self.every is not None:
+            return slot - self.every
+        assert self.cron is not None
+        try:
+            return self.cron.latest_at_or_before(slot - timedelta(minutes=1))
+        except CronError:
+            return None
+
+
+# -- declaring schedules -------------------------------------------------------------------------
+
+_decorated: dict[str, dict[str, Any]] = {}
+
+
+def schedule(
+    cron: str | None = None,
+    *,
+    every: float | timedelta | None = None,
+    name: str | None = None,
+    queue: str | None = None,
+    payload: Mapping[str, Any] | None = None,
+    priority: int | None = None,
+    catch_up: str = "latest",
+    max_catch_up: int = 100,
+) -> Callable[[JobDefinition], JobDefinition]:
+    """Run a ``@job`` on a schedule: ``@schedule("0 3 * * *")`` above ``@job(...)``.
+
+    The same options as a ``PGOUTBOX['SCHEDULES']`` entry; the name defaults to the job's.
+    Problems are reported by ``manage.py check`` (``pgoutbox.E007``), as for the setting.
+    """
+
+    def decorator(definition: JobDefinition) -> JobDefinition:
+        if not isinstance(definition, JobDefinition):
+            raise TypeError("@schedule goes above @job: it schedules a registered job")
+        options: dict[str, Any] = {
+            "JOB": definition.name,
+            "CATCH_UP": catch_up,
+            "MAX_CATCH_UP": max_catch_up,
+        }
+        for key, value in (
+            ("CRON", cron),
+            ("EVERY", every),
+            ("QUEUE", queue),
+            ("PAYLOAD", payload),
+            ("PRIORITY", priority),
+        ):
+            if value is not None:
+                options[key] = value
+        _decorated[name or definition.name] = options
+        return definition
+
+    return decorator
+
+
+@dataclass(frozen=True)
+class ScheduleProblem:
+    name: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"schedule {self.name!r}: {self.message}"
+
+
+def load_schedules() -> tuple[dict[str, Schedule], list[ScheduleProblem]]:
+    """Built-in, ``@schedule`` and ``PGOUTBOX['SCHEDULES']`` schedules, the setting winning."""
+    conf = get_settings()
+    raw: dict[str, Any] = {
+        name: {**options, "QUEUE": conf.maintenance_queue}
+        for name, options in BUILTIN_SCHEDULES.items()
+    }
+    raw.update(_decorated)
+    raw.update(conf.schedules)
+    schedules: dict[str, Schedule] = {}
+    problems: list[ScheduleProblem] = []
+    for name, options in raw.items():
+        if options is None:
+            continue  # removed by the project
+        try:
+            schedules[name] = _parse(name, options, conf.queues)
+        except (TypeError, ValueError) as error:
+            problems.append(ScheduleProblem(str(name), str(error)))
+    return schedules, problems
+
+
+def _parse(name: Any, options: Any, queues: Mapping[str, Any]) -> Schedule:
+    if not isinstance(name, str) or not name or "\x00" in name:
+        raise ValueError("the name must be a non-empty string")
+    if not isinstance(options, Mapping):
+        raise TypeError(f"must be a dict of options (or None to remove it), not {options!r}")
+    unknown = sorted(set(options) - set(SCHEDULE_KEYS))
+    if unknown:
+        raise ValueError(f"unknown key {unknown[0]!r}; keys are {', '.join(SCHEDULE_KEYS)}")
+    job_type = options.get("JOB")
+    if not isinstance(job_type, str) or not job_type:
+        raise ValueError("JOB must name a job type")
+    definition = get_job(job_type)
+    if definition is None:
+        raise ValueError(f"JOB {job_type!r} is not a registered @job")
+    cron_text, every = options.get("CRON"), options.get("EVERY")
+    if (cron_text is None) == (every is None):
+        raise ValueError("give exactly one of CRON (an expression) and EVERY (seconds)")
+    cron = Cron.parse(cron_text) if cron_text is not None else None
+    interval: timedelta | None = None
+    if every is not None:
+        if isinstance(every, int | float) and not isinstance(every, bool):
+            interval = timedelta(seconds=every)
+        elif isinstance(every, timedelta):
+            interval = every
+        if interval is None or interval <= timedelta(0):
+            raise ValueError(
+                f"EVERY must be a positive number of seconds or timedelta, not {every!r}"
+            )
+    queue = options.get("QUEUE") or (definition.queue if definition else None)
+    if queue not in queues:
+        raise ValueError(f"queue {queue!r} is not in PGOUTBOX['QUEUES']")
+    payload = options.get("PAYLOAD", {})
+    if not isinstance(payload, Mapping):
+        raise ValueError(f"PAYLOAD must be a dict, not {type(payload).__name__}")
+    catch_up = options.get("CATCH_UP", "latest")
+    if catch_up not in CATCH_UP_POLICIES:
+        raise ValueError(
+            f"CATCH_UP must be one of {', '.join(CATCH_UP_POLICIES)}, not {catch_up!r}"
+        )
+    max_catch_up = options.get("MAX_CATCH_UP", 100)
+    if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
+        raise ValueError(f"MAX_CATCH_UP must be an integer >= 1, not {max_catch_up!r}")
+    grace = options.get("GRACE", 60)
+    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
+        raise ValueError(f"GRACE must be a number of seconds >= 0, not {grace!r}")
+    priority = options.get("PRIORITY")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise ValueError(f"PRIORITY must be an int, not {priority!r}")
+    return Schedule(
+        name=name,
+        job_type=job_type,
+        cron=cron,
+        every=interval,
+        queue=queue,
+        payload=dict(payload),
+        priority=priority,
+        catch_up=catch_up,
+        max_catch_up=max_catch_up,
+        grace=timedelta(seconds=grace),
+    )
+
+
+# -- running them --------------------------------------------------------------------------------
+
+
+def database_now(using: str) -> datetime:
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT now()")
+        value: datetime = cursor.fetchone()[0]
+    return value
+
+
+def enqueue_due(schedule: Schedule, *, using: str, now: datetime | None = None) -> list[Job] | None:
+    """Enqueue the due slots of one schedule, under its advisory lock; None if another has it.
+
+    ``now`` replaces the database clock (tests use it to travel in time).
+    """
+    with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s), now()", [schedule.lock_key])
+        locked, db_now = cursor.fetchone()
+        if not locked:
+            return None
+        now = now or db_now
+        cursor.execute(
+            "SELECT last_slot_at FROM schedule_cursors WHERE name = %s FOR UPDATE",
+            [schedule.name],
+        )
+        row = cursor.fetchone()
+        latest = schedule.latest_due(now)
+        if row is None or row[0] is None:
+            # First sight: start from now; a schedule added today does not run for yesterday.
+            cursor.execute(
+                "INSERT INTO schedule_cursors (name, last_slot_at) VALUES (%s, %s) "
+                "ON CONFLICT (name) DO UPDATE SET last_slot_at = EXCLUDED.last_slot_at, "
+                "updated_at = now()",
+                [schedule.name, latest],
+            )
+            return []
+        last = row[0]
+        if latest <= last:
+            return []
+        slots = schedule.slots_to_enqueue(last, now)
+        previous = schedule._previous(latest)
+        skipped = schedule.catch_up != "all" and previous is not None and previous > last
+        jobs = [
+            enqueue(
+                schedule.job_type,
+                dict(schedule.payload),
+                idempotency_key=schedule.idempotency_key(slot),
+                queue=schedule.queue,
+                priority=schedule.priority,
+                using=using,
+            )
+            for slot in slots
+        ]
+        cursor.execute(
+            "UPDATE schedule_cursors SET last_slot_at = %s, updated_at = now() WHERE name = %s",
+            [latest, schedule.name],
+        )
+    for slot, job in zip(slots, jobs, strict=True):
+        logger.info(
+            "schedule %s: slot %s enqueued as job %s",
+            schedule.name,
+            slot.isoformat(),
+            job.id,
+            extra={"job_id": str(job.id), "schedule": schedule.name},
+        )
+    if skipped:
+        logger.warning(
+            "schedule %s: slots missed since %s were skipped (CATCH_UP %r)",
+            schedule.name,
+            last.isoformat(),
+            schedule.catch_up,
+        )
+    return jobs
+
+
+def run_now(schedule: Schedule, *, using: str | None = None) -> Job:
+    """Enqueue a schedule's job at once, outside its slots (the cursor does not move)."""
+    alias = using or router.db_for_write(Job)
+    stamp = database_now(alias).astimezone(UTC).isoformat()
+    return enqueue(
+        schedule.job_type,
+        dict(schedule.payload),
+        idempotency_key=f"schedule:{schedule.name}:manual:{stamp}",
+        queue=schedule.queue,
+        priority=schedule.priority,
+        using=alias,
+    )
+
+
+def cursors(using: str | None = None) -> dict[str, datetime | None]:
+    alias = using or router.db_for_write(ScheduleCursor)
+    return dict(ScheduleCursor.objects.using(alias).values_list("name", "last_slot_at"))
+
+
+class Scheduler:
+    """The scheduler role: wakes at each slot (or the poll interval) and enqueues what is due."""
+
+    def __init__(
+        self,
+        schedules: Mapping[str, Schedule],
+        *,
+        using: str,
+        poll_interval: float,
+        burst: bool = False,
+    ) -> None:
+        self.schedules = dict(schedules)
+        self.using = using
+        self.poll_interval = poll_interval
+        self.burst = burst
+        self._stopping = threading.Event()
+        self.finished = threading.Event()
+
+    def wake(self, _payload: str = "") -> None:
+        """Schedulers need no wake-up: they know when the next slot is."""
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def run_once(self, now: datetime | None = None) -> datetime:
+        """Enqueue every due slot; return the database time it ran at."""
+        db_now = database_now(self.using)
+        current = now or db_now
+        known = cursors(self.using)
+        for schedule in self.schedules.values():
+            last = known.get(schedule.name)
+            if last is not None and schedule.latest_due(current) <= last:
+                continue  # not due: no transaction, no lock
+            enqueue_due(schedule, using=self.using, now=now)
+        return current
+
+    def run(self) -> None:
+        pause = 0.2
+        try:
+            while not self._stopping.is_set():
+                try:
+                    now = self.run_once()
+                    pause = 0.2
+                except (OperationalError, InterfaceError) as error:
+                    logger.warning("scheduler: database unavailable (%s); retrying", error)
+                    connections[self.using].close()
+                    self._stopping.wait(pause)
+                    pause = min(pause * 2, 10.0)
+                    continue
+                if self.burst:
+                    return
+                self._stopping.wait(self._until_next_slot(now))
+        finally:
+            connections[self.using].close()
+            self.finished.set()
+
+    def _until_next_slot(self, now: datetime) -> float:
+        if not self.schedules:
+            return self.poll_interval
+        upcoming = min(s.next_after(now) for s in self.schedules.values())
+        # A few milliseconds late, so that the database's clock has reached the slot.
+        return max(0.005, min((upcoming - now).total_seconds() + 0.005, self.poll_interval))

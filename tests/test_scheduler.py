@@ -1,0 +1,308 @@
+"""Schedules: slots, catch-up policies, the lock and the cursor, maintenance jobs."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime, timedelta
+from io import StringIO
+from typing import Any
+
+import psycopg
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+
+from django_pgoutbox import checks, enqueue, job, publish
+from django_pgoutbox.cron import Cron
+from django_pgoutbox.maintenance import prune, reconcile_outbox
+from django_pgoutbox.models import Job, JobStatus, OutboxEvent, ScheduleCursor
+from django_pgoutbox.scheduler import (
+    Schedule,
+    Scheduler,
+    _decorated,
+    enqueue_due,
+    load_schedules,
+    schedule,
+)
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+
+
+def every(seconds: float, **options: Any) -> Schedule:
+    return Schedule(
+        name="tick",
+        job_type="tests.noop",
+        every=timedelta(seconds=seconds),
+        queue="default",
+        **options,
+    )
+
+
+class TestSlots:
+    def test_interval_slots_are_aligned_to_the_epoch(self) -> None:
+        tick = every(60)
+        assert tick.latest_due(T0 + timedelta(seconds=59)) == T0
+        assert tick.next_after(T0) == T0 + timedelta(minutes=1)
+        assert tick.next_after(T0 + timedelta(seconds=1)) == T0 + timedelta(minutes=1)
+
+    def test_catch_up_latest(self) -> None:
+        now = T0 + timedelta(seconds=10.5)
+        assert every(1).slots_to_enqueue(T0, now) == [T0 + timedelta(seconds=10)]
+
+    def test_catch_up_all_is_bounded(self) -> None:
+        now = T0 + timedelta(seconds=10.5)
+        all_slots = every(1, catch_up="all").slots_to_enqueue(T0, now)
+        assert all_slots == [T0 + timedelta(seconds=n) for n in range(1, 11)]
+        bounded = every(1, catch_up="all", max_catch_up=4).slots_to_enqueue(T0, now)
+        assert bounded == [T0 + timedelta(seconds=n) for n in range(7, 11)]
+
+    def test_catch_up_none_runs_only_a_fresh_slot(self) -> None:
+        policy = every(1, catch_up="none", grace=timedelta(seconds=0.3))
+        assert policy.slots_to_enqueue(T0, T0 + timedelta(seconds=10.2)) == [
+            T0 + timedelta(seconds=10)
+        ]
+        assert policy.slots_to_enqueue(T0, T0 + timedelta(seconds=10.7)) == []
+
+    def test_cron_catch_up_all(self) -> None:
+        hourly = Schedule(
+            name="h",
+            job_type="tests.noop",
+            cron=Cron.parse("0 * * * *"),
+            queue="default",
+            catch_up="all",
+        )
+        slots = hourly.slots_to_enqueue(T0, T0 + timedelta(hours=3, minutes=5))
+        assert slots == [T0 + timedelta(hours=n) for n in (1, 2, 3)]
+
+    def test_lock_keys_are_stable_and_distinct(self) -> None:
+        assert every(1).lock_key == every(1).lock_key
+        other = Schedule(name="tock", job_type="tests.noop", every=timedelta(seconds=1))
+        assert other.lock_key != every(1).lock_key
+
+
+class TestDeclaring:
+    def test_builtins_are_on_by_default(self) -> None:
+        schedules, problems = load_schedules()
+        assert problems == []
+        assert {"pgoutbox.recover_leases", "pgoutbox.prune", "pgoutbox.reconcile_outbox"} <= set(
+            schedules
+        )
+        assert schedules["pgoutbox.prune"].queue == "default"
+
+    def test_setting_adds_overrides_and_removes(self, settings: Any) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "MAINTENANCE_QUEUE": "maintenance",
+            "SCHEDULES": {
+                "nightly": {
+                    "JOB": "tests.noop",
+                    "CRON": "0 3 * * *",
+                    "QUEUE": "reports",
+                    "PAYLOAD": {"kind": "nightly"},
+                    "CATCH_UP": "all",
+                },
+                "pgoutbox.prune": None,
+                "pgoutbox.recover_leases": {"JOB": "pgoutbox.recover_leases", "EVERY": 5},
+            },
+        }
+        schedules, problems = load_schedules()
+        assert problems == []
+        assert "pgoutbox.prune" not in schedules
+        assert schedules["pgoutbox.recover_leases"].every == timedelta(seconds=5)
+        assert schedules["pgoutbox.reconcile_outbox"].queue == "maintenance"
+        nightly = schedules["nightly"]
+        assert (nightly.spec, nightly.queue, nightly.catch_up) == ("0 3 * * *", "reports", "all")
+        assert nightly.payload == {"kind": "nightly"}
+
+    def test_decorator(self, registry: None) -> None:
+        @schedule(every=10, payload={"x": 1})
+        @job("tests.decorated")
+        def decorated(payload: dict[str, Any], ctx: Any) -> None:
+            pass
+
+        try:
+            schedules, _ = load_schedules()
+            assert schedules["tests.decorated"].every == timedelta(seconds=10)
+            assert schedules["tests.decorated"].payload == {"x": 1}
+        finally:
+            _decorated.pop("tests.decorated")
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            ({"JOB": "tests.noop", "CRON": "61 * * * *"}, "minute field: 61 is outside 0-59"),
+            ({"JOB": "nope.missing", "EVERY": 5}, "'nope.missing' is not a registered @job"),
+            ({"JOB": "tests.noop"}, "exactly one of CRON"),
+            ({"JOB": "tests.noop", "EVERY": 5, "CRON": "* * * * *"}, "exactly one of CRON"),
+            ({"JOB": "tests.noop", "EVERY": 0}, "EVERY must be a positive"),
+            ({"JOB": "tests.noop", "EVERY": 5, "QUEUE": "nowhere"}, "queue 'nowhere'"),
+            ({"JOB": "tests.noop", "EVERY": 5, "CATCH_UP": "some"}, "CATCH_UP must be one of"),
+            ({"JOB": "tests.noop", "EVERY": 5, "MAX_CATCH_UP": 0}, "MAX_CATCH_UP must be"),
+            ({"JOB": "tests.noop", "EVERY": 5, "PAYLOAD": [1]}, "PAYLOAD must be a dict"),
+            ({"JOB": "tests.noop", "EVERY": 5, "WHEN": 1}, "unknown key 'WHEN'"),
+            ("every minute", "must be a dict of options"),
+        ],
+    )
+    def test_invalid_schedule_fails_the_checks(
+        self, settings: Any, options: Any, message: str
+    ) -> None:
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "SCHEDULES": {"bad": options}}
+        messages = checks.check_schedules(None)
+        assert [m.id for m in messages] == ["pgoutbox.E007"]
+        assert messages[0].msg.startswith("schedule 'bad': ")
+        assert message in messages[0].msg
+
+    def test_maintenance_queue_must_exist(self) -> None:
+        from django_pgoutbox.conf import parse_settings
+
+        _, problems = parse_settings({"QUEUES": {"alerts": {}}})
+        assert [p.key for p in problems] == ["PGOUTBOX['MAINTENANCE_QUEUE']"]
+
+
+@pytest.mark.django_db
+class TestEnqueueDue:
+    def test_first_sight_starts_the_cursor_then_each_slot_once(self) -> None:
+        tick = every(1)
+        assert enqueue_due(tick, using="default", now=T0 + timedelta(seconds=0.5)) == []
+        assert ScheduleCursor.objects.get(name="tick").last_slot_at == T0
+        assert enqueue_due(tick, using="default", now=T0 + timedelta(seconds=0.9)) == []
+        jobs = enqueue_due(tick, using="default", now=T0 + timedelta(seconds=1.2))
+        assert jobs is not None
+        assert len(jobs) == 1
+        assert jobs[0].idempotency_key == "schedule:tick:2026-03-01T12:00:01+00:00"
+        assert ScheduleCursor.objects.get(name="tick").last_slot_at == T0 + timedelta(seconds=1)
+        assert enqueue_due(tick, using="default", now=T0 + timedelta(seconds=1.5)) == []
+        assert Job.objects.count() == 1
+
+    def test_a_cursor_lost_by_hand_still_enqueues_the_slot_once(self) -> None:
+        tick = every(1)
+        enqueue_due(tick, using="default", now=T0)
+        enqueue_due(tick, using="default", now=T0 + timedelta(seconds=1))
+        ScheduleCursor.objects.filter(name="tick").update(last_slot_at=T0)  # rewound
+        enqueue_due(tick, using="default", now=T0 + timedelta(seconds=1))
+        assert Job.objects.count() == 1  # the idempotency key held
+
+    @pytest.mark.parametrize(
+        ("policy", "expected"),
+        [("latest", [10]), ("all", list(range(1, 11))), ("none", [])],
+    )
+    def test_scheduler_down_for_ten_slots(self, policy: str, expected: list[int]) -> None:
+        tick = every(1, catch_up=policy, grace=timedelta(seconds=0.3))
+        enqueue_due(tick, using="default", now=T0)
+        enqueue_due(tick, using="default", now=T0 + timedelta(seconds=10.6))
+        keys = sorted(key or "" for key in Job.objects.values_list("idempotency_key", flat=True))
+        assert keys == [tick.idempotency_key(T0 + timedelta(seconds=n)) for n in expected]
+        assert ScheduleCursor.objects.get(name="tick").last_slot_at == T0 + timedelta(seconds=10)
+
+
+@pytest.mark.django_db(transaction=True)  # the lock holder is a second connection
+def test_a_held_lock_makes_the_scheduler_skip(raw_connection_params: dict[str, Any]) -> None:
+    tick = every(1)
+    enqueue_due(tick, using="default", now=T0)
+    with psycopg.connect(**raw_connection_params) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [tick.lock_key])
+        assert enqueue_due(tick, using="default", now=T0 + timedelta(seconds=1)) is None
+        other.execute("SELECT pg_advisory_unlock(%s)", [tick.lock_key])
+    assert len(enqueue_due(tick, using="default", now=T0 + timedelta(seconds=1)) or []) == 1
+
+
+@pytest.mark.django_db(transaction=True)  # the scheduler thread has its own connection
+def test_scheduler_loop_enqueues_at_each_slot() -> None:
+    tick = Schedule(
+        name="fast", job_type="tests.noop", every=timedelta(seconds=0.2), queue="default"
+    )
+    loop = Scheduler({"fast": tick}, using="default", poll_interval=5)
+    thread = threading.Thread(target=loop.run)
+    thread.start()
+    try:
+        import time
+
+        time.sleep(1.5)
+    finally:
+        loop.stop()
+        thread.join(timeout=10)
+    count = Job.objects.filter(idempotency_key__startswith="schedule:fast:").count()
+    assert 5 <= count <= 8  # 1.5 s of 0.2 s slots, less the first one (the cursor's start)
+
+
+@pytest.mark.django_db
+class TestMaintenance:
+    def test_retention_deletes_only_old_finished_rows(self, settings: Any) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "RETENTION": {"COMPLETED_JOBS": 60, "CANCELLED_JOBS": 60, "PROCESSED_EVENTS": 60},
+        }
+        old = timezone.now() - timedelta(hours=1)
+        for status in JobStatus.values:
+            for _ in range(3):
+                created = enqueue("tests.noop", {})
+                Job.objects.filter(pk=created.pk).update(
+                    status=status, finished_at=old, completed_at=old
+                )
+        fresh = enqueue("tests.noop", {})
+        Job.objects.filter(pk=fresh.pk).update(status="completed", finished_at=timezone.now())
+        for processed in (old, None, timezone.now()):
+            event = publish("x.y", aggregate_type="x", aggregate_id=fresh.pk, payload={})
+            OutboxEvent.objects.filter(pk=event.pk).update(processed_at=processed)
+        result = prune(batch=2)
+        assert (result.completed_jobs, result.cancelled_jobs, result.processed_events) == (3, 3, 1)
+        remaining = sorted(Job.objects.values_list("status", flat=True))
+        assert remaining == sorted(
+            ["pending"] * 3 + ["leased"] * 3 + ["retrying"] * 3 + ["dead"] * 3 + ["completed"]
+        )
+        assert OutboxEvent.objects.count() == 2
+
+    def test_retention_none_keeps_everything(self, settings: Any) -> None:
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "RETENTION": {"COMPLETED_JOBS": None}}
+        created = enqueue("tests.noop", {})
+        Job.objects.filter(pk=created.pk).update(
+            status="completed", finished_at=timezone.now() - timedelta(days=999)
+        )
+        assert prune().completed_jobs == 0
+
+    def test_reconcile_releases_expired_claims_and_counts_overdue(self, settings: Any) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "OUTBOX": {"CLAIM_SECONDS": 60, "OVERDUE_SECONDS": 60},
+        }
+        event = publish(
+            "x.y",
+            aggregate_type="x",
+            aggregate_id=uuid.uuid4(),
+            payload={},
+        )
+        long_ago = timezone.now() - timedelta(hours=2)
+        OutboxEvent.objects.filter(pk=event.pk).update(
+            claimed_at=long_ago, claimed_by="dead-relay", occurred_at=long_ago
+        )
+        result = reconcile_outbox()
+        assert (result.released_claims, result.overdue_events) == (1, 1)
+        assert (result.oldest_overdue_seconds or 0) > 7000
+        event.refresh_from_db()
+        assert (event.claimed_at, event.claimed_by) == (None, None)
+
+    def test_commands(self) -> None:
+        job_row = enqueue("tests.behave", {})
+        with connection.cursor() as cursor:
+            from django_pgoutbox import queries
+
+            # Inside the test's transaction now() stands still: a lease that already ended.
+            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "killed-worker", -1.0])
+        out = StringIO()
+        call_command("pgoutbox", "recover-leases", stdout=out)
+        assert "Recovered 1 expired lease(s)" in out.getvalue()
+        job_row.refresh_from_db()
+        assert job_row.status == JobStatus.RETRYING
+        out = StringIO()
+        call_command("pgoutbox", "run-schedule", "pgoutbox.prune", stdout=out)
+        assert Job.objects.filter(job_type="pgoutbox.prune").count() == 1
+        out = StringIO()
+        call_command("pgoutbox", "schedules", stdout=out)
+        assert "pgoutbox.recover_leases" in out.getvalue()
+        assert "every 30s" in out.getvalue()
+        from django.core.management import CommandError
+
+        with pytest.raises(CommandError, match="no schedule 'nope'"):
+            call_command("pgoutbox", "run-schedule", "nope")
