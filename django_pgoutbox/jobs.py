@@ -24,7 +24,7 @@ from django_pgoutbox import queries
 from django_pgoutbox.conf import JOBS_CHANNEL, get_settings
 from django_pgoutbox.errors import EnqueueError, JobRegistrationError
 from django_pgoutbox.ids import uuid7
-from django_pgoutbox.models import Job, JobStatus, job_from_row
+from django_pgoutbox.models import Job, JobStatus, saved_instance
 from django_pgoutbox.validation import json_object, non_empty_text, optional_uuid, reject_nul
 
 Payload: TypeAlias = dict[str, Any]
@@ -385,7 +385,8 @@ def _existing_jobs(
 
 
 def _job_from(alias: str, row: _Row, run_at: datetime, created_at: datetime) -> Job:
-    return job_from_row(
+    return saved_instance(
+        Job,
         alias,
         {
             "id": row.id,

@@ -8,7 +8,7 @@ Storage parameters (fillfactor, autovacuum) are set in the initial migration; se
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
@@ -205,7 +205,14 @@ class ScheduleCursor(models.Model):
         return self.name
 
 
-def job_from_row(using: str, values: dict[str, Any]) -> Job:
-    """A saved ``Job`` instance from column values already converted to Python."""
-    names = [f.attname for f in Job._meta.concrete_fields]
-    return Job.from_db(using, names, [values.get(name) for name in names])
+M = TypeVar("M", bound=models.Model)
+
+
+def saved_instance(model: type[M], using: str, values: dict[str, Any]) -> M:
+    """A saved instance of ``model`` from column values already converted to Python.
+
+    For rows that a statement of ``queries`` returned: no second query to read them back.
+    Columns missing from ``values`` are None.
+    """
+    names = [f.attname for f in model._meta.concrete_fields]
+    return model.from_db(using, names, [values.get(name) for name in names])

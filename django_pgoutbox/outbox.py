@@ -20,7 +20,7 @@ from django_pgoutbox import queries
 from django_pgoutbox.conf import OUTBOX_CHANNEL, get_settings
 from django_pgoutbox.errors import PublishError, SubscriberRegistrationError
 from django_pgoutbox.ids import uuid7
-from django_pgoutbox.models import OutboxEvent
+from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.validation import json_object, non_empty_text, optional_uuid
 
 _INT32_MAX = 2**31 - 1
@@ -79,7 +79,6 @@ def publish(
             ],
         )
         occurred_at, stored_available_at, _ = cursor.fetchone()
-    names = [f.attname for f in OutboxEvent._meta.concrete_fields]
     values = {
         "id": event_id,
         "organization_id": organization,
@@ -92,7 +91,7 @@ def publish(
         "available_at": stored_available_at,
         "attempts": 0,
     }
-    return OutboxEvent.from_db(alias, names, [values.get(name) for name in names])
+    return saved_instance(OutboxEvent, alias, values)
 
 
 def _database(using: str | None) -> str:

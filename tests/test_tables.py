@@ -125,6 +125,21 @@ def test_outbox_order_index() -> None:
     )
 
 
+def test_retention_and_relay_indexes() -> None:
+    assert indexes("jobs")["jobs_finished_idx"] == (
+        "CREATE INDEX jobs_finished_idx ON public.jobs USING btree (finished_at) "
+        "WHERE (status = ANY (ARRAY['completed'::text, 'cancelled'::text]))"
+    )
+    assert indexes("outbox_events")["outbox_claim_idx"] == (
+        "CREATE INDEX outbox_claim_idx ON public.outbox_events USING btree (occurred_at, id) "
+        "WHERE (processed_at IS NULL)"
+    )
+    assert indexes("outbox_events")["outbox_processed_idx"] == (
+        "CREATE INDEX outbox_processed_idx ON public.outbox_events USING btree (processed_at) "
+        "WHERE (processed_at IS NOT NULL)"
+    )
+
+
 def test_claim_index_matches_the_claim_predicate() -> None:
     assert indexes("jobs")["jobs_claim_idx"] == (
         "CREATE INDEX jobs_claim_idx ON public.jobs "

@@ -29,7 +29,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 
 from django_pgoutbox import queries
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
-from django_pgoutbox.models import OutboxEvent
+from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.outbox import subscribers_for
 from django_pgoutbox.retry import backoff, bound, error_code, summarize
 
@@ -137,13 +137,7 @@ class Relay:
             values = dict(zip(names, row, strict=True))
             values["payload"] = json.loads(values["payload"])
             values["claimed_by"] = self.relay_id
-            events.append(
-                OutboxEvent.from_db(
-                    self.using,
-                    [f.attname for f in OutboxEvent._meta.concrete_fields],
-                    [values.get(f.attname) for f in OutboxEvent._meta.concrete_fields],
-                )
-            )
+            events.append(saved_instance(OutboxEvent, self.using, values))
         # The claim is ordered by (occurred_at, id); UPDATE ... RETURNING is not.
         events.sort(key=lambda e: (e.occurred_at, e.id))
         return events
