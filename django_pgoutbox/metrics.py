@@ -1,24 +1,68 @@
-"""In-process measures recorded by the workers.
+"""The source text's measures: in-process counters and histograms, and database gauges.
 
-Counters are cumulative per process, labelled only by queue, job type, outcome or status: never
-by organization or payload values. ``snapshot()`` reads them all (tests and ``pgoutbox stats``).
+In-process metrics are recorded by the workers, the relay and the scheduler of this process and
+are cumulative for its life. Database gauges (counts by state, oldest pending age, outbox lag,
+the xmin horizon, the notification queue) are read from the database when asked, by queries that
+only touch partial indexes of live rows, never a ``COUNT(*)`` of the finished ones.
+
+Labels are only ever queue, job type, event type, schedule, outcome, status or role: never an
+organization id or a payload value, so that the number of series stays bounded.
+``django_pgoutbox.prometheus`` exposes all of it to Prometheus.
 """
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db import connections, router
+
+#: Bucket upper bounds (seconds) of the duration histograms: 1 ms to 5 min.
+DEFAULT_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 
 
-class Counter:
-    """A monotonically increasing count per combination of label values."""
+class _Metric:
+    kind = ""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._values: dict[tuple[str, ...], float] = {}
         self._lock = threading.Lock()
+
+    def _key(self, labels: dict[str, str]) -> tuple[str, ...]:
+        if set(labels) != set(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {tuple(labels)}")
+        return tuple(str(labels[name]) for name in self.labelnames)
+
+
+class Counter(_Metric):
+    """A monotonically increasing count per combination of label values."""
+
+    kind = "counter"
+
+    def __init__(self, name: str, documentation: str, labelnames: Sequence[str] = ()) -> None:
+        super().__init__(name, documentation, labelnames)
+        self._values: dict[tuple[str, ...], float] = {}
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         key = self._key(labels)
@@ -36,13 +80,58 @@ class Counter:
         with self._lock:
             return dict(self._values)
 
-    def _key(self, labels: dict[str, str]) -> tuple[str, ...]:
-        if set(labels) != set(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {tuple(labels)}")
-        return tuple(str(labels[name]) for name in self.labelnames)
+
+@dataclass
+class HistogramState:
+    bucket_counts: list[int]
+    count: int = 0
+    total: float = 0.0
 
 
-REGISTRY: dict[str, Counter] = {}
+class Histogram(_Metric):
+    """Observations counted into cumulative buckets, per combination of label values."""
+
+    kind = "histogram"
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str] = (),
+        buckets: Sequence[float] = DEFAULT_BUCKETS,
+    ) -> None:
+        super().__init__(name, documentation, labelnames)
+        self.buckets = tuple(buckets)
+        self._states: dict[tuple[str, ...], HistogramState] = {}
+
+    def observe(self, value: float, **labels: str) -> None:
+        key = self._key(labels)
+        index = bisect.bisect_left(self.buckets, value)
+        with self._lock:
+            state = self._states.get(key)
+            if state is None:
+                state = self._states[key] = HistogramState([0] * len(self.buckets))
+            if index < len(self.buckets):
+                state.bucket_counts[index] += 1
+            state.count += 1
+            state.total += value
+
+    def count(self, **labels: str) -> int:
+        with self._lock:
+            if not labels:
+                return sum(state.count for state in self._states.values())
+            state = self._states.get(self._key(labels))
+            return state.count if state else 0
+
+    def samples(self) -> dict[tuple[str, ...], HistogramState]:
+        with self._lock:
+            return {
+                key: HistogramState(list(s.bucket_counts), s.count, s.total)
+                for key, s in self._states.items()
+            }
+
+
+REGISTRY: dict[str, Counter | Histogram] = {}
 
 
 def counter(name: str, documentation: str, labelnames: Sequence[str] = ()) -> Counter:
@@ -51,8 +140,10 @@ def counter(name: str, documentation: str, labelnames: Sequence[str] = ()) -> Co
     return metric
 
 
-def snapshot() -> dict[str, dict[tuple[str, ...], float]]:
-    return {name: metric.samples() for name, metric in REGISTRY.items()}
+def histogram(name: str, documentation: str, labelnames: Sequence[str] = ()) -> Histogram:
+    metric = Histogram(name, documentation, labelnames)
+    REGISTRY[name] = metric
+    return metric
 
 
 JOBS_CLAIMED = counter("pgoutbox_jobs_claimed_total", "Attempts leased by this process.", ["queue"])
@@ -60,6 +151,16 @@ JOB_OUTCOMES = counter(
     "pgoutbox_job_outcomes_total",
     "Outcomes recorded, by job type and outcome (completed, retrying, dead, cancelled).",
     ["queue", "job_type", "outcome"],
+)
+JOB_DURATION = histogram(
+    "pgoutbox_job_duration_seconds",
+    "Handler run time of an attempt (execution latency), by job type and outcome.",
+    ["queue", "job_type", "outcome"],
+)
+JOB_START_DELAY = histogram(
+    "pgoutbox_job_start_delay_seconds",
+    "From the time a job was due (run_at) to its handler's start, by queue.",
+    ["queue"],
 )
 STALE_OUTCOMES = counter(
     "pgoutbox_stale_outcomes_total",
@@ -71,7 +172,117 @@ LEASE_EXPIRATIONS = counter(
     "Leases that expired and were recovered (the job became claimable again, or dead).",
     ["queue"],
 )
+CLAIM_DURATION = histogram(
+    "pgoutbox_claim_duration_seconds",
+    "Database time of one claim statement (with the outcomes it also writes), by queue.",
+    ["queue"],
+)
+BATCH_DB_DURATION = histogram(
+    "pgoutbox_batch_db_seconds",
+    "Database time per batch: claims and outcomes of a dispatcher turn, a relay's batch "
+    "transaction, a scheduler's pass; by role.",
+    ["role"],
+)
 NOTIFICATION_FAILURES = counter(
     "pgoutbox_notification_failures_total",
     "Failures of the LISTEN connection (each one is followed by a reconnect and a full poll).",
 )
+EVENTS_PROJECTED = counter(
+    "pgoutbox_events_projected_total",
+    "Outbox events handled by the relay, by event type and outcome (processed, retrying, dead).",
+    ["event_type", "outcome"],
+)
+SCHEDULE_SLOTS = counter(
+    "pgoutbox_schedule_slots_total",
+    "Slots this process's scheduler enqueued, by schedule.",
+    ["schedule"],
+)
+
+
+# -- database gauges -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueueGauges:
+    queue: str
+    pending: int = 0  # due now
+    scheduled: int = 0  # pending with run_at in the future
+    leased: int = 0
+    retrying: int = 0
+    dead: int = 0
+    oldest_pending_age: float = 0.0  # seconds since the oldest due job became due
+
+
+@dataclass(frozen=True)
+class DatabaseGauges:
+    queues: dict[str, QueueGauges]
+    outbox_pending: int
+    outbox_dead: int
+    outbox_lag: float  # seconds since the oldest unprocessed, available event occurred
+    oldest_transaction_age: float  # the xmin horizon that holds back vacuum
+    notification_queue_usage: float  # fraction of the NOTIFY queue in use
+
+
+#: Each branch reads one partial index: the claim index (pending, retrying), the leased index,
+#: the dead-letter index. Finished rows, however many, are never read.
+_JOB_GAUGES = """
+SELECT queue, 'pending', count(*) FILTER (WHERE run_at <= now()),
+       count(*) FILTER (WHERE run_at > now()),
+       coalesce(extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now())), 0)
+FROM jobs WHERE status = 'pending' GROUP BY queue
+UNION ALL
+SELECT queue, 'retrying', count(*), 0, 0 FROM jobs WHERE status = 'retrying' GROUP BY queue
+UNION ALL
+SELECT queue, 'leased', count(*), 0, 0 FROM jobs WHERE status = 'leased' GROUP BY queue
+UNION ALL
+SELECT queue, 'dead', count(*), 0, 0 FROM jobs WHERE status = 'dead' GROUP BY queue
+"""
+
+_OUTBOX_AND_SERVER_GAUGES = """
+SELECT
+    (SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_at IS NULL),
+    (SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_at IS NOT NULL),
+    coalesce((SELECT extract(epoch FROM now() - min(occurred_at)) FROM outbox_events
+              WHERE processed_at IS NULL AND dead_at IS NULL AND available_at <= now()), 0),
+    coalesce((SELECT extract(epoch FROM now() - min(xact_start)) FROM pg_stat_activity
+              WHERE xact_start IS NOT NULL AND backend_type = 'client backend'), 0),
+    pg_notification_queue_usage()
+"""
+
+
+def database_gauges(using: str | None = None) -> DatabaseGauges:
+    """Read the gauges from the database: two statements, on partial indexes only."""
+    from django_pgoutbox.conf import get_settings
+    from django_pgoutbox.models import Job
+
+    alias = using or router.db_for_write(Job)
+    queues = {name: dict[str, float]() for name in get_settings().queues}
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_JOB_GAUGES)
+        for queue, status, count, scheduled, age in cursor.fetchall():
+            values = queues.setdefault(queue, {})
+            values[status] = count
+            if status == "pending":
+                values["scheduled"] = scheduled
+                values["oldest_pending_age"] = float(age)
+        cursor.execute(_OUTBOX_AND_SERVER_GAUGES)
+        pending, dead, lag, xmin_age, notify_usage = cursor.fetchone()
+    return DatabaseGauges(
+        queues={
+            name: QueueGauges(
+                queue=name,
+                pending=int(v.get("pending", 0)),
+                scheduled=int(v.get("scheduled", 0)),
+                leased=int(v.get("leased", 0)),
+                retrying=int(v.get("retrying", 0)),
+                dead=int(v.get("dead", 0)),
+                oldest_pending_age=float(v.get("oldest_pending_age", 0.0)),
+            )
+            for name, v in queues.items()
+        },
+        outbox_pending=int(pending),
+        outbox_dead=int(dead),
+        outbox_lag=float(lag),
+        oldest_transaction_age=float(xmin_age),
+        notification_queue_usage=float(notify_usage),
+    )

@@ -163,6 +163,12 @@ class Job(models.Model):
                 name="jobs_leased_idx",
                 condition=models.Q(status=JobStatus.LEASED),
             ),
+            # Dead letters by queue, newest first: the admin, stats and the dead-letter gauge.
+            models.Index(
+                fields=["queue", "-finished_at"],
+                name="jobs_dead_idx",
+                condition=models.Q(status=JobStatus.DEAD),
+            ),
             # Retention deletes the oldest completed and cancelled jobs first.
             models.Index(
                 fields=["finished_at"],
@@ -206,6 +212,25 @@ class ScheduleCursor(models.Model):
 
 
 M = TypeVar("M", bound=models.Model)
+
+
+class WorkerHeartbeat(models.Model):
+    """One row per running ``runworkers`` process, refreshed while it runs (health checks)."""
+
+    worker_id = models.TextField(primary_key=True)
+    hostname = models.TextField()
+    pid = models.IntegerField()
+    roles = models.JSONField(default=list)
+    queues = models.JSONField(default=list)
+    started_at = models.DateTimeField(db_default=TransactionNow())
+    last_seen_at = models.DateTimeField(db_default=TransactionNow())
+
+    class Meta:
+        db_table = "worker_heartbeats"
+        verbose_name = "worker heartbeat"
+
+    def __str__(self) -> str:
+        return self.worker_id
 
 
 def saved_instance(model: type[M], using: str, values: dict[str, Any]) -> M:

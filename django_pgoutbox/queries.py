@@ -69,7 +69,7 @@ SET status = 'leased',
 FROM candidates AS c
 WHERE j.id = c.id
 RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
-          j.queue, j.priority, j.created_at
+          j.queue, j.priority, j.created_at, extract(epoch FROM now() - j.run_at)::float8
 """
 
 #: Lease up to ``limit`` due jobs of one queue, in priority order, and count the attempt.
@@ -134,7 +134,7 @@ WITH recorded AS ({RECORD_OUTCOMES}),
 candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
 claimed AS ({_CLAIM_UPDATE})
 SELECT false, id, NULL, NULL, NULL::integer, NULL::integer, NULL::uuid, NULL, NULL::integer,
-       NULL::timestamptz
+       NULL::timestamptz, NULL::float8
 FROM recorded
 UNION ALL
 SELECT true, * FROM claimed

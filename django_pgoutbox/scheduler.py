@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -25,6 +26,7 @@ from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections, router, transaction
 
+from django_pgoutbox import metrics
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.cron import Cron, CronError
 from django_pgoutbox.jobs import JobDefinition, enqueue, get_job
@@ -322,6 +324,7 @@ def enqueue_due(schedule: Schedule, *, using: str, now: datetime | None = None) 
             [latest, schedule.name],
         )
     for slot, job in zip(slots, jobs, strict=True):
+        metrics.SCHEDULE_SLOTS.inc(schedule=schedule.name)
         logger.info(
             "schedule %s: slot %s enqueued as job %s",
             schedule.name,
@@ -384,6 +387,7 @@ class Scheduler:
 
     def run_once(self, now: datetime | None = None) -> datetime:
         """Enqueue every due slot; return the database time it ran at."""
+        started = time.perf_counter()
         db_now = database_now(self.using)
         current = now or db_now
         known = cursors(self.using)
@@ -392,6 +396,7 @@ class Scheduler:
             if last is not None and schedule.latest_due(current) <= last:
                 continue  # not due: no transaction, no lock
             enqueue_due(schedule, using=self.using, now=now)
+        metrics.BATCH_DB_DURATION.observe(time.perf_counter() - started, role="scheduler")
         return current
 
     def run(self) -> None:

@@ -27,6 +27,28 @@ class Migration(migrations.Migration):
             },
         ),
         migrations.CreateModel(
+            name="WorkerHeartbeat",
+            fields=[
+                ("worker_id", models.TextField(primary_key=True, serialize=False)),
+                ("hostname", models.TextField()),
+                ("pid", models.IntegerField()),
+                ("roles", models.JSONField(default=list)),
+                ("queues", models.JSONField(default=list)),
+                (
+                    "started_at",
+                    models.DateTimeField(db_default=django_pgoutbox.models.TransactionNow()),
+                ),
+                (
+                    "last_seen_at",
+                    models.DateTimeField(db_default=django_pgoutbox.models.TransactionNow()),
+                ),
+            ],
+            options={
+                "verbose_name": "worker heartbeat",
+                "db_table": "worker_heartbeats",
+            },
+        ),
+        migrations.CreateModel(
             name="Job",
             fields=[
                 (
@@ -92,6 +114,11 @@ class Migration(migrations.Migration):
                         condition=models.Q(("status", "leased")),
                         fields=["locked_by"],
                         name="jobs_leased_idx",
+                    ),
+                    models.Index(
+                        condition=models.Q(("status", "dead")),
+                        fields=["queue", "-finished_at"],
+                        name="jobs_dead_idx",
                     ),
                     models.Index(
                         condition=models.Q(("status__in", ("completed", "cancelled"))),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,9 +13,10 @@ from typing import Any
 
 from django.db import close_old_connections
 
+from django_pgoutbox import metrics, signals
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import InvalidResult, JobFailure
-from django_pgoutbox.jobs import JobContext, get_job
+from django_pgoutbox.jobs import JobContext, JobDefinition, get_job
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.retry import Action, bound, decide
 
@@ -34,6 +36,7 @@ class ClaimedJob:
     queue: str
     priority: int
     created_at: datetime
+    waited: float = 0.0  # seconds from run_at to the claim, by the database clock
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,44 @@ def job_logger(job: ClaimedJob) -> logging.LoggerAdapter[logging.Logger]:
 
 
 def execute(job: ClaimedJob, *, policy: RetrySettings, renew: Callable[[], None]) -> Outcome:
+    """Run the handler of ``job`` and decide its outcome, with its metrics and signals."""
+    definition = get_job(job.job_type)
+    metrics.JOB_START_DELAY.observe(max(job.waited, 0.0), queue=job.queue)
+    signals.job_started.send_robust(sender=definition, job=job)
+    started = time.perf_counter()
+    outcome = _run(job, definition, policy=policy, renew=renew)
+    duration = time.perf_counter() - started
+    metrics.JOB_DURATION.observe(
+        duration, queue=job.queue, job_type=job.job_type, outcome=outcome.status.value
+    )
+    signals.job_finished.send_robust(
+        sender=definition, job=job, outcome=outcome.status.value, duration=duration
+    )
+    if outcome.status == JobStatus.COMPLETED:
+        logger.debug(
+            "job %s (%s) attempt %d completed in %.3fs",
+            job.id,
+            job.job_type,
+            job.attempt,
+            duration,
+            extra={
+                "job_id": str(job.id),
+                "job_type": job.job_type,
+                "queue": job.queue,
+                "attempt": job.attempt,
+                "outcome": "completed",
+            },
+        )
+    return outcome
+
+
+def _run(
+    job: ClaimedJob,
+    definition: JobDefinition | None,
+    *,
+    policy: RetrySettings,
+    renew: Callable[[], None],
+) -> Outcome:
     """Run the handler of ``job`` and decide its outcome; never raises."""
     extra = {
         "job_id": str(job.id),
@@ -76,7 +117,6 @@ def execute(job: ClaimedJob, *, policy: RetrySettings, renew: Callable[[], None]
         "queue": job.queue,
         "attempt": job.attempt,
     }
-    definition = get_job(job.job_type)
     if definition is None:
         logger.error(
             "no handler for job type %r (job %s); dead-lettered with its payload intact",

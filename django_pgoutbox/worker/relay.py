@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import InterfaceError, OperationalError, connections, transaction
 
-from django_pgoutbox import queries
+from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
 from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.outbox import subscribers_for
@@ -143,11 +144,13 @@ class Relay:
         return events
 
     def _project(self, events: Sequence[OutboxEvent]) -> None:
+        started = time.perf_counter()
         try:
             self._project_batch(events, isolate=False)
         except _SubscriberFailed:
             # Rolled back whole: nothing of the batch was written. Again, event by event.
             self._project_batch(events, isolate=True)
+        metrics.BATCH_DB_DURATION.observe(time.perf_counter() - started, role="relay")
 
     def _project_batch(self, events: Sequence[OutboxEvent], *, isolate: bool) -> None:
         processed: list[uuid.UUID] = []
@@ -176,6 +179,14 @@ class Relay:
                     processed.append(event.id)
                 else:
                     failures.append(failure)
+            types = {event.id: event.event_type for event in events}
+            for event_id in processed:
+                metrics.EVENTS_PROJECTED.inc(event_type=types[event_id], outcome="processed")
+            for failure in failures:
+                metrics.EVENTS_PROJECTED.inc(
+                    event_type=types[failure.event_id],
+                    outcome="dead" if failure.dead else "retrying",
+                )
             with connections[self.using].cursor() as cursor:
                 if processed:
                     cursor.execute(queries.MARK_EVENTS_PROCESSED, [processed])

@@ -231,6 +231,7 @@ class QueueRunner:
         claim_params: list[Any] = [self.queue, limit, self.worker_id, self.lease_seconds]
         applied: set[uuid.UUID] = set()
         rows: list[tuple[Any, ...]] = []
+        started = time.perf_counter()
         try:
             with connections[self.using].cursor() as cursor:
                 if batch and limit > 0:
@@ -250,6 +251,10 @@ class QueueRunner:
             # Not written: keep them (and their leases, still renewed) for the next turn.
             self._outcomes.extendleft(reversed(batch))
             raise
+        elapsed = time.perf_counter() - started
+        metrics.BATCH_DB_DURATION.observe(elapsed, role="jobs")
+        if limit > 0:
+            metrics.CLAIM_DURATION.observe(elapsed, queue=self.queue)
         self._settle(batch, applied)
         return self._start(rows), limit
 
@@ -265,6 +270,7 @@ class QueueRunner:
                 queue=queue,
                 priority=priority,
                 created_at=created_at,
+                waited=waited,
             )
             for (
                 job_id,
@@ -276,6 +282,7 @@ class QueueRunner:
                 queue,
                 priority,
                 created_at,
+                waited,
             ) in rows
         ]
         if claimed:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from django.db import router
 
 from django_pgoutbox.conf import JOBS_CHANNEL, OUTBOX_CHANNEL, get_settings
+from django_pgoutbox.health import Heartbeat
 from django_pgoutbox.models import Job
 from django_pgoutbox.scheduler import Scheduler, load_schedules
 from django_pgoutbox.worker.listener import Listener
@@ -138,6 +139,8 @@ class Worker:
         if self.scheduler is not None:
             loops.append(("pgoutbox-scheduler", self.scheduler.run))
         threads = [threading.Thread(target=target, name=name) for name, target in loops]
+        heartbeat = Heartbeat(self.worker_id, self.roles, list(self.runners), self.using)
+        heartbeat.start()
         for thread in threads:
             thread.start()
         try:
@@ -145,6 +148,7 @@ class Worker:
                 while thread.is_alive():
                     thread.join(0.5)
         finally:
+            heartbeat.stop()
             if self.listener is not None:
                 self.listener.stop()
                 self.listener.join(timeout=2)

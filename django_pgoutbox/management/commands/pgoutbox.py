@@ -1,21 +1,27 @@
 """``manage.py pgoutbox``: operations without the admin.
 
-pgoutbox schedules                  every schedule with its last and next slot
-pgoutbox run-schedule NAME          enqueue a schedule's job now
-pgoutbox recover-leases             return expired leases to their queue (or dead letters)
-pgoutbox prune                      delete finished rows past their retention
-pgoutbox reconcile-outbox           release expired relay claims, report overdue events
+pgoutbox stats [--json] [--watch S]  counts by queue and state, backlog age, outbox lag
+pgoutbox health [--require R,R]      workers, relay, scheduler alive? (exit 1 if not)
+pgoutbox schedules                   every schedule with its last and next slot
+pgoutbox run-schedule NAME           enqueue a schedule's job now
+pgoutbox recover-leases              return expired leases to their queue (or dead letters)
+pgoutbox prune                       delete finished rows past their retention
+pgoutbox reconcile-outbox            release expired relay claims, report overdue events
 """
 
 from __future__ import annotations
 
+import json
+import sys
+import time
 from dataclasses import asdict
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
 
-from django_pgoutbox import maintenance, scheduler
+from django_pgoutbox import maintenance, metrics, scheduler
+from django_pgoutbox.health import DEFAULT_MAX_AGE, health_report
 from django_pgoutbox.models import Job
 
 
@@ -25,6 +31,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--database", default=None, help="Database alias (default: router).")
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+        stats = sub.add_parser("stats", help="Counts by queue and state, backlog age, outbox lag.")
+        stats.add_argument("--json", action="store_true", help="One JSON object, for scripts.")
+        stats.add_argument(
+            "--watch", type=float, metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C."
+        )
+        health = sub.add_parser("health", help="Report liveness; exit status 1 when unhealthy.")
+        health.add_argument(
+            "--require", default="jobs,relay,scheduler", help="Roles that must be alive."
+        )
+        health.add_argument(
+            "--max-age",
+            type=float,
+            default=DEFAULT_MAX_AGE,
+            help=f"Seconds since a heartbeat (default {DEFAULT_MAX_AGE:g}).",
+        )
         sub.add_parser("schedules", help="List schedules with their last and next slot.")
         run = sub.add_parser("run-schedule", help="Enqueue a schedule's job now.")
         run.add_argument("name")
@@ -35,7 +56,18 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         using = options["database"] or router.db_for_write(Job)
         action = options["action"]
-        if action == "schedules":
+        if action == "stats":
+            self._stats(using, as_json=options["json"], watch=options["watch"])
+        elif action == "health":
+            report = health_report(
+                max_age=options["max_age"],
+                require=[r for r in options["require"].split(",") if r],
+                using=using,
+            )
+            self.stdout.write(json.dumps(report.as_dict(), indent=2))
+            if not report.healthy:
+                sys.exit(1)
+        elif action == "schedules":
             self._schedules(using)
         elif action == "run-schedule":
             schedules, _ = scheduler.load_schedules()
@@ -61,6 +93,37 @@ class Command(BaseCommand):
                 f"Released {reconciliation.released_claims} expired claim(s); "
                 f"{reconciliation.overdue_events} overdue event(s)."
             )
+
+    def _stats(self, using: str, *, as_json: bool, watch: float | None) -> None:
+        while True:
+            gauges = metrics.database_gauges(using)
+            if as_json:
+                self.stdout.write(json.dumps(asdict(gauges), indent=2))
+            else:
+                if watch:
+                    self.stdout.write("\x1b[2J\x1b[H", ending="")  # clear the terminal
+                self._stats_table(gauges)
+            if not watch:
+                return
+            time.sleep(watch)
+
+    def _stats_table(self, gauges: metrics.DatabaseGauges) -> None:
+        columns = ("pending", "scheduled", "leased", "retrying", "dead")
+        self.stdout.write(
+            f"{'queue':<22}" + "".join(f"{c:>10}" for c in columns) + f"{'oldest due':>12}"
+        )
+        for queue in gauges.queues.values():
+            self.stdout.write(
+                f"{queue.queue:<22}"
+                + "".join(f"{getattr(queue, c):>10}" for c in columns)
+                + f"{queue.oldest_pending_age:>11.1f}s"
+            )
+        self.stdout.write(
+            f"\noutbox: {gauges.outbox_pending} pending, {gauges.outbox_dead} dead, "
+            f"lag {gauges.outbox_lag:.1f}s\n"
+            f"oldest open transaction: {gauges.oldest_transaction_age:.1f}s; "
+            f"NOTIFY queue {gauges.notification_queue_usage:.1%} full"
+        )
 
     def _schedules(self, using: str) -> None:
         schedules, problems = scheduler.load_schedules()

@@ -97,6 +97,12 @@ class Command(BaseCommand):
             help="Seconds running jobs get to finish after SIGTERM (default 30).",
         )
         parser.add_argument(
+            "--metrics-port",
+            type=_positive_int,
+            help="Serve this process's Prometheus metrics on this port (needs the "
+            "'prometheus' extra).",
+        )
+        parser.add_argument(
             "--database",
             default=None,
             help="Database alias holding the jobs (default: the router's choice).",
@@ -116,6 +122,12 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
+        if options["metrics_port"]:
+            try:
+                from django_pgoutbox.prometheus import serve_process_metrics
+            except ImportError as error:
+                raise CommandError(str(error)) from error
+            serve_process_metrics(options["metrics_port"])
         self._install_signal_handlers(worker)
         if options["verbosity"] >= 1:
             self.stdout.write(f"Worker {worker.worker_id}: {worker.describe()}")

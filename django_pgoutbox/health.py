@@ -1,0 +1,131 @@
+"""Heartbeats of the worker processes, and the health report built from them.
+
+Every ``runworkers`` process upserts a row of ``worker_heartbeats`` every ``HEARTBEAT_SECONDS``
+and deletes it when it stops. A role (jobs of a queue, relay, scheduler) is healthy when at
+least one process running it was seen within ``max_age`` seconds (by the database clock).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DatabaseError, connections, router
+
+from django_pgoutbox.models import WorkerHeartbeat
+
+logger = logging.getLogger("django_pgoutbox.worker")
+
+HEARTBEAT_SECONDS = 10.0
+#: A role not seen for this long is reported unhealthy: three missed heartbeats.
+DEFAULT_MAX_AGE = 3 * HEARTBEAT_SECONDS
+
+_UPSERT = """
+INSERT INTO worker_heartbeats (worker_id, hostname, pid, roles, queues)
+VALUES (%s, %s, %s, %s::jsonb, %s::jsonb)
+ON CONFLICT (worker_id) DO UPDATE SET last_seen_at = now()
+"""
+
+
+class Heartbeat:
+    """Keeps this process's ``worker_heartbeats`` row fresh while it runs."""
+
+    def __init__(self, worker_id: str, roles: Iterable[str], queues: Iterable[str], using: str):
+        import json
+
+        self.worker_id = worker_id
+        self.using = using
+        self._params: list[Any] = [
+            worker_id,
+            socket.gethostname(),
+            os.getpid(),
+            json.dumps(list(roles)),
+            json.dumps(list(queues)),
+        ]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pgoutbox-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.beat()
+        self._thread.start()
+
+    def beat(self) -> None:
+        try:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(_UPSERT, self._params)
+        except DatabaseError as error:
+            logger.warning("heartbeat failed (%s); will try again", error)
+            connections[self.using].close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        try:
+            WorkerHeartbeat.objects.using(self.using).filter(worker_id=self.worker_id).delete()
+        except DatabaseError:
+            pass  # the row ages out of the report on its own
+        finally:
+            connections[self.using].close()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.wait(HEARTBEAT_SECONDS):
+                self.beat()
+        finally:
+            connections[self.using].close()
+
+
+@dataclass
+class HealthReport:
+    healthy: bool
+    roles: dict[str, bool] = field(default_factory=dict)
+    workers: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"healthy": self.healthy, "roles": self.roles, "workers": self.workers}
+
+
+def health_report(
+    *,
+    max_age: float = DEFAULT_MAX_AGE,
+    require: Iterable[str] = ("jobs", "relay", "scheduler"),
+    using: str | None = None,
+) -> HealthReport:
+    """Which required roles were seen within ``max_age`` seconds, and by which processes."""
+    alias = using or router.db_for_write(WorkerHeartbeat)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT worker_id, hostname, pid, roles, queues, started_at, "
+            "extract(epoch FROM now() - last_seen_at)::float8 FROM worker_heartbeats "
+            "ORDER BY worker_id"
+        )
+        rows = cursor.fetchall()
+    import json
+
+    workers = []
+    seen: set[str] = set()
+    for worker_id, hostname, pid, roles, queues, started_at, age in rows:
+        roles = json.loads(roles) if isinstance(roles, str) else roles
+        queues = json.loads(queues) if isinstance(queues, str) else queues
+        alive = age <= max_age
+        if alive:
+            seen.update(roles)
+        workers.append(
+            {
+                "worker_id": worker_id,
+                "hostname": hostname,
+                "pid": pid,
+                "roles": roles,
+                "queues": queues,
+                "started_at": started_at.isoformat(),
+                "seconds_since_seen": round(age, 3),
+                "alive": alive,
+            }
+        )
+    roles_ok = {role: role in seen for role in require}
+    return HealthReport(healthy=all(roles_ok.values()), roles=roles_ok, workers=workers)

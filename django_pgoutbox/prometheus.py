@@ -1,0 +1,127 @@
+"""Prometheus exposition (``pip install 'django-pgoutbox[prometheus]'``).
+
+- ``runworkers --metrics-port 9400`` serves this process's counters and histograms at
+  ``http://host:9400/metrics``;
+- the view ``django_pgoutbox.views.metrics`` (included with
+  ``path("pgoutbox/", include("django_pgoutbox.urls"))``) serves the database gauges, read when
+  scraped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from django_pgoutbox import metrics
+
+try:
+    from prometheus_client import CollectorRegistry, generate_latest, start_http_server
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+    from prometheus_client.registry import Collector
+except ImportError as error:  # pragma: no cover - exercised without the extra only
+    raise ImportError(
+        "Prometheus exposition needs prometheus-client: pip install 'django-pgoutbox[prometheus]'"
+    ) from error
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ProcessCollector(Collector):
+    """This process's counters and histograms (the workers', relay's and scheduler's)."""
+
+    def collect(self) -> Iterator[Any]:
+        for metric in metrics.REGISTRY.values():
+            if isinstance(metric, metrics.Counter):
+                counter = CounterMetricFamily(
+                    metric.name.removesuffix("_total"),
+                    metric.documentation,
+                    labels=metric.labelnames,
+                )
+                for key, value in metric.samples().items():
+                    counter.add_metric(list(key), value)
+                yield counter
+            else:
+                histogram = HistogramMetricFamily(
+                    metric.name, metric.documentation, labels=metric.labelnames
+                )
+                for key, state in metric.samples().items():
+                    cumulative, buckets = 0, []
+                    for bound, count in zip(metric.buckets, state.bucket_counts, strict=True):
+                        cumulative += count
+                        buckets.append((repr(float(bound)), float(cumulative)))
+                    buckets.append(("+Inf", float(state.count)))
+                    histogram.add_metric(list(key), buckets, state.total)
+                yield histogram
+
+
+class DatabaseCollector(Collector):
+    """The database gauges, read from the database at each scrape."""
+
+    def __init__(self, using: str | None = None) -> None:
+        self.using = using
+
+    def collect(self) -> Iterator[Any]:
+        gauges = metrics.database_gauges(self.using)
+        jobs = GaugeMetricFamily(
+            "pgoutbox_jobs",
+            "Jobs by queue and status (pending = due now; scheduled = pending, due later).",
+            labels=["queue", "status"],
+        )
+        oldest = GaugeMetricFamily(
+            "pgoutbox_oldest_pending_age_seconds",
+            "Seconds since the oldest due, unclaimed job of the queue became due.",
+            labels=["queue"],
+        )
+        for queue in gauges.queues.values():
+            for status in ("pending", "scheduled", "leased", "retrying", "dead"):
+                jobs.add_metric([queue.queue, status], getattr(queue, status))
+            oldest.add_metric([queue.queue], queue.oldest_pending_age)
+        yield jobs
+        yield oldest
+        yield GaugeMetricFamily(
+            "pgoutbox_outbox_events_pending",
+            "Outbox events not yet projected (not dead).",
+            value=gauges.outbox_pending,
+        )
+        yield GaugeMetricFamily(
+            "pgoutbox_outbox_events_dead",
+            "Outbox events whose projection gave up.",
+            value=gauges.outbox_dead,
+        )
+        yield GaugeMetricFamily(
+            "pgoutbox_outbox_lag_seconds",
+            "High-watermark lag: age of the oldest available, unprojected event.",
+            value=gauges.outbox_lag,
+        )
+        yield GaugeMetricFamily(
+            "pgoutbox_oldest_transaction_age_seconds",
+            "Age of the oldest open transaction: the xmin horizon that stalls vacuum.",
+            value=gauges.oldest_transaction_age,
+        )
+        yield GaugeMetricFamily(
+            "pgoutbox_notification_queue_usage_ratio",
+            "pg_notification_queue_usage(): the fraction of the NOTIFY queue in use.",
+            value=gauges.notification_queue_usage,
+        )
+
+
+def process_registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ProcessCollector())
+    return registry
+
+
+def database_exposition(using: str | None = None) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector(using))
+    registry.register(ProcessCollector())
+    return generate_latest(registry)
+
+
+def serve_process_metrics(port: int, address: str = "0.0.0.0") -> None:
+    """Serve this process's metrics at ``http://address:port/metrics`` from a daemon thread."""
+    start_http_server(port, addr=address, registry=process_registry())

@@ -1,0 +1,344 @@
+"""Metrics, gauges, exposition, stats, health, logs and signals."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+import urllib.request
+import uuid
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
+
+from django_pgoutbox import enqueue, enqueue_many, metrics, publish, queries, signals
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.health import Heartbeat, health_report
+from django_pgoutbox.log import JSONFormatter
+from django_pgoutbox.models import Job, OutboxEvent
+from django_pgoutbox.prometheus import database_exposition, process_registry
+from django_pgoutbox.scheduler import Schedule, Scheduler
+from django_pgoutbox.worker import Worker
+from django_pgoutbox.worker.relay import Relay
+from tests.processes import wait_for
+
+ALLOWED_LABELS = {"queue", "job_type", "outcome", "status", "role", "event_type", "schedule"}
+
+
+def drain(**options: Any) -> None:
+    Worker(roles=["jobs"], queues=["default"], burst=True, **options).run()
+
+
+def gauges() -> metrics.DatabaseGauges:
+    return metrics.database_gauges()
+
+
+@pytest.mark.django_db(transaction=True)  # the worker threads see only committed jobs
+class TestMetricsMove:
+    def test_jobs_through_their_states(self, settings: Any) -> None:
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "RETRY": {"BASE_DELAY": 60, "JITTER": 0}}
+        claimed = metrics.JOBS_CLAIMED.value(queue="default")
+        durations = metrics.JOB_DURATION.count(
+            queue="default", job_type="tests.behave", outcome="completed"
+        )
+        claim_time = metrics.CLAIM_DURATION.count(queue="default")
+        delays = metrics.JOB_START_DELAY.count(queue="default")
+        batches = metrics.BATCH_DB_DURATION.count(role="jobs")
+
+        enqueue_many([{"job_type": "tests.behave", "payload": {}}] * 3)
+        enqueue("tests.behave", {"fail": "transient"})
+        enqueue("tests.behave", {"fail": "permanent"})
+        enqueue("tests.behave", {}, run_at=timedelta(hours=1))
+        before = gauges().queues["default"]
+        assert (before.pending, before.scheduled) == (5, 1)
+        assert before.oldest_pending_age >= 0
+
+        drain()
+        after = gauges().queues["default"]
+        assert (after.pending, after.scheduled, after.retrying, after.dead) == (0, 1, 1, 1)
+        assert metrics.JOBS_CLAIMED.value(queue="default") - claimed == 5
+        assert (
+            metrics.JOB_DURATION.count(
+                queue="default", job_type="tests.behave", outcome="completed"
+            )
+            - durations
+            == 3
+        )
+        assert (
+            metrics.JOB_OUTCOMES.value(queue="default", job_type="tests.behave", outcome="dead")
+            >= 1
+        )
+        assert metrics.CLAIM_DURATION.count(queue="default") > claim_time
+        assert metrics.JOB_START_DELAY.count(queue="default") - delays == 5
+        assert metrics.BATCH_DB_DURATION.count(role="jobs") > batches
+
+    def test_leased_gauge_and_lease_expiration(self) -> None:
+        enqueue("tests.behave", {})
+        with connection.cursor() as cursor:
+            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "crashed", 0.0])
+        assert gauges().queues["default"].leased == 1
+        expired = metrics.LEASE_EXPIRATIONS.value(queue="default")
+        drain()
+        assert metrics.LEASE_EXPIRATIONS.value(queue="default") == expired + 1
+        assert gauges().queues["default"].leased == 0
+
+    def test_outbox_lag_and_projection_counts(self) -> None:
+        event = publish(
+            "tests.projected", aggregate_type="t", aggregate_id=uuid.uuid4(), payload={}
+        )
+        OutboxEvent.objects.filter(pk=event.pk).update(
+            occurred_at=timezone.now() - timedelta(minutes=5)
+        )
+        snapshot = gauges()
+        assert snapshot.outbox_pending == 1
+        assert snapshot.outbox_lag >= 299
+        projected = metrics.EVENTS_PROJECTED.value(
+            event_type="tests.projected", outcome="processed"
+        )
+        conf = get_settings()
+        Relay(conf.outbox, relay_id="r", using="default", policy=conf.retry, burst=True).run()
+        assert (
+            metrics.EVENTS_PROJECTED.value(event_type="tests.projected", outcome="processed")
+            == projected + 1
+        )
+        assert (gauges().outbox_pending, gauges().outbox_lag) == (0, 0)
+
+    def test_scheduler_counts_slots(self) -> None:
+        tick = Schedule(
+            name="obs-tick", job_type="tests.noop", every=timedelta(seconds=60), queue="default"
+        )
+        loop = Scheduler({"obs-tick": tick}, using="default", poll_interval=1)
+        now = timezone.now()
+        before = metrics.SCHEDULE_SLOTS.value(schedule="obs-tick")
+        loop.run_once(now)  # first sight
+        loop.run_once(now + timedelta(minutes=1))
+        assert metrics.SCHEDULE_SLOTS.value(schedule="obs-tick") == before + 1
+
+    def test_xmin_horizon_and_notify_queue(self, raw_connection_params: dict[str, Any]) -> None:
+        import psycopg
+
+        with psycopg.connect(**raw_connection_params) as idle_in_transaction:
+            idle_in_transaction.execute("SELECT 1")  # opens a transaction and leaves it open
+            time.sleep(1.1)
+            assert gauges().oldest_transaction_age >= 1.0
+        assert 0 <= gauges().notification_queue_usage < 1
+
+
+@pytest.mark.django_db
+def test_gauges_read_only_partial_indexes_on_a_large_table() -> None:
+    with connection.cursor() as cursor:
+        # 200,000 finished jobs and events, a few live ones: the shape of a busy year.
+        cursor.execute(
+            "INSERT INTO jobs (queue, job_type, payload, status, finished_at) "
+            "SELECT 'default', 'x', '{}', 'completed', now() FROM generate_series(1, 200000)"
+        )
+        cursor.execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, schema_version, "
+            "payload, processed_at) SELECT 'a', gen_random_uuid(), 'e', 1, '{}', now() "
+            "FROM generate_series(1, 200000)"
+        )
+        enqueue_many([{"job_type": "x", "payload": {}}] * 10)
+        cursor.execute("ANALYZE jobs")
+        cursor.execute("ANALYZE outbox_events")
+        for sql in (metrics._JOB_GAUGES, metrics._OUTBOX_AND_SERVER_GAUGES):
+            cursor.execute("EXPLAIN " + sql)
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert "Seq Scan on jobs" not in plan, plan
+            assert "Seq Scan on outbox_events" not in plan, plan
+        started = time.perf_counter()
+        snapshot = gauges()
+        elapsed = time.perf_counter() - started
+    assert snapshot.queues["default"].pending == 10
+    assert elapsed < 0.5, elapsed  # a sanity bound; the plans above are the real check
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_label_carries_an_organization_or_a_payload_value() -> None:
+    secret_org = uuid.uuid4()
+    secret_value = f"payload-{uuid.uuid4()}"
+    enqueue_many(
+        [
+            {
+                "job_type": "tests.behave",
+                "payload": {"v": secret_value},
+                "organization_id": secret_org,
+            }
+        ]
+        * 3
+    )
+    enqueue("tests.behave", {"fail": "permanent", "v": secret_value}, organization_id=secret_org)
+    publish(
+        "tests.projected",
+        aggregate_type="t",
+        aggregate_id=uuid.uuid4(),
+        payload={"v": secret_value},
+        organization_id=secret_org,
+    )
+    drain()
+    conf = get_settings()
+    Relay(conf.outbox, relay_id="r", using="default", policy=conf.retry, burst=True).run()
+
+    for metric in metrics.REGISTRY.values():
+        assert set(metric.labelnames) <= ALLOWED_LABELS, metric.name
+        for key in metric.samples():
+            for value in key:
+                assert str(secret_org) not in value
+                assert secret_value not in value
+    text = database_exposition().decode()
+    assert str(secret_org) not in text
+    assert secret_value not in text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            assert set(sample.labels) <= ALLOWED_LABELS | {"le"}, sample
+
+
+@pytest.mark.django_db
+class TestExposition:
+    def test_database_gauges_exposition(self) -> None:
+        enqueue("tests.noop", {}, queue="reports")
+        families = {
+            f.name: f for f in text_string_to_metric_families(database_exposition().decode())
+        }
+        jobs = {
+            (s.labels["queue"], s.labels["status"]): s.value
+            for s in families["pgoutbox_jobs"].samples
+        }
+        assert jobs[("reports", "pending")] == 1
+        assert jobs[("default", "dead")] == 0
+        for name in (
+            "pgoutbox_oldest_pending_age_seconds",
+            "pgoutbox_outbox_lag_seconds",
+            "pgoutbox_oldest_transaction_age_seconds",
+            "pgoutbox_notification_queue_usage_ratio",
+            "pgoutbox_outbox_events_pending",
+        ):
+            assert name in families
+
+    def test_process_metrics_exposition(self) -> None:
+        from prometheus_client import generate_latest
+
+        metrics.JOB_DURATION.observe(0.003, queue="q", job_type="t", outcome="completed")
+        text = generate_latest(process_registry()).decode()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        assert families["pgoutbox_job_duration_seconds"].type == "histogram"
+        assert families["pgoutbox_job_outcomes"].type == "counter"  # exposed as ..._total
+        assert "pgoutbox_job_outcomes_total" in text
+
+    def test_metrics_view(self, client: Any) -> None:
+        response = client.get("/pgoutbox/metrics")
+        assert response.status_code == 200
+        assert b"pgoutbox_jobs{" in response.content
+
+
+@pytest.mark.django_db(transaction=True)
+class TestHealth:
+    def test_no_worker_is_unhealthy(self, client: Any) -> None:
+        response = client.get("/pgoutbox/health")
+        assert response.status_code == 503
+        assert response.json()["roles"] == {"jobs": False, "relay": False, "scheduler": False}
+
+    def test_heartbeat_makes_roles_healthy_until_it_stops_or_ages(self, client: Any) -> None:
+        beat = Heartbeat("w1", ["jobs", "relay"], ["default"], "default")
+        beat.start()
+        try:
+            response = client.get("/pgoutbox/health?require=jobs,relay")
+            assert response.status_code == 200
+            assert response.json()["workers"][0]["queues"] == ["default"]
+            assert client.get("/pgoutbox/health").status_code == 503  # no scheduler
+            time.sleep(0.2)
+            assert not health_report(max_age=0.1, require=["jobs"]).healthy  # too old
+        finally:
+            beat.stop()
+        assert client.get("/pgoutbox/health?require=jobs").status_code == 503  # row deleted
+        assert client.get("/pgoutbox/health?max_age=soon").status_code == 400
+
+    def test_health_command_exit_status(self) -> None:
+        out = StringIO()
+        with pytest.raises(SystemExit) as exited:
+            call_command("pgoutbox", "health", stdout=out)
+        assert exited.value.code == 1
+        assert json.loads(out.getvalue())["healthy"] is False
+
+
+@pytest.mark.django_db
+def test_stats_command_on_a_known_state() -> None:
+    enqueue_many([{"job_type": "x", "payload": {}, "queue": "webhooks"}] * 4)
+    dead = enqueue("x", {}, queue="webhooks")
+    Job.objects.filter(pk=dead.pk).update(status="dead")
+    enqueue("x", {}, queue="webhooks", run_at=timedelta(hours=1))
+    out = StringIO()
+    call_command("pgoutbox", "stats", stdout=out)
+    row = next(line for line in out.getvalue().splitlines() if line.startswith("webhooks"))
+    assert row.split()[:6] == ["webhooks", "4", "1", "0", "0", "1"]
+    assert "outbox: 0 pending, 0 dead" in out.getvalue()
+    out = StringIO()
+    call_command("pgoutbox", "stats", "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert data["queues"]["webhooks"]["pending"] == 4
+    assert data["queues"]["webhooks"]["dead"] == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_signals_and_json_logs(caplog: Any) -> None:
+    seen: list[tuple[str, Any]] = []
+
+    def started(sender: Any, job: Any, **kwargs: Any) -> None:
+        seen.append(("started", job.job_type))
+
+    def finished(sender: Any, job: Any, outcome: str, duration: float, **kwargs: Any) -> None:
+        seen.append((outcome, duration >= 0))
+
+    signals.job_started.connect(started)
+    signals.job_finished.connect(finished)
+    try:
+        failing = enqueue("tests.behave", {"fail": "permanent"})
+        with caplog.at_level(logging.ERROR, logger="django_pgoutbox"):
+            drain()
+    finally:
+        signals.job_started.disconnect(started)
+        signals.job_finished.disconnect(finished)
+    assert seen == [("started", "tests.behave"), ("dead", True)]
+    record = next(r for r in caplog.records if getattr(r, "job_id", None) == str(failing.id))
+    entry = json.loads(JSONFormatter().format(record))
+    assert entry["job_id"] == str(failing.id)
+    assert (entry["job_type"], entry["queue"], entry["attempt"], entry["outcome"]) == (
+        "tests.behave",
+        "default",
+        1,
+        "dead",
+    )
+    assert "PermanentError: invalid payload" in entry["exc_info"]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.django_db(transaction=True)  # a worker process
+def test_runworkers_serves_its_metrics_and_heartbeat(start_worker: Any) -> None:
+    port = _free_port()
+    start_worker(
+        "--roles", "jobs", "--queues", "default", "--metrics-port", str(port), POLL_INTERVAL=0.2
+    )
+    job = enqueue("tests.behave", {})
+    wait_for(lambda: Job.objects.filter(pk=job.pk, status="completed").exists(), timeout=20)
+
+    def scrape() -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as page:
+                return str(page.read().decode())
+        except OSError:
+            return ""
+
+    text = wait_for(lambda: "pgoutbox_job_outcomes_total{" in scrape() and scrape(), timeout=20)
+    assert 'pgoutbox_jobs_claimed_total{queue="default"} 1.0' in text
+    assert health_report(require=["jobs"]).healthy
