@@ -47,6 +47,8 @@ class JobContext:
     queue: str
     logger: logging.LoggerAdapter[logging.Logger]
     _renew: Callable[[], None] = field(repr=False)
+    #: The worker id of every attempt so far, this one last.
+    worker_ids: list[str] = field(default_factory=list)
 
     def renew_lease(self) -> None:
         """Extend this attempt's lease now (workers also renew it on their own while it runs)."""
@@ -64,6 +66,9 @@ class JobDefinition:
         self.queue = queue
         self.max_attempts = max_attempts
         self.priority = priority
+        #: Optional ``error -> (code, summary)`` replacing the class name and message that the
+        #: retry policy records (the django.tasks backend stores a class path and a traceback).
+        self.error_details: Callable[[BaseException], tuple[str, str]] | None = None
         self.__doc__ = func.__doc__
         self.__name__ = getattr(func, "__name__", name)
         self.__module__ = func.__module__
@@ -254,6 +259,47 @@ def enqueue(
         prefix="",
     )
     return _insert(alias, [row])[0]
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A validated job with its id, not written yet: ``insert()`` writes it (and returns it)."""
+
+    id: uuid.UUID
+    using: str
+    _row: _Row = field(repr=False)
+
+    def insert(self) -> Job:
+        return _insert(self.using, [self._row])[0]
+
+
+def prepare_job(
+    job_type: str,
+    payload: Payload,
+    *,
+    idempotency_key: str | None = None,
+    organization_id: uuid.UUID | str | None = None,
+    priority: int | None = None,
+    run_at: datetime | timedelta | None = None,
+    queue: str | None = None,
+    using: str | None = None,
+) -> PreparedJob:
+    """Validate a job as :func:`enqueue` does and fix its id, to insert it later.
+
+    For callers that must know the id before the row exists (an enqueue on commit).
+    """
+    alias = _database(using)
+    row = _validate(
+        job_type,
+        payload,
+        idempotency_key=idempotency_key,
+        organization_id=organization_id,
+        priority=priority,
+        run_at=run_at,
+        queue=queue,
+        prefix="",
+    )
+    return PreparedJob(row.id, alias, row)
 
 
 #: Keys an ``enqueue_many`` item may have.

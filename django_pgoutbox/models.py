@@ -132,6 +132,8 @@ class Job(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     # Added: the handler's JSON return value, for callers that read results (django.tasks).
     result = models.JSONField(null=True, blank=True)
+    # Added: the worker id of each attempt, appended by every claim (django.tasks' worker_ids).
+    worker_ids = models.JSONField(default=list, db_default=models.Value([], models.JSONField()))
 
     class Meta:
         db_table = "jobs"

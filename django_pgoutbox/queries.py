@@ -63,13 +63,15 @@ _CLAIM_UPDATE = """
 UPDATE jobs AS j
 SET status = 'leased',
     locked_at = now(),
-    locked_by = %s,
-    lease_expires_at = now() + make_interval(secs => %s),
-    attempts = j.attempts + 1
-FROM candidates AS c
+    locked_by = w.id,
+    lease_expires_at = now() + make_interval(secs => w.lease),
+    attempts = j.attempts + 1,
+    worker_ids = j.worker_ids || jsonb_build_array(w.id)
+FROM candidates AS c, (SELECT %s::text AS id, %s::float8 AS lease) AS w
 WHERE j.id = c.id
 RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
-          j.queue, j.priority, j.created_at, extract(epoch FROM now() - j.run_at)::float8
+          j.queue, j.priority, j.created_at, extract(epoch FROM now() - j.run_at)::float8,
+          j.worker_ids::text
 """
 
 #: Lease up to ``limit`` due jobs of one queue, in priority order, and count the attempt.
@@ -134,7 +136,7 @@ WITH recorded AS ({RECORD_OUTCOMES}),
 candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
 claimed AS ({_CLAIM_UPDATE})
 SELECT false, id, NULL, NULL, NULL::integer, NULL::integer, NULL::uuid, NULL, NULL::integer,
-       NULL::timestamptz, NULL::float8
+       NULL::timestamptz, NULL::float8, NULL::text
 FROM recorded
 UNION ALL
 SELECT true, * FROM claimed

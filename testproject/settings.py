@@ -55,6 +55,13 @@ TEMPLATES = [
 
 DATABASES = {"default": parse_database_url(database_url())}
 
+# django.tasks (Django 6) or, on Django 5.2, the django-tasks backport, run by our workers.
+TASKS = {"default": {"BACKEND": "django_pgoutbox.backend.PgOutboxBackend"}}
+try:
+    import django.tasks  # noqa: F401
+except ImportError:
+    INSTALLED_APPS.append("django_tasks")
+
 # The seed's seven queues, each with the concurrency its workload calls for.
 PGOUTBOX = {
     "QUEUES": {

@@ -85,7 +85,12 @@ def test_every_seed_column_with_its_type_and_default(
 
 
 def test_added_columns() -> None:
-    assert set(columns("jobs")) - set(SEED_JOBS) == {"lease_expires_at", "finished_at", "result"}
+    assert set(columns("jobs")) - set(SEED_JOBS) == {
+        "lease_expires_at",
+        "finished_at",
+        "result",
+        "worker_ids",
+    }
     assert set(columns("outbox_events")) - set(SEED_OUTBOX) == {"last_error_code", "dead_at"}
     assert set(columns("worker_heartbeats")) == {
         "worker_id",

@@ -100,6 +100,10 @@ class Migration(migrations.Migration):
                 ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
                 ("finished_at", models.DateTimeField(blank=True, null=True)),
                 ("result", models.JSONField(blank=True, null=True)),
+                (
+                    "worker_ids",
+                    models.JSONField(db_default=models.Value([], models.JSONField()), default=list),
+                ),
             ],
             options={
                 "db_table": "jobs",

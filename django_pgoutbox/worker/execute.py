@@ -37,6 +37,7 @@ class ClaimedJob:
     priority: int
     created_at: datetime
     waited: float = 0.0  # seconds from run_at to the claim, by the database clock
+    worker_ids: tuple[str, ...] | list[str] = ()  # the worker of each attempt, this one last
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def job_logger(job: ClaimedJob) -> logging.LoggerAdapter[logging.Logger]:
 
 def execute(job: ClaimedJob, *, policy: RetrySettings, renew: Callable[[], None]) -> Outcome:
     """Run the handler of ``job`` and decide its outcome, with its metrics and signals."""
-    definition = get_job(job.job_type)
+    definition = get_job(job.job_type) or _task_definition(job.job_type, job.payload)
     metrics.JOB_START_DELAY.observe(max(job.waited, 0.0), queue=job.queue)
     signals.job_started.send_robust(sender=definition, job=job)
     started = time.perf_counter()
@@ -83,7 +84,11 @@ def execute(job: ClaimedJob, *, policy: RetrySettings, renew: Callable[[], None]
         duration, queue=job.queue, job_type=job.job_type, outcome=outcome.status.value
     )
     signals.job_finished.send_robust(
-        sender=definition, job=job, outcome=outcome.status.value, duration=duration
+        sender=definition,
+        job=job,
+        outcome=outcome.status.value,
+        duration=duration,
+        detail=outcome,
     )
     if outcome.status == JobStatus.COMPLETED:
         logger.debug(
@@ -101,6 +106,17 @@ def execute(job: ClaimedJob, *, policy: RetrySettings, renew: Callable[[], None]
             },
         )
     return outcome
+
+
+def _task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | None:
+    """The handler of a django.tasks task stored as this job, if it is one."""
+    if not isinstance(payload.get("task"), dict):
+        return None
+    try:
+        from django_pgoutbox.backend import task_definition
+    except ImportError:  # neither django.tasks nor the django-tasks backport is installed
+        return None
+    return task_definition(job_type, payload)
 
 
 def _run(
@@ -141,6 +157,7 @@ def _run(
         queue=job.queue,
         logger=job_logger(job),
         _renew=renew,
+        worker_ids=list(job.worker_ids),
     )
     close_old_connections()
     try:
@@ -164,13 +181,10 @@ def _run(
             exc_info=None if routine else error,
             extra={**extra, "outcome": status.value, "error_code": decision.code},
         )
-        return Outcome(
-            job,
-            status,
-            delay=decision.delay,
-            code=decision.code,
-            summary=decision.summary,
-        )
+        code, summary = decision.code, decision.summary
+        if definition.error_details is not None and not isinstance(error, InvalidResult):
+            code, summary = definition.error_details(error)
+        return Outcome(job, status, delay=decision.delay, code=code, summary=summary)
     finally:
         close_old_connections()
     return Outcome(job, JobStatus.COMPLETED, result_json=result_json)

@@ -271,6 +271,7 @@ class QueueRunner:
                 priority=priority,
                 created_at=created_at,
                 waited=waited,
+                worker_ids=json.loads(worker_ids),
             )
             for (
                 job_id,
@@ -283,6 +284,7 @@ class QueueRunner:
                 priority,
                 created_at,
                 waited,
+                worker_ids,
             ) in rows
         ]
         if claimed:

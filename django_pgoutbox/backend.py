@@ -1,0 +1,282 @@
+"""A ``django.tasks`` backend: Django's task API, stored as jobs and run by ``runworkers``.
+
+    TASKS = {"default": {"BACKEND": "django_pgoutbox.backend.PgOutboxBackend"}}
+
+A task becomes a job whose type is the task's module path, on the queue named by its
+``queue_name``, with its priority, and ``run_at`` = ``run_after``. The payload is
+``{"task": {"backend": alias}, "args": [...], "kwargs": {...}}``. Retries, leases, dead letters,
+metrics and the admin apply to tasks as to any job. On Django 5.2 the same works with the
+``django-tasks`` backport installed. docs/tasks.md maps Django's four statuses to the six states.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import router, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from django_pgoutbox import signals
+from django_pgoutbox._tasks import (
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.errors import EnqueueError
+from django_pgoutbox.jobs import JobContext, JobDefinition, enqueue, prepare_job
+from django_pgoutbox.models import Job, JobStatus
+from django_pgoutbox.retry import MAX_SUMMARY_LENGTH
+
+#: Our six states, as Django's four task statuses.
+STATUS = {
+    JobStatus.PENDING: TaskResultStatus.READY,
+    JobStatus.RETRYING: TaskResultStatus.READY,
+    JobStatus.LEASED: TaskResultStatus.RUNNING,
+    JobStatus.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    JobStatus.DEAD: TaskResultStatus.FAILED,
+    JobStatus.CANCELLED: TaskResultStatus.FAILED,
+}
+FINISHED = {JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED}
+
+
+class PgOutboxBackend(BaseTaskBackend):  # type: ignore[misc]
+    """Stores tasks as jobs in PostgreSQL; ``runworkers`` runs them.
+
+    ``OPTIONS``: ``DATABASE`` (an alias, default: the router's), ``ENQUEUE_ON_COMMIT`` (insert
+    the job when the caller's transaction commits instead of inside it; default False).
+    ``QUEUES`` defaults to the queues of ``PGOUTBOX['QUEUES']``.
+    """
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        if "QUEUES" not in params:
+            self.queues = set(get_settings().queues)
+        self.using: str | None = self.options.get("DATABASE")
+        self.enqueue_on_commit = bool(self.options.get("ENQUEUE_ON_COMMIT", False))
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        self.validate_task(task)
+        payload = {
+            "task": {"backend": self.alias},
+            "args": normalize_json(list(args)),
+            "kwargs": normalize_json(dict(kwargs)),
+        }
+        options: dict[str, Any] = {
+            "queue": task.queue_name,
+            "priority": task.priority,
+            "run_at": task.run_after,
+            "using": self._database(),
+        }
+        try:
+            if self.enqueue_on_commit:
+                row = prepare_job(task.module_path, payload, **options)
+                transaction.on_commit(lambda: row.insert(), using=options["using"], robust=False)
+                job_id, enqueued_at = row.id, None
+            else:
+                job = enqueue(task.module_path, payload, **options)
+                job_id, enqueued_at = job.id, job.created_at
+        except EnqueueError as error:
+            raise InvalidTask(str(error)) from error
+        result = TaskResult(
+            task=task,
+            id=str(job_id),
+            status=TaskResultStatus.READY,
+            enqueued_at=enqueued_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=payload["args"],
+            kwargs=payload["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        try:
+            job_id = uuid.UUID(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        job = Job.objects.using(self._database()).filter(pk=job_id).first()
+        if job is None or not _is_task(job.payload):
+            raise TaskResultDoesNotExist(result_id)
+        return task_result(job, backend=self.alias)
+
+    def _database(self) -> str:
+        return self.using or router.db_for_write(Job)
+
+
+def _is_task(payload: Any) -> bool:
+    return isinstance(payload, dict) and isinstance(payload.get("task"), dict)
+
+
+def _task(job_type: str, job: Job | None = None) -> Task:
+    found = import_string(job_type)
+    if not isinstance(found, Task):
+        raise TypeError(f"{job_type!r} is not a django.tasks Task")
+    if job is None:
+        return found
+    return found.using(priority=job.priority, queue_name=job.queue)
+
+
+def task_result(job: Job, *, backend: str, status: Any = None) -> TaskResult:
+    """The ``TaskResult`` of a task's job, as Django documents it."""
+    job_status = JobStatus(job.status)
+    errors = []
+    if job.last_error_code and job_status != JobStatus.COMPLETED:
+        errors.append(
+            TaskError(
+                exception_class_path=job.last_error_code,
+                traceback=job.last_error_summary or "",
+            )
+        )
+    result = TaskResult(
+        task=_task(job.job_type, job),
+        id=str(job.id),
+        status=status or STATUS[job_status],
+        enqueued_at=job.created_at,
+        started_at=job.locked_at,
+        finished_at=job.finished_at if job_status in FINISHED else None,
+        last_attempted_at=job.locked_at,
+        args=job.payload.get("args", []),
+        kwargs=job.payload.get("kwargs", {}),
+        backend=backend,
+        errors=errors,
+        worker_ids=list(job.worker_ids or []),
+    )
+    if job_status == JobStatus.COMPLETED:
+        object.__setattr__(result, "_return_value", job.result)
+    return result
+
+
+# -- running tasks in the worker -----------------------------------------------------------------
+
+
+def task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | None:
+    """A handler that runs the task stored in a job, or None if the job is not a task.
+
+    An import error (the task's code is not deployed here) also gives None: the worker then
+    dead-letters the job as ``unknown_job_type``, payload intact, retryable once deployed.
+    """
+    if not _is_task(payload):
+        return None
+    try:
+        task = _task(job_type)
+    except (ImportError, TypeError):
+        return None
+
+    def run(payload: dict[str, Any], ctx: JobContext) -> Any:
+        args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+        if task.takes_context:
+            return task.call(
+                TaskContext(task_result=_running_result(ctx, task, payload)), *args, **kwargs
+            )
+        return task.call(*args, **kwargs)
+
+    definition = JobDefinition(
+        run, name=job_type, queue=task.queue_name, max_attempts=None, priority=task.priority
+    )
+    definition.error_details = _error_details
+    return definition
+
+
+def _running_result(ctx: JobContext, task: Task, payload: dict[str, Any]) -> TaskResult:
+    return TaskResult(
+        task=task,
+        id=str(ctx.job_id),
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=None,
+        started_at=None,
+        finished_at=None,
+        last_attempted_at=None,
+        args=payload.get("args", []),
+        kwargs=payload.get("kwargs", {}),
+        backend=payload["task"].get("backend", "default"),
+        errors=[],
+        worker_ids=list(ctx.worker_ids),
+    )
+
+
+def _error_details(error: BaseException) -> tuple[str, str]:
+    """For tasks: the exception's class path, and the end of its traceback (bounded)."""
+    kind = type(error)
+    text = "".join(traceback.format_exception(error))
+    if len(text) > MAX_SUMMARY_LENGTH:
+        text = "..." + text[-(MAX_SUMMARY_LENGTH - 3) :]
+    return f"{kind.__module__}.{kind.__qualname__}", text
+
+
+def _claimed_result(claimed: Any, status: Any, detail: Any = None) -> TaskResult | None:
+    """A ``TaskResult`` of an attempt as the worker sees it (its outcome is not written yet)."""
+    try:
+        task = _task(claimed.job_type).using(priority=claimed.priority, queue_name=claimed.queue)
+    except (ImportError, TypeError):
+        return None
+    now = timezone.now()
+    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+    result = TaskResult(
+        task=task,
+        id=str(claimed.id),
+        status=status,
+        enqueued_at=claimed.created_at,
+        started_at=now,
+        finished_at=now if finished else None,
+        last_attempted_at=now,
+        args=claimed.payload.get("args", []),
+        kwargs=claimed.payload.get("kwargs", {}),
+        backend=claimed.payload["task"].get("backend", "default"),
+        errors=[TaskError(exception_class_path=detail.code or "", traceback=detail.summary or "")]
+        if detail is not None and detail.code
+        else [],
+        worker_ids=list(claimed.worker_ids),
+    )
+    if status == TaskResultStatus.SUCCESSFUL and detail is not None and detail.result_json:
+        object.__setattr__(result, "_return_value", json.loads(detail.result_json))
+    return result
+
+
+def _on_job_started(sender: Any, job: Any, **kwargs: Any) -> None:
+    if _is_task(job.payload):
+        result = _claimed_result(job, TaskResultStatus.RUNNING)
+        if result is not None:
+            task_started.send(PgOutboxBackend, task_result=result)
+
+
+def _on_job_finished(
+    sender: Any, job: Any, outcome: str, detail: Any = None, **kwargs: Any
+) -> None:
+    # Django's task_finished means final: a retry is not a finish, the task is READY again.
+    if not _is_task(job.payload) or outcome == JobStatus.RETRYING:
+        return
+    status = (
+        TaskResultStatus.SUCCESSFUL if outcome == JobStatus.COMPLETED else TaskResultStatus.FAILED
+    )
+    result = _claimed_result(job, status, detail)
+    if result is not None:
+        task_finished.send(PgOutboxBackend, task_result=result)
+
+
+signals.job_started.connect(_on_job_started, dispatch_uid="pgoutbox.tasks.started")
+signals.job_finished.connect(_on_job_finished, dispatch_uid="pgoutbox.tasks.finished")

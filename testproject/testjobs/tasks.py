@@ -1,0 +1,42 @@
+"""django.tasks functions that the backend tests enqueue and real workers run."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from django_pgoutbox import PermanentError, TransientError
+from django_pgoutbox._tasks import TaskContext, task
+
+
+@task()
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task(priority=7, queue_name="reports")
+def report(name: str, *, rows: int = 10) -> dict[str, Any]:
+    return {"name": name, "rows": rows}
+
+
+@task()
+async def async_double(value: int) -> int:
+    await asyncio.sleep(0)
+    return value * 2
+
+
+@task(takes_context=True)
+def flaky(context: TaskContext, fail_until: int) -> dict[str, Any]:
+    if context.attempt < fail_until:
+        raise TransientError(f"attempt {context.attempt} failed")
+    return {"attempt": context.attempt, "workers": len(context.task_result.worker_ids)}
+
+
+@task()
+def broken() -> None:
+    raise PermanentError("cannot ever work")
+
+
+@task()
+def returns_object() -> Any:
+    return object()
