@@ -149,3 +149,42 @@ def prune_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, int]:
 @job("pgoutbox.reconcile_outbox")
 def reconcile_outbox_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return asdict(reconcile_outbox())
+
+
+# -- operating on dead letters (the admin and ``pgoutbox deadletters``) ------------------------
+
+
+def retry_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
+    """Put dead jobs back in their queue, due now, with a fresh attempt budget."""
+    alias = using or router.db_for_write(Job)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.RETRY_DEAD_JOBS, [list(ids)])
+        count: int = cursor.rowcount
+    return count
+
+
+def cancel_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
+    """Give up on dead jobs for good: they become ``cancelled`` (and are pruned later)."""
+    alias = using or router.db_for_write(Job)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.CANCEL_DEAD_JOBS, [list(ids)])
+        count: int = cursor.rowcount
+    return count
+
+
+def redrive_dead_events(ids: list[Any], *, using: str | None = None) -> int:
+    """Make dead outbox events claimable again, with a fresh attempt budget."""
+    alias = using or router.db_for_write(Job)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.REDRIVE_DEAD_EVENTS, [list(ids)])
+        count: int = cursor.rowcount
+    return count
+
+
+def discard_dead_events(ids: list[Any], *, using: str | None = None) -> int:
+    """Mark dead events processed without projecting them: their aggregate's later events go on."""
+    alias = using or router.db_for_write(Job)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.DISCARD_DEAD_EVENTS, [list(ids)])
+        count: int = cursor.rowcount
+    return count

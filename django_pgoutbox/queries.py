@@ -375,3 +375,33 @@ FROM outbox_events
 WHERE processed_at IS NULL
   AND occurred_at < now() - make_interval(secs => %s)
 """
+
+# -- dead letters --------------------------------------------------------------------------------
+# Each takes ids uuid[] and touches only rows that are dead right now, so a stale admin page can
+# never retry a job that a worker is running or cancel one that completed.
+
+RETRY_DEAD_JOBS = """
+UPDATE jobs
+SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
+    lease_expires_at = NULL
+WHERE id = ANY(%s::uuid[]) AND status = 'dead'
+"""
+
+CANCEL_DEAD_JOBS = """
+UPDATE jobs
+SET status = 'cancelled', finished_at = now()
+WHERE id = ANY(%s::uuid[]) AND status = 'dead'
+"""
+
+REDRIVE_DEAD_EVENTS = """
+UPDATE outbox_events
+SET dead_at = NULL, attempts = 0, available_at = now(), claimed_at = NULL, claimed_by = NULL
+WHERE id = ANY(%s::uuid[]) AND dead_at IS NOT NULL AND processed_at IS NULL
+"""
+
+DISCARD_DEAD_EVENTS = """
+UPDATE outbox_events
+SET processed_at = now(), claimed_at = NULL,
+    last_error = left('discarded by an operator; ' || coalesce(last_error, ''), 1000)
+WHERE id = ANY(%s::uuid[]) AND dead_at IS NOT NULL AND processed_at IS NULL
+"""

@@ -2,6 +2,10 @@
 
 pgoutbox stats [--json] [--watch S]  counts by queue and state, backlog age, outbox lag
 pgoutbox health [--require R,R]      workers, relay, scheduler alive? (exit 1 if not)
+pgoutbox deadletters list [--queue Q] [--job-type T] [--code C] [--limit N]
+pgoutbox deadletters show ID
+pgoutbox deadletters retry ID... | --all [filters]    back to pending, fresh budget
+pgoutbox deadletters discard ID... | --all [filters]  cancelled: never run again
 pgoutbox schedules                   every schedule with its last and next slot
 pgoutbox run-schedule NAME           enqueue a schedule's job now
 pgoutbox recover-leases              return expired leases to their queue (or dead letters)
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import uuid
 from dataclasses import asdict
 from typing import Any
 
@@ -23,6 +28,13 @@ from django.db import router
 from django_pgoutbox import maintenance, metrics, scheduler
 from django_pgoutbox.health import DEFAULT_MAX_AGE, health_report
 from django_pgoutbox.models import Job
+
+
+def _uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise CommandError(f"{value!r} is not a job id (a UUID)") from None
 
 
 class Command(BaseCommand):
@@ -46,6 +58,26 @@ class Command(BaseCommand):
             default=DEFAULT_MAX_AGE,
             help=f"Seconds since a heartbeat (default {DEFAULT_MAX_AGE:g}).",
         )
+        dead = sub.add_parser("deadletters", help="List, show, retry or discard dead jobs.")
+        dead_actions = dead.add_subparsers(dest="dead_action", required=True, metavar="ACTION")
+        for name, text in (
+            ("list", "List dead jobs, newest first."),
+            ("retry", "Put dead jobs back in their queue with a fresh attempt budget."),
+            ("discard", "Cancel dead jobs: they never run again."),
+        ):
+            command = dead_actions.add_parser(name, help=text)
+            command.add_argument("--queue")
+            command.add_argument("--job-type")
+            command.add_argument("--code", help="last_error_code")
+            if name == "list":
+                command.add_argument("--limit", type=int, default=50)
+            else:
+                command.add_argument("ids", nargs="*", metavar="ID")
+                command.add_argument(
+                    "--all", action="store_true", help="Every dead job matching the filters."
+                )
+        show = dead_actions.add_parser("show", help="One dead job in full.")
+        show.add_argument("id")
         sub.add_parser("schedules", help="List schedules with their last and next slot.")
         run = sub.add_parser("run-schedule", help="Enqueue a schedule's job now.")
         run.add_argument("name")
@@ -67,6 +99,8 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(report.as_dict(), indent=2))
             if not report.healthy:
                 sys.exit(1)
+        elif action == "deadletters":
+            self._deadletters(using, options)
         elif action == "schedules":
             self._schedules(using)
         elif action == "run-schedule":
@@ -124,6 +158,58 @@ class Command(BaseCommand):
             f"oldest open transaction: {gauges.oldest_transaction_age:.1f}s; "
             f"NOTIFY queue {gauges.notification_queue_usage:.1%} full"
         )
+
+    def _deadletters(self, using: str, options: dict[str, Any]) -> None:
+        from django_pgoutbox.models import DeadLetter
+
+        action = options["dead_action"]
+        dead = DeadLetter.objects.using(using).order_by("-finished_at")
+        if action == "show":
+            job = dead.filter(pk=_uuid(options["id"])).first()
+            if job is None:
+                raise CommandError(f"no dead job {options['id']!r}")
+            for field in (
+                "id",
+                "job_type",
+                "queue",
+                "organization_id",
+                "idempotency_key",
+                "attempts",
+                "max_attempts",
+                "last_error_code",
+                "locked_by",
+                "created_at",
+                "finished_at",
+            ):
+                self.stdout.write(f"{field:>16}: {getattr(job, field)}")
+            self.stdout.write(f"{'payload':>16}: {json.dumps(job.payload, indent=2)}")
+            self.stdout.write(f"{'error':>16}: {job.last_error_summary}")
+            return
+        for option, field in (
+            ("queue", "queue"),
+            ("job_type", "job_type"),
+            ("code", "last_error_code"),
+        ):
+            if options.get(option):
+                dead = dead.filter(**{field: options[option]})
+        if action == "list":
+            for job in dead[: options["limit"]]:
+                summary = (job.last_error_summary or "")[:60]
+                self.stdout.write(
+                    f"{job.id}  {job.queue:<16} {job.job_type:<28} {job.last_error_code or '':<20} "
+                    f"{job.finished_at:%Y-%m-%d %H:%M:%S}  {summary}"
+                )
+            return
+        if options["ids"]:
+            ids = [_uuid(value) for value in options["ids"]]
+        elif options["all"]:
+            ids = list(dead.values_list("pk", flat=True))
+        else:
+            raise CommandError(f"deadletters {action}: give job ids, or --all with filters")
+        perform = maintenance.retry_dead_jobs if action == "retry" else maintenance.cancel_dead_jobs
+        done = perform(ids, using=using)
+        verb = "Retried" if action == "retry" else "Discarded"
+        self.stdout.write(f"{verb} {done} dead job(s).")
 
     def _schedules(self, using: str) -> None:
         schedules, problems = scheduler.load_schedules()
