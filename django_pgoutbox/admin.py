@@ -120,7 +120,9 @@ class _ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
-        return [f.name for f in self.model._meta.fields] + list(self.readonly_fields)
+        hidden = set(self.exclude or ())  # shown pretty-printed by a readonly_fields method
+        fields = [f.name for f in self.model._meta.fields if f.name not in hidden]
+        return fields + list(self.readonly_fields)
 
 
 @admin.register(DeadLetter)

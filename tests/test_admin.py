@@ -84,6 +84,7 @@ class TestPages:
         assert page.status_code == 200
         assert b"&quot;device&quot;: &quot;d1&quot;" in page.content
         assert b"<pre" in page.content
+        assert b"{&quot;device&quot;: &quot;d1&quot;" not in page.content  # not also raw
 
     def test_read_only_changelists(self, admin_client: Client) -> None:
         enqueue("tests.behave", {})
