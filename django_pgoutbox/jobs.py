@@ -247,8 +247,7 @@ def enqueue(
 
     One statement when the job is new; one more to read the existing job on a repeated key.
     """
-    alias = _database(using)
-    row = _validate(
+    return prepare_job(
         job_type,
         payload,
         idempotency_key=idempotency_key,
@@ -256,9 +255,8 @@ def enqueue(
         priority=priority,
         run_at=run_at,
         queue=queue,
-        prefix="",
-    )
-    return _insert(alias, [row])[0]
+        using=using,
+    ).insert()
 
 
 @dataclass(frozen=True)

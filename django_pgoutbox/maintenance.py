@@ -154,37 +154,29 @@ def reconcile_outbox_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, 
 # -- operating on dead letters (the admin and ``pgoutbox deadletters``) ------------------------
 
 
-def retry_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
-    """Put dead jobs back in their queue, due now, with a fresh attempt budget."""
+def _update(sql: str, ids: list[Any], using: str | None) -> int:
     alias = using or router.db_for_write(Job)
     with connections[alias].cursor() as cursor:
-        cursor.execute(queries.RETRY_DEAD_JOBS, [list(ids)])
+        cursor.execute(sql, [list(ids)])
         count: int = cursor.rowcount
     return count
+
+
+def retry_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
+    """Put dead jobs back in their queue, due now, with a fresh attempt budget."""
+    return _update(queries.RETRY_DEAD_JOBS, ids, using)
 
 
 def cancel_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
     """Give up on dead jobs for good: they become ``cancelled`` (and are pruned later)."""
-    alias = using or router.db_for_write(Job)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(queries.CANCEL_DEAD_JOBS, [list(ids)])
-        count: int = cursor.rowcount
-    return count
+    return _update(queries.CANCEL_DEAD_JOBS, ids, using)
 
 
 def redrive_dead_events(ids: list[Any], *, using: str | None = None) -> int:
     """Make dead outbox events claimable again, with a fresh attempt budget."""
-    alias = using or router.db_for_write(Job)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(queries.REDRIVE_DEAD_EVENTS, [list(ids)])
-        count: int = cursor.rowcount
-    return count
+    return _update(queries.REDRIVE_DEAD_EVENTS, ids, using)
 
 
 def discard_dead_events(ids: list[Any], *, using: str | None = None) -> int:
     """Mark dead events processed without projecting them: their aggregate's later events go on."""
-    alias = using or router.db_for_write(Job)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(queries.DISCARD_DEAD_EVENTS, [list(ids)])
-        count: int = cursor.rowcount
-    return count
+    return _update(queries.DISCARD_DEAD_EVENTS, ids, using)
