@@ -88,15 +88,20 @@ def test_retry_a_dead_letter_from_the_admin(
         By.CSS_SELECTOR, 'a[href="/admin/pgoutbox/deadletter/?queue=webhooks"]'
     ).click()
 
-    assert "partner unreachable" in browser.page_source
+    # find_element waits (implicitly) for the next page; page_source would not.
+    assert "partner unreachable" in browser.find_element(By.ID, "result_list").text
     shot(browser, "dead-letters")
     browser.find_element(By.CSS_SELECTOR, f'input.action-select[value="{job.pk}"]').click()
     Select(browser.find_element(By.NAME, "action")).select_by_value("retry_now")
     browser.find_element(By.CSS_SELECTOR, 'button[name="index"]').click()
-    assert "Retry dead letters" in browser.page_source
+    confirm = browser.find_element(By.ID, "confirm-action")
+    assert "Retry dead letters" in browser.title
     shot(browser, "confirm-retry")
-    browser.find_element(By.ID, "confirm-action").click()
-    assert "Retry dead letters: 1 of 1 done." in browser.page_source
+    confirm.click()
+    assert (
+        "Retry dead letters: 1 of 1 done."
+        in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    )
 
     wait_for(lambda: Job.objects.filter(pk=job.pk, status=JobStatus.COMPLETED).exists(), timeout=20)
     browser.get(f"{live_server.url}/admin/pgoutbox/job/{job.pk}/change/")
