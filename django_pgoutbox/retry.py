@@ -76,8 +76,13 @@ def summarize(error: BaseException, limit: int = MAX_SUMMARY_LENGTH) -> str:
 
 
 def bound(text: str, limit: int = MAX_SUMMARY_LENGTH) -> str:
-    """``text`` cut to at most ``limit`` characters, saying how much was cut; no NUL bytes."""
+    """``text`` cut to ``limit`` characters, saying how much was cut; storable as PostgreSQL text.
+
+    NUL characters and lone surrogates (which UTF-8 cannot encode) are escaped: an error message
+    must never be the reason an outcome cannot be written.
+    """
     text = text.replace("\x00", "\\x00")
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) <= limit:
         return text
     # The count in the marker is at most len(text), so this head always leaves room for it.

@@ -22,6 +22,13 @@ from tests.conftest import drain_notifications
 pytestmark = pytest.mark.django_db
 
 
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def db_now() -> datetime:
     with connection.cursor() as cursor:
         cursor.execute("SELECT now()")
@@ -73,6 +80,11 @@ class TestEnqueue:
     def test_organization_id_accepts_uuid_strings(self) -> None:
         org = uuid.uuid4()
         assert enqueue("a.b", {}, organization_id=str(org)).organization_id == org
+
+    def test_large_and_deep_payloads_within_limits(self) -> None:
+        big = enqueue("a.b", {"text": "x" * 10_000_000, "deep": _nested(400)})
+        stored = Job.objects.get(pk=big.pk)
+        assert len(stored.payload["text"]) == 10_000_000
 
     def test_payload_round_trips_unicode_and_nesting(self) -> None:
         payload = {"name": "Zoë ✓", "nested": {"list": [1, 2.5, None, True, "x"]}, "big": 2**70}
@@ -282,6 +294,14 @@ class TestBadInput:
             ({"payload": {"text": "bad\x00byte"}}, "payload['text']", "NUL"),
             ({"payload": {"k\x00": 1}}, "payload key 'k\\x00'", "NUL"),
             ({"payload": {"deep": [["a\x00"]]}}, "payload['deep'][0][0]", "NUL"),
+            ({"payload": {"s": "\ud800"}}, "payload['s']", "unpaired surrogate"),
+            ({"job_type": "a\udfffb"}, "job_type", "unpaired surrogate"),
+            ({"idempotency_key": "k\ud800"}, "idempotency_key", "unpaired surrogate"),
+            (
+                {"payload": {"deep": _nested(600)}},
+                "payload['deep']" + "[0]" * 500,
+                "nested more than 500",
+            ),
             ({"queue": "nope"}, "queue", "unknown queue 'nope'"),
             ({"queue": 7}, "queue", "must be a string"),
             ({"run_at": datetime(2030, 1, 1)}, "run_at", "naive"),

@@ -301,3 +301,29 @@ class TestLeases:
         assert any(
             "outcome" in r.getMessage() and "discarded" in r.getMessage() for r in caplog.records
         )
+
+
+class TestMisbehavingHandlers:
+    @pytest.mark.parametrize(
+        ("how", "status", "code"),
+        [
+            ("system_exit", JobStatus.RETRYING, "SystemExit"),
+            ("keyboard_interrupt", JobStatus.RETRYING, "KeyboardInterrupt"),
+            ("memory_error", JobStatus.RETRYING, "MemoryError"),
+            ("surrogate_result", JobStatus.DEAD, "invalid_result"),
+            ("nul_result", JobStatus.DEAD, "invalid_result"),
+            ("surrogate_error", JobStatus.RETRYING, "ValueError"),
+            ("print_megabyte", JobStatus.RETRYING, "ValueError"),
+        ],
+    )
+    def test_each_gets_an_outcome_and_the_worker_goes_on(
+        self, fast: Any, how: str, status: str, code: str
+    ) -> None:
+        bad = enqueue("tests.misbehave", {"how": how})
+        good = enqueue("tests.behave", {})
+        drain(concurrency=1)
+        bad.refresh_from_db()
+        good.refresh_from_db()
+        assert (bad.status, bad.last_error_code) == (status, code)
+        assert len(bad.last_error_summary or "") <= MAX_SUMMARY_LENGTH
+        assert good.status == JobStatus.COMPLETED  # the worker survived and went on

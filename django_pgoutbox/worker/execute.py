@@ -199,4 +199,8 @@ def _result_json(value: Any) -> str:
         ) from None
     if "\\u0000" in text:
         raise InvalidResult("the handler's return value contains a NUL character (\\x00)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidResult("the handler's return value contains an unpaired surrogate") from None
     return text

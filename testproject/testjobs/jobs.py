@@ -67,3 +67,24 @@ def bad_result(payload: dict[str, Any], ctx: JobContext) -> Any:
 def stamp(payload: dict[str, Any], ctx: JobContext) -> dict[str, float]:
     """Return when the handler started (wall clock), for wake-up latency measurements."""
     return {"started": time.time()}
+
+
+@job("tests.misbehave")
+def misbehave(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Fails in the ways a careless handler can: steered by payload["how"]."""
+    how = payload["how"]
+    if how == "system_exit":
+        raise SystemExit(3)
+    if how == "keyboard_interrupt":
+        raise KeyboardInterrupt
+    if how == "memory_error":
+        raise MemoryError("pretend the heap is full")
+    if how == "surrogate_result":
+        return {"text": "\ud800"}
+    if how == "surrogate_error":
+        raise ValueError("bad \ud800 byte")
+    if how == "nul_result":
+        return {"text": "a\x00b"}
+    if how == "print_megabyte":
+        raise ValueError("e" * 1_000_000)
+    return None
