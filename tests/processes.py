@@ -33,10 +33,12 @@ def database_url_for_tests() -> str:
 
 
 class WorkerProcess:
-    def __init__(self, args: list[str], settings: dict[str, Any], log: Path) -> None:
+    def __init__(
+        self, args: list[str], settings: dict[str, Any], log: Path, database_url: str | None = None
+    ) -> None:
         env = {
             **os.environ,
-            "DATABASE_URL": database_url_for_tests(),
+            "DATABASE_URL": database_url or database_url_for_tests(),
             "PGOUTBOX_TEST_SETTINGS": json.dumps(settings),
             "PYTHONUNBUFFERED": "1",
         }
@@ -74,11 +76,13 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``manage.py runworkers ARGS`` with ``PGOUTBOX`` overrides; killed at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(*args: str, **settings: Any) -> WorkerProcess:
+    def start(*args: str, database_url: str | None = None, **settings: Any) -> WorkerProcess:
         # The job role alone unless a test asks for others: a scheduler would add maintenance
         # jobs to the queues that the test counts.
         arguments = list(args) if "--roles" in args else ["--roles", "jobs", *args]
-        worker = WorkerProcess(arguments, settings, tmp_path / f"worker-{len(started)}.log")
+        worker = WorkerProcess(
+            arguments, settings, tmp_path / f"worker-{len(started)}.log", database_url
+        )
         started.append(worker)
         return worker
 
