@@ -7,6 +7,7 @@
 - ``pgoutbox.E005``: a registered job type names a queue that ``PGOUTBOX['QUEUES']`` lacks.
 - ``pgoutbox.E006``: the PostgreSQL server is older than 15 (needs ``check --database``).
 - ``pgoutbox.E007``: a schedule is invalid (bad cron, unknown job type or queue, bad option).
+- ``pgoutbox.W001``: autovacuum is off on the server (needs ``check --database``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.conf import settings
-from django.core.checks import CheckMessage, Error
+from django.core.checks import CheckMessage, Error, Warning
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.db.utils import load_backend
@@ -137,6 +138,18 @@ def check_server_version(
         connection = connections[alias]
         if connection.vendor != "postgresql":
             continue
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('autovacuum')::boolean")
+            if not cursor.fetchone()[0]:
+                errors.append(
+                    Warning(
+                        f"DATABASES[{alias!r}] has autovacuum off: the jobs and outbox_events "
+                        "tables will bloat with dead row versions, and claims slow down.",
+                        hint="Turn autovacuum on (the tables' own settings make it aggressive), "
+                        "or VACUUM them on a schedule.",
+                        id="pgoutbox.W001",
+                    )
+                )
         version = connection.pg_version  # type: ignore[attr-defined]
         if version < MIN_SERVER_VERSION:
             errors.append(
