@@ -7,6 +7,7 @@ least one process running it was seen within ``max_age`` seconds (by the databas
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -36,8 +37,6 @@ class Heartbeat:
     """Keeps this process's ``worker_heartbeats`` row fresh while it runs."""
 
     def __init__(self, worker_id: str, roles: Iterable[str], queues: Iterable[str], using: str):
-        import json
-
         self.worker_id = worker_id
         self.using = using
         self._params: list[Any] = [
@@ -105,8 +104,6 @@ def health_report(
             "ORDER BY worker_id"
         )
         rows = cursor.fetchall()
-    import json
-
     workers = []
     seen: set[str] = set()
     for worker_id, hostname, pid, roles, queues, started_at, age in rows:

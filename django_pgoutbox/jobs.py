@@ -116,11 +116,6 @@ def get_job(name: str) -> JobDefinition | None:
     return _registry.get(name)
 
 
-def unregister_job(name: str) -> None:
-    """Forget a job type (for tests that register handlers of their own)."""
-    _registry.pop(name, None)
-
-
 @overload
 def job(func: Handler, /) -> JobDefinition: ...
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
@@ -210,10 +210,6 @@ _subscribers: dict[str, list[Subscriber]] = {}
 
 def subscribers_for(event_type: str) -> list[Subscriber]:
     return list(_subscribers.get(event_type, ()))
-
-
-def registered_subscribers() -> Mapping[str, list[Subscriber]]:
-    return {event_type: list(subs) for event_type, subs in _subscribers.items()}
 
 
 def unregister_subscriber(name: str) -> None:

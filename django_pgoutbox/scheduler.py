@@ -379,9 +379,6 @@ class Scheduler:
         self._stopping = threading.Event()
         self.finished = threading.Event()
 
-    def wake(self, _payload: str = "") -> None:
-        """Schedulers need no wake-up: they know when the next slot is."""
-
     def stop(self) -> None:
         self._stopping.set()
 

@@ -50,7 +50,6 @@ ERROR_BACKOFF = (0.2, 10.0)
 @dataclass
 class _Running:
     job: ClaimedJob
-    renewal_waiters: list[_RenewalRequest] = field(default_factory=list)
     lease_lost: bool = False
 
 
