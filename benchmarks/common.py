@@ -28,6 +28,7 @@ def setup_django() -> None:
         conn.execute(f"CREATE DATABASE {BENCH_DB}")
     os.environ["DATABASE_URL"] = urlunsplit(urlsplit(base)._replace(path=f"/{BENCH_DB}"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    os.environ.setdefault("PGOUTBOX_DEBUG", "0")
     import django
 
     django.setup()
@@ -44,7 +45,11 @@ def truncate(*tables: str) -> None:
 
 
 def runworkers(*args: str, settings: dict[str, Any] | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PGOUTBOX_TEST_SETTINGS": json.dumps(settings or {})}
+    env = {
+        **os.environ,
+        "PGOUTBOX_TEST_SETTINGS": json.dumps(settings or {}),
+        "PGOUTBOX_DEBUG": "0",
+    }
     command = [sys.executable, str(ROOT / "manage.py"), "runworkers", "-v", "0", *args]
     return subprocess.Popen(command, cwd=ROOT, env=env)
 
