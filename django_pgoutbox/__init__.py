@@ -10,15 +10,19 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "Cancelled",
     "EnqueueError",
     "Event",
     "JobContext",
+    "JobTimeout",
     "OutboxModelMixin",
     "PermanentError",
     "PublishError",
     "RateLimited",
     "Revoked",
+    "Snooze",
     "TransientError",
+    "cancel",
     "enqueue",
     "enqueue_many",
     "job",
@@ -27,20 +31,24 @@ __all__ = [
 ]
 
 from django_pgoutbox.errors import (
+    Cancelled,
     EnqueueError,
+    JobTimeout,
     PermanentError,
     PublishError,
     RateLimited,
     Revoked,
+    Snooze,
     TransientError,
 )
 
 if TYPE_CHECKING:
-    from django_pgoutbox.jobs import JobContext, enqueue, enqueue_many, job
+    from django_pgoutbox.jobs import JobContext, cancel, enqueue, enqueue_many, job
     from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber
 
 _LAZY = {
     "JobContext": "jobs",
+    "cancel": "jobs",
     "enqueue": "jobs",
     "enqueue_many": "jobs",
     "job": "jobs",

@@ -2,6 +2,7 @@
 
 - Dead letters (jobs): filters by queue, job type and error code; search by id or idempotency
   key; pretty-printed payload; actions retry now, cancel and delete, each confirmed and logged.
+- Jobs: every job, with an action that cancels them (running ones are asked to stop).
 - Jobs, outbox events (with re-drive and discard for dead events), schedules (with "run now"):
   read-only changelists.
 - An overview page (``admin/pgoutbox/job/overview/``): per queue, counts by state, oldest due age
@@ -31,6 +32,7 @@ from django.utils.functional import cached_property
 from django.utils.html import format_html
 
 from django_pgoutbox import maintenance, metrics, scheduler
+from django_pgoutbox.jobs import cancel_jobs
 from django_pgoutbox.models import DeadLetter, Job, OutboxEvent, ScheduleCursor
 
 
@@ -214,6 +216,30 @@ class JobAdmin(_ReadOnly):
     exclude = ("payload", "result")
     change_list_template = "admin/django_pgoutbox/job_change_list.html"
     get_search_results = DeadLetterAdmin.get_search_results
+    actions = ("cancel_jobs",)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        """Cancelling changes jobs, though the admin never edits one."""
+        opts = self.model._meta
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    @admin.action(description="Cancel (running ones are asked to stop)", permissions=["cancel"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        def perform(ids: list[Any]) -> int:
+            states = cancel_jobs(ids, using=queryset.db, by=f"admin user {request.user}")
+            return sum(1 for state in states.values() if state in ("cancelled", "cancelling"))
+
+        return _confirmed(
+            self,
+            request,
+            queryset,
+            action="cancel_jobs",
+            title="Cancel jobs",
+            explanation="Jobs not running yet become cancelled and never run. Running jobs are "
+            "asked to stop: their handlers see ctx.cancelled, and they end cancelled. Finished "
+            "jobs are left as they are.",
+            perform=perform,
+        )
 
     @admin.display(description="payload")
     def pretty_payload(self, obj: Job) -> str:

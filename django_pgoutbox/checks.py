@@ -8,6 +8,8 @@
 - ``pgoutbox.E006``: the PostgreSQL server is older than 15 (needs ``check --database``).
 - ``pgoutbox.E007``: a schedule is invalid (bad cron, unknown job type or queue, bad option).
 - ``pgoutbox.W001``: autovacuum is off on the server (needs ``check --database``).
+- ``pgoutbox.W002``: a database seems to sit behind a transaction-pooling proxy, and
+  ``PGOUTBOX['LISTEN_DATABASES']`` gives it no direct connection for LISTEN.
 """
 
 from __future__ import annotations
@@ -108,6 +110,54 @@ def check_job_queues(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> 
         # The built-in maintenance jobs run on PGOUTBOX['MAINTENANCE_QUEUE'], set per schedule.
         if definition.queue not in queues and not definition.name.startswith("pgoutbox.")
     ]
+
+
+#: The port PgBouncer listens on by default.
+PGBOUNCER_PORT = "6432"
+
+
+def check_pooling_proxy(
+    app_configs: Sequence[AppConfig] | None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Warn where LISTEN (session state) would go through a transaction-pooling proxy.
+
+    A proxy in transaction mode hands each transaction to any server connection: a LISTEN
+    registered in one is heard by whatever client holds that connection next, or by nobody.
+    The signs looked for are those of PgBouncer: its default port, and the setting Django's
+    documentation asks for behind it (``DISABLE_SERVER_SIDE_CURSORS``).
+    """
+    from django_pgoutbox.conf import settings_problems
+
+    if settings_problems():
+        return []
+    from django_pgoutbox.conf import get_settings
+
+    listen = get_settings().listen_databases
+    warnings: list[CheckMessage] = []
+    for alias in _our_databases():
+        config = settings.DATABASES[alias]
+        if alias in listen or _vendor(config.get("ENGINE", "")) != "postgresql":
+            continue
+        signs = []
+        if str(config.get("PORT") or "") == PGBOUNCER_PORT:
+            signs.append(f"PORT {PGBOUNCER_PORT} (PgBouncer's)")
+        if config.get("DISABLE_SERVER_SIDE_CURSORS"):
+            signs.append("DISABLE_SERVER_SIDE_CURSORS")
+        if signs:
+            warnings.append(
+                Warning(
+                    f"DATABASES[{alias!r}] looks like a transaction-pooling proxy "
+                    f"({', '.join(signs)}): runworkers' LISTEN connection would not receive "
+                    "wake-ups through it, and workers would fall back to polling.",
+                    hint=f"Add a DATABASES entry with a direct connection to the same server "
+                    f"and set PGOUTBOX['LISTEN_DATABASES'] = {{{alias!r}: 'direct_alias'}}; "
+                    f"or map {alias!r} to itself if it is in fact a direct connection. "
+                    "Claims, limits and schedules take only transaction-scoped locks and work "
+                    "through the proxy.",
+                    id="pgoutbox.W002",
+                )
+            )
+    return warnings
 
 
 def check_schedules(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:

@@ -28,6 +28,8 @@ SETTING_NAME = "PGOUTBOX"
 
 #: The notification channel that wakes job workers; the payload is the queue name.
 JOBS_CHANNEL = "pgoutbox_jobs"
+#: The notification channel that tells workers a running job of a queue was asked to stop.
+CANCEL_CHANNEL = "pgoutbox_cancel"
 #: The notification channel that wakes the outbox relay; the payload is the event id.
 OUTBOX_CHANNEL = "outbox_ready"
 
@@ -81,7 +83,21 @@ DEFAULTS: dict[str, Any] = {
     "NOTIFY": True,
     # Recurring schedules: name -> definition (see docs/scheduling.md).
     "SCHEDULES": {},
+    # Database alias -> alias of a direct connection to LISTEN on, for a database reached
+    # through a transaction-pooling proxy (see docs/databases.md).
+    "LISTEN_DATABASES": {},
 }
+
+#: Per-queue keys that have no top-level counterpart, with their defaults (docs/limits.md).
+QUEUE_ONLY_DEFAULTS: dict[str, Any] = {
+    "FAIR": False,
+    "MAX_RUNNING": None,
+    "RATE_LIMIT": None,
+    "LIMIT_BY": None,
+}
+
+#: Values of a queue's LIMIT_BY.
+LIMIT_BY_CHOICES = ("organization",)
 
 
 @dataclass(frozen=True)
@@ -90,6 +106,19 @@ class QueueSettings:
     concurrency: int
     lease_seconds: float
     poll_interval: float
+    #: Interleave organizations in each claim (see docs/limits.md).
+    fair: bool = False
+    #: Most jobs of this queue running at once across every worker; None: no cap.
+    max_running: int | None = None
+    #: Most jobs of this queue started per second across every worker; None: no limit.
+    rate_limit: float | None = None
+    #: "organization": MAX_RUNNING and RATE_LIMIT apply to each organization apart.
+    limit_by: str | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether claims of this queue must be serialized across workers to honour a limit."""
+        return self.max_running is not None or self.rate_limit is not None
 
 
 @dataclass(frozen=True)
@@ -129,6 +158,9 @@ class PgOutboxSettings:
     maintenance_queue: str
     notify: bool
     schedules: Mapping[str, Any] = field(default_factory=dict)
+    #: Database alias -> the alias whose connection LISTENs for it (a direct connection when
+    #: the main one goes through a transaction-pooling proxy).
+    listen_databases: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -279,6 +311,26 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         )
         schedules = {}
 
+    listen_databases = top["LISTEN_DATABASES"]
+    listen_key = f"{SETTING_NAME}['LISTEN_DATABASES']"
+    if not isinstance(listen_databases, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in listen_databases.items()
+    ):
+        parser.problem(
+            listen_key,
+            f"must be a dict of database alias -> alias to LISTEN on, not {listen_databases!r}.",
+        )
+        listen_databases = {}
+    else:
+        for alias, target in listen_databases.items():
+            for name in (alias, target):
+                if name not in settings.DATABASES:
+                    parser.problem(
+                        f"{listen_key}[{alias!r}]",
+                        f"names {name!r}, which is not in DATABASES.",
+                        check_id="pgoutbox.E003",
+                    )
+
     parsed = PgOutboxSettings(
         queues=queues,
         concurrency=concurrency,
@@ -291,6 +343,7 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         maintenance_queue=str(maintenance_queue),
         notify=notify,
         schedules=dict(schedules),
+        listen_databases=dict(listen_databases),
     )
     return parsed, parser.problems
 
@@ -314,13 +367,57 @@ def _parse_queues(
                 "Use 1-63 letters, digits, '_', '.', ':' or '-', starting with a letter or digit.",
             )
             continue
-        inherited = {"CONCURRENCY": concurrency, "LEASE_SECONDS": lease, "POLL_INTERVAL": poll}
+        inherited = {
+            "CONCURRENCY": concurrency,
+            "LEASE_SECONDS": lease,
+            "POLL_INTERVAL": poll,
+            **QUEUE_ONLY_DEFAULTS,
+        }
         merged = parser.section(options, inherited, queue_key)
+        fair = merged["FAIR"]
+        if not isinstance(fair, bool):
+            parser.problem(f"{queue_key}['FAIR']", f"must be True or False, not {fair!r}.")
+            fair = False
+        max_running = merged["MAX_RUNNING"]
+        if max_running is not None:
+            max_running = parser.positive_int(max_running, f"{queue_key}['MAX_RUNNING']")
+        rate_limit = merged["RATE_LIMIT"]
+        if rate_limit is not None:
+            if (
+                isinstance(rate_limit, bool)
+                or not isinstance(rate_limit, int | float)
+                or not math.isfinite(rate_limit)
+                or rate_limit <= 0
+            ):
+                parser.problem(
+                    f"{queue_key}['RATE_LIMIT']",
+                    f"must be a number of jobs per second > 0, or None, not {rate_limit!r}.",
+                )
+                rate_limit = None
+            else:
+                rate_limit = float(rate_limit)
+        limit_by = merged["LIMIT_BY"]
+        if limit_by is not None and limit_by not in LIMIT_BY_CHOICES:
+            parser.problem(
+                f"{queue_key}['LIMIT_BY']",
+                f"must be None or 'organization', not {limit_by!r}.",
+            )
+            limit_by = None
+        if limit_by is not None and max_running is None and rate_limit is None:
+            parser.problem(
+                f"{queue_key}['LIMIT_BY']",
+                "has nothing to apply to.",
+                "Set MAX_RUNNING or RATE_LIMIT on this queue too, or remove LIMIT_BY.",
+            )
         queues[name] = QueueSettings(
             name=name,
             concurrency=parser.positive_int(merged["CONCURRENCY"], f"{queue_key}['CONCURRENCY']"),
             lease_seconds=parser.seconds(merged["LEASE_SECONDS"], f"{queue_key}['LEASE_SECONDS']"),
             poll_interval=parser.seconds(merged["POLL_INTERVAL"], f"{queue_key}['POLL_INTERVAL']"),
+            fair=fair,
+            max_running=max_running,
+            rate_limit=rate_limit,
+            limit_by=limit_by,
         )
     return queues
 

@@ -6,6 +6,8 @@ exception is *unknown* and gets a few retries before it is dead-lettered (see do
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PgOutboxError(Exception):
     """Base class of every exception this app raises on its own."""
@@ -49,6 +51,9 @@ class RateLimited(JobFailure):
         super().__init__(message or f"rate limited (retry after {retry_after}s)", code=code)
         self.retry_after = retry_after
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.retry_after, str(self)), self.__dict__)
+
 
 class PermanentError(JobFailure):
     """The payload can never succeed (invalid, refers to nothing): dead-letter at once."""
@@ -65,6 +70,49 @@ class InvalidResult(PermanentError):
 
 class Revoked(JobFailure):
     """Authorization was withdrawn or the work was revoked: cancel safely, never retry."""
+
+
+class Cancelled(Revoked):
+    """Someone cancelled this running job (``cancel()``, the admin, ``pgoutbox cancel``).
+
+    ``ctx.renew_lease()`` and ``ctx.raise_if_cancelled()`` raise it once the request is seen;
+    letting it propagate ends the job ``cancelled``.
+    """
+
+    code = "cancelled"
+
+
+class JobTimeout(TransientError):
+    """The attempt ran past its job type's ``timeout``: retried with backoff, like a transient
+    failure, until ``max_attempts``.
+
+    Recorded by the worker, not raised in the handler's thread (a thread cannot be stopped from
+    outside); in ``isolation="process"`` the handler's process is killed instead.
+    """
+
+    code = "timeout"
+
+
+class Snooze(Exception):
+    """Raise (or return) ``Snooze(seconds)`` to run again later without spending an attempt.
+
+    The job goes back to ``retrying`` with ``run_at`` that far ahead and its ``attempts``
+    unchanged, so ``max_attempts`` counts only real failures.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not seconds >= 0
+            or seconds == float("inf")
+        ):
+            raise TypeError(f"Snooze(seconds) must be a finite number >= 0, not {seconds!r}")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.seconds = float(seconds)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.seconds,))
 
 
 # -- errors of bad input -------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -21,8 +22,8 @@ from django.conf import settings
 from django.db import connections, router, transaction
 
 from django_pgoutbox import queries
-from django_pgoutbox.conf import JOBS_CHANNEL, get_settings
-from django_pgoutbox.errors import EnqueueError, JobRegistrationError
+from django_pgoutbox.conf import CANCEL_CHANNEL, JOBS_CHANNEL, get_settings
+from django_pgoutbox.errors import Cancelled, EnqueueError, JobRegistrationError
 from django_pgoutbox.ids import uuid7
 from django_pgoutbox.models import Job, JobStatus, saved_instance
 from django_pgoutbox.validation import json_object, non_empty_text, optional_uuid, reject_nul
@@ -49,23 +50,59 @@ class JobContext:
     _renew: Callable[[], None] = field(repr=False)
     #: The worker id of every attempt so far, this one last.
     worker_ids: list[str] = field(default_factory=list)
+    #: The database alias the job lives in (``runworkers --database``): where a handler that
+    #: enqueues follow-up work, or reads the jobs tables, should do it.
+    using: str = "default"
+    #: Set by the worker when it learns that cancellation was requested.
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once someone asked this job to stop (seen at the worker's next lease renewal).
+
+        Cooperative: check it between steps, and return or ``raise_if_cancelled()`` to stop.
+        """
+        return self._cancel.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """Raise :class:`~django_pgoutbox.errors.Cancelled` if cancellation was requested."""
+        if self._cancel.is_set():
+            raise Cancelled(f"job {self.job_id} was cancelled while it ran")
 
     def renew_lease(self) -> None:
-        """Extend this attempt's lease now (workers also renew it on their own while it runs)."""
+        """Extend this attempt's lease now (workers also renew it on their own while it runs).
+
+        Raises :class:`~django_pgoutbox.errors.Cancelled` if the job's cancellation was requested,
+        and :class:`~django_pgoutbox.errors.LeaseLost` if another worker took the job over.
+        """
         self._renew()
+        self.raise_if_cancelled()
 
 
 class JobDefinition:
     """A registered handler with its defaults; calling it runs the handler in-process."""
 
     def __init__(
-        self, func: Handler, *, name: str, queue: str, max_attempts: int | None, priority: int
+        self,
+        func: Handler,
+        *,
+        name: str,
+        queue: str,
+        max_attempts: int | None,
+        priority: int,
+        timeout: float | None = None,
+        isolation: str = "thread",
     ) -> None:
         self.func = func
         self.name = name
         self.queue = queue
         self.max_attempts = max_attempts
         self.priority = priority
+        #: Seconds an attempt may run before it fails with code ``timeout``; None: no limit.
+        self.timeout = timeout
+        #: "thread" (the worker's handler threads) or "process" (a child process per attempt,
+        #: killed at the timeout or on cancellation).
+        self.isolation = isolation
         #: Optional ``error -> (code, summary)`` replacing the class name and message that the
         #: retry policy records (the django.tasks backend stores a class path and a traceback).
         self.error_details: Callable[[BaseException], tuple[str, str]] | None = None
@@ -127,6 +164,8 @@ def job(
     queue: str = "default",
     max_attempts: int | None = None,
     priority: int = 0,
+    timeout: float | timedelta | None = None,
+    isolation: str = "thread",
 ) -> Callable[[Handler], JobDefinition]: ...
 
 
@@ -136,30 +175,48 @@ def job(
     queue: str = "default",
     max_attempts: int | None = None,
     priority: int = 0,
+    timeout: float | timedelta | None = None,
+    isolation: str = "thread",
 ) -> JobDefinition | Callable[[Handler], JobDefinition]:
     """Register ``handler(payload: dict, ctx: JobContext)`` as a job type.
 
     Use it bare (``@job``) or with options (``@job("emails.send", queue="notifications")``). The
     name defaults to ``module.function``; it is what is stored in ``jobs.job_type``, so keep it
     stable across deployments. ``max_attempts`` defaults to ``PGOUTBOX["MAX_ATTEMPTS"]``.
+
+    ``timeout`` (seconds or a timedelta) fails an attempt that runs longer with code ``timeout``,
+    retried by the policy. ``isolation="process"`` runs each attempt in a child process that is
+    killed at the timeout or on cancellation (see docs/jobs.md, "Timeouts").
     """
+    options = _Options(queue, max_attempts, priority, timeout, isolation)
     if callable(name):
-        return _register(name, None, queue, max_attempts, priority)
+        return _register(name, None, options)
     if name is not None and (not isinstance(name, str) or not name.strip() or "\x00" in name):
         raise JobRegistrationError(f"@job name must be a non-empty string, not {name!r}")
 
     def decorator(func: Handler) -> JobDefinition:
-        return _register(func, name, queue, max_attempts, priority)
+        return _register(func, name, options)
 
     return decorator
 
 
-def _register(
-    func: Handler, name: str | None, queue: str, max_attempts: int | None, priority: int
-) -> JobDefinition:
+@dataclass(frozen=True)
+class _Options:
+    queue: str
+    max_attempts: int | None
+    priority: int
+    timeout: float | timedelta | None
+    isolation: str
+
+
+ISOLATION_MODES = ("thread", "process")
+
+
+def _register(func: Handler, name: str | None, options: _Options) -> JobDefinition:
     if not callable(func):
         raise JobRegistrationError(f"@job must decorate a function, not {func!r}")
     job_name = name or f"{func.__module__}.{func.__qualname__}"
+    queue, max_attempts, priority = options.queue, options.max_attempts, options.priority
     if not isinstance(queue, str) or not queue:
         raise JobRegistrationError(f"@job {job_name!r}: queue must be a non-empty string")
     if max_attempts is not None and (
@@ -170,6 +227,22 @@ def _register(
         )
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise JobRegistrationError(f"@job {job_name!r}: priority must be an int, not {priority!r}")
+    timeout = options.timeout
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout < float("inf")
+    ):
+        raise JobRegistrationError(
+            f"@job {job_name!r}: timeout must be a number of seconds > 0 or a timedelta, "
+            f"not {options.timeout!r}"
+        )
+    if options.isolation not in ISOLATION_MODES:
+        raise JobRegistrationError(
+            f"@job {job_name!r}: isolation must be 'thread' or 'process', not {options.isolation!r}"
+        )
     _check_signature(job_name, func)
     existing = _registry.get(job_name)
     if existing is not None and _qualified(existing.func) != _qualified(func):
@@ -178,7 +251,13 @@ def _register(
             "give one of them another name"
         )
     definition = JobDefinition(
-        func, name=job_name, queue=queue, max_attempts=max_attempts, priority=priority
+        func,
+        name=job_name,
+        queue=queue,
+        max_attempts=max_attempts,
+        priority=priority,
+        timeout=None if timeout is None else float(timeout),
+        isolation=options.isolation,
     )
     _registry[job_name] = definition
     return definition
@@ -442,6 +521,47 @@ def _job_from(alias: str, row: _Row, run_at: datetime, created_at: datetime) -> 
             "created_at": created_at,
         },
     )
+
+
+# -- cancellation --------------------------------------------------------------------------------
+
+
+def cancel(job_id: uuid.UUID | str, *, using: str | None = None) -> str:
+    """Cancel one job and return what became of it.
+
+    A job not running yet (``pending``, ``retrying``) is ``"cancelled"`` at once and never runs.
+    A running one returns ``"cancelling"``: its handler sees ``ctx.cancelled`` (and
+    ``ctx.renew_lease()`` raises ``Cancelled``) from the worker's next lease renewal, which a
+    notification makes immediate; whatever the attempt's outcome, the job then ends
+    ``cancelled`` (a result it returned is kept) and is never retried. A finished job keeps its
+    state (``"completed"``, ``"dead"``, ``"cancelled"``). Raises ``Job.DoesNotExist`` for an
+    unknown id.
+
+    Joins the caller's transaction, like ``enqueue()``.
+    """
+    parsed = optional_uuid(job_id, "job_id", EnqueueError)
+    if parsed is None:
+        raise EnqueueError("job_id", "is required")
+    result = cancel_jobs([parsed], using=using)
+    if parsed not in result:
+        raise Job.DoesNotExist(f"no job {parsed} in database {_database(using)!r}")
+    return result[parsed]
+
+
+def cancel_jobs(
+    job_ids: Iterable[uuid.UUID], *, using: str | None = None, by: str = "cancel()"
+) -> dict[uuid.UUID, str]:
+    """Cancel many jobs in one statement; returns job id -> state, as :func:`cancel` does."""
+    alias = _database(using)
+    ids = list(job_ids)
+    if not ids:
+        return {}
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            queries.CANCEL_JOBS,
+            [ids, f"cancelled by {by} before it ran", CANCEL_CHANNEL, get_settings().notify],
+        )
+        return {job_id: state for job_id, state, _ in cursor.fetchall()}
 
 
 # -- validation ----------------------------------------------------------------------------------

@@ -138,17 +138,17 @@ def reconcile_outbox(*, using: str | None = None) -> Reconciliation:
 
 @job("pgoutbox.recover_leases")
 def recover_leases_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, int]:
-    return {"recovered": len(recover_expired_leases())}
+    return {"recovered": len(recover_expired_leases(using=ctx.using))}
 
 
 @job("pgoutbox.prune")
 def prune_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, int]:
-    return asdict(prune())
+    return asdict(prune(using=ctx.using))
 
 
 @job("pgoutbox.reconcile_outbox")
 def reconcile_outbox_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-    return asdict(reconcile_outbox())
+    return asdict(reconcile_outbox(using=ctx.using))
 
 
 # -- operating on dead letters (the admin and ``pgoutbox deadletters``) ------------------------

@@ -134,6 +134,9 @@ class Job(models.Model):
     result = models.JSONField(null=True, blank=True)
     # Added: the worker id of each attempt, appended by every claim (django.tasks' worker_ids).
     worker_ids = models.JSONField(default=list, db_default=models.Value([], models.JSONField()))
+    # Added: when someone asked a running attempt to stop (cancel()); the handler sees it at
+    # its next lease renewal, and the attempt ends 'cancelled' instead of being retried.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "jobs"
@@ -170,6 +173,14 @@ class Job(models.Model):
                 fields=["queue", "-finished_at"],
                 name="jobs_dead_idx",
                 condition=models.Q(status=JobStatus.DEAD),
+            ),
+            # The fair claim (QUEUES[...]['FAIR'], per-organization limits): a loose index scan
+            # finds each organization with claimable jobs, then reads each one's first jobs in
+            # claim order.
+            models.Index(
+                fields=["queue", "organization_id", "-priority", "run_at", "created_at", "id"],
+                name="jobs_fair_claim_idx",
+                condition=models.Q(status__in=CLAIMABLE_STATUSES),
             ),
             # Retention deletes the oldest completed and cancelled jobs first.
             models.Index(
@@ -214,6 +225,25 @@ class ScheduleCursor(models.Model):
 
 
 M = TypeVar("M", bound=models.Model)
+
+
+class RateLimitBucket(models.Model):
+    """A token bucket of a queue's RATE_LIMIT (one per organization with LIMIT_BY).
+
+    ``key`` is the queue name, or ``queue/organization``. Claims of a rate-limited queue take
+    tokens here, under the queue's advisory lock; tokens refill at the rate by the database clock.
+    """
+
+    key = models.TextField(primary_key=True)
+    tokens = models.FloatField()
+    updated_at = models.DateTimeField(db_default=TransactionNow())
+
+    class Meta:
+        db_table = "rate_limit_buckets"
+        verbose_name = "rate limit bucket"
+
+    def __str__(self) -> str:
+        return self.key
 
 
 class WorkerHeartbeat(models.Model):

@@ -91,25 +91,43 @@ WITH candidates AS MATERIALIZED ({_CLAIM_CANDIDATES})
 
 #: Record the outcomes of many attempts in one statement; returns the ids it applied.
 #:
-#: Parameters: ids uuid[], attempts int[], statuses text[] ('completed', 'retrying', 'dead' or
-#: 'cancelled'), delays float8[] (seconds, for 'retrying'), codes text[], summaries text[],
-#: results text[] (JSON), worker_id text.
+#: Parameters: ids uuid[], attempts int[], statuses text[] ('completed', 'retrying', 'dead',
+#: 'cancelled' or 'snoozed'), delays float8[] (seconds, for 'retrying' and 'snoozed'),
+#: codes text[], summaries text[], results text[] (JSON), worker_id text.
 #:
 #: Fenced: a row is written only while it is still leased by this worker *for this attempt*.
 #: ``attempts`` is the fencing token: every claim increments it, so once a lease expired and
 #: another worker claimed the job, the stale worker's (id, attempt) matches nothing and its
 #: outcome is dropped. A job whose expired lease was only recovered (status no longer 'leased')
 #: is protected by the status test. The caller compares the returned ids with what it sent.
+#:
+#: 'snoozed' (the handler raised ``Snooze``) is a retry that gives the attempt back: ``attempts``
+#: goes down by one, so the next claim counts the same attempt number again. A job whose
+#: cancellation was requested while the attempt ran ends 'cancelled', whatever the outcome (a
+#: result it returned is kept).
 RECORD_OUTCOMES = """
 UPDATE jobs AS j
-SET status = u.status,
-    run_at = CASE WHEN u.status = 'retrying' THEN now() + make_interval(secs => u.delay)
-                  ELSE j.run_at END,
-    completed_at = CASE WHEN u.status = 'completed' THEN now() END,
-    finished_at = CASE WHEN u.status <> 'retrying' THEN now() END,
-    last_error_code = CASE WHEN u.status = 'completed' THEN j.last_error_code ELSE u.code END,
+SET status = CASE
+        WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+        WHEN u.status = 'snoozed' THEN 'retrying'
+        ELSE u.status END,
+    attempts = CASE WHEN u.status = 'snoozed' THEN j.attempts - 1 ELSE j.attempts END,
+    run_at = CASE WHEN u.status IN ('retrying', 'snoozed')
+                  THEN now() + make_interval(secs => u.delay) ELSE j.run_at END,
+    completed_at = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
+                        THEN now() END,
+    finished_at = CASE WHEN u.status IN ('retrying', 'snoozed')
+                            AND j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+    last_error_code = CASE
+        WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+        WHEN u.status = 'completed' THEN j.last_error_code
+        ELSE u.code END,
     last_error_summary = CASE
-        WHEN u.status = 'completed' THEN j.last_error_summary ELSE u.summary END,
+        WHEN j.cancel_requested_at IS NOT NULL
+            THEN left('cancelled on request while attempt ' || j.attempts || ' ran; it ended: '
+                      || u.status || coalesce(' (' || u.summary || ')', ''), 1000)
+        WHEN u.status = 'completed' THEN j.last_error_summary
+        ELSE u.summary END,
     result = u.result::jsonb,
     lease_expires_at = NULL
 FROM unnest(
@@ -142,9 +160,190 @@ UNION ALL
 SELECT true, * FROM claimed
 """
 
+# -- fair and limited claims ---------------------------------------------------------------------
+#
+# A queue with FAIR, MAX_RUNNING or RATE_LIMIT claims through these instead of CLAIM_JOBS. Limits
+# are enforced in the database, so they hold across every worker on every host: the claim runs in
+# a short transaction that first takes the queue's advisory lock (CLAIM_LOCK), so that claims of
+# the queue are serialized, and every later statement of it starts after the previous claimer
+# committed and sees its leases and its tokens. ``statement_timestamp()`` rather than ``now()``
+# for the same reason: ``now()`` is the start of the transaction, before the lock was granted.
+
+#: Serialize the claims of one queue across every worker, until the transaction ends.
+#: Parameters: queue text.
+CLAIM_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('pgoutbox.claim:' || %s, 0))"
+
+#: A queue-wide limit's allowance: jobs of the queue running now, and the tokens of its bucket.
+#:
+#: Parameters: queue text, rate float8 (jobs/s, or NULL), burst float8, queue text (the key).
+#: Tokens refill at ``rate`` per second of the database clock up to ``burst``; a bucket that
+#: does not exist yet is full.
+QUEUE_ALLOWANCE = """
+SELECT (SELECT count(*) FROM jobs WHERE queue = %s AND status = 'leased'),
+       (SELECT least(%s::float8 * extract(epoch FROM statement_timestamp() - updated_at)
+                     + tokens, %s::float8)
+        FROM rate_limit_buckets WHERE key = %s)
+"""
+
+#: Take the tokens that a claim used from the buckets it used, creating them full first.
+#:
+#: Parameters: burst float8, keys text[], counts int[], rate float8, burst float8, burst float8.
+#: The inserted row's ``tokens`` is ``burst - count`` (a new bucket starts full); on conflict the
+#: count is recovered as ``burst - EXCLUDED.tokens`` and taken from the refilled bucket.
+TAKE_TOKENS = """
+INSERT INTO rate_limit_buckets AS b (key, tokens, updated_at)
+SELECT c.key, %s::float8 - c.n, statement_timestamp()
+FROM unnest(%s::text[], %s::integer[]) AS c(key, n)
+ON CONFLICT (key) DO UPDATE
+SET tokens = least(b.tokens + %s::float8 * extract(epoch FROM statement_timestamp() - b.updated_at),
+                   %s::float8)
+             - (%s::float8 - EXCLUDED.tokens),
+    updated_at = statement_timestamp()
+"""
+
+# One organization's (or the organization-less jobs') first claimable jobs, in claim order, up
+# to its allowance. ``{match}`` is ``= a.org`` or ``IS NULL``: both are index conditions of
+# ``jobs_fair_claim_idx``, where a single ``IS NOT DISTINCT FROM`` would not be. A job's turn
+# counts the jobs its organization already has running: the first job of an organization with
+# three running comes after the first two of an organization with one. The inner ``LIMIT`` is
+# the constant claim limit and the allowance is applied outside it: with a constant, the planner
+# expects a few rows per organization and joins them back to ``jobs`` by primary key; with the
+# allowance as the limit it guessed thousands and chose to hash the whole table.
+_FAIR_BRANCH = """
+    SELECT c.id, c.priority, c.run_at, c.created_at, a.running + c.place AS turn
+    FROM allowed AS a,
+    LATERAL (
+        SELECT j.id, j.priority, j.run_at, j.created_at,
+               row_number() OVER (
+                   ORDER BY j.priority DESC, j.run_at, j.created_at, j.id) AS place
+        FROM jobs AS j
+        WHERE j.queue = %(queue)s
+          AND j.organization_id {match}
+          AND j.status IN ('pending', 'retrying')
+          AND j.run_at <= now()
+        ORDER BY j.priority DESC, j.run_at, j.created_at, j.id
+        LIMIT %(limit)s
+    ) AS c
+    WHERE a.org {where}
+      AND c.place <= a.allowance
+"""
+
+# Each organization's allowance: the claim's limit, cut by MAX_RUNNING minus its running jobs
+# and by the whole tokens of its RATE_LIMIT bucket when the limits apply per organization.
+_ORG_ALLOWANCE = """
+    least(
+        %(limit)s::integer,
+        CASE WHEN %(max_running)s::integer IS NULL THEN %(limit)s::integer
+             ELSE %(max_running)s::integer - coalesce(r.n, 0)
+        END,
+        CASE WHEN %(rate)s::float8 IS NULL THEN %(limit)s::integer
+             ELSE floor(coalesce(
+                 least(b.tokens + %(rate)s::float8
+                       * extract(epoch FROM statement_timestamp() - b.updated_at), %(burst)s),
+                 %(burst)s))::integer
+        END
+    )
+"""
+
+#: The fair (or per-organization limited) claim. Named parameters: queue, limit, worker_id,
+#: lease, max_running (per organization, or NULL), rate and burst (per organization, or NULL).
+#:
+#: 1. ``orgs``: a loose index scan over ``jobs_fair_claim_idx`` lists the organizations that
+#:    have claimable jobs, one index probe each, however many jobs each holds; the jobs without
+#:    an organization form one more group. ``running`` counts each group's leased jobs.
+#: 2. ``ranked``: each group's first jobs in claim order, up to its allowance, with their turn:
+#:    the group's running jobs plus the job's place in the group.
+#: 3. ``candidates``: the best ``limit`` of those, ordered by turn first when FAIR, so that a
+#:    free slot goes to the organization with the fewest jobs running (the oldest head job
+#:    breaks ties). ``FOR UPDATE SKIP LOCKED`` sits under the ``LIMIT``: rows are locked one by
+#:    one in that order, and only ``limit`` of them.
+#:
+#: The per-organization bucket key is ``queue/organization`` (``queue/none`` without one).
+FAIR_CLAIM_TEMPLATE = """
+WITH RECURSIVE orgs(org) AS (
+    (SELECT organization_id FROM jobs
+     WHERE queue = %(queue)s AND status IN ('pending', 'retrying')
+       AND organization_id IS NOT NULL
+     ORDER BY organization_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.organization_id FROM jobs AS j
+            WHERE j.queue = %(queue)s AND j.status IN ('pending', 'retrying')
+              AND j.organization_id > o.org
+            ORDER BY j.organization_id LIMIT 1)
+    FROM orgs AS o
+    WHERE o.org IS NOT NULL
+),
+running AS (
+    SELECT coalesce(organization_id::text, 'none') AS org_key, count(*)::integer AS n
+    FROM jobs
+    WHERE queue = %(queue)s AND status = 'leased'
+    GROUP BY 1
+),
+allowed AS (
+    SELECT g.org, coalesce(r.n, 0) AS running, {allowance} AS allowance
+    FROM (SELECT org FROM orgs WHERE org IS NOT NULL UNION ALL SELECT NULL::uuid) AS g
+    LEFT JOIN running AS r ON r.org_key = coalesce(g.org::text, 'none')
+    LEFT JOIN rate_limit_buckets AS b
+        ON b.key = %(queue)s || '/' || coalesce(g.org::text, 'none')
+),
+ranked AS (
+    {organization_branch}
+    UNION ALL
+    {null_branch}
+),
+candidates AS MATERIALIZED (
+    SELECT j.id
+    FROM ranked AS r
+    JOIN jobs AS j ON j.id = r.id
+    WHERE j.status IN ('pending', 'retrying') AND j.run_at <= now()
+    ORDER BY {order}
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE jobs AS j
+SET status = 'leased',
+    locked_at = now(),
+    locked_by = %(worker_id)s,
+    lease_expires_at = now() + make_interval(secs => %(lease)s),
+    attempts = j.attempts + 1,
+    worker_ids = j.worker_ids || jsonb_build_array(%(worker_id)s::text)
+FROM candidates AS c
+WHERE j.id = c.id
+RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
+          j.queue, j.priority, j.created_at, extract(epoch FROM now() - j.run_at)::float8,
+          j.worker_ids::text
+"""
+
+
+#: Run before FAIR_CLAIM in its transaction. However the per-organization lists are written, the
+#: planner cannot know they hold a few rows each (it assumes a hundred organizations and many rows
+#: each), and on a small table it prefers to join them back to ``jobs`` by hashing the whole
+#: table: 2 ms at 10,000 rows, growing with the table. Without hash and merge joins it probes the
+#: primary key for each candidate. ``is_local``: the settings end with the transaction.
+FAIR_PLAN = (
+    "SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)"
+)
+
+
+def fair_claim(*, fair: bool) -> str:
+    """The claim of FAIR_CLAIM_TEMPLATE, ordered by turn first (FAIR) or by priority only."""
+    order = "r.priority DESC, r.run_at, r.created_at, r.id"
+    return FAIR_CLAIM_TEMPLATE.format(
+        allowance=_ORG_ALLOWANCE,
+        organization_branch=_FAIR_BRANCH.format(match="= a.org", where="IS NOT NULL"),
+        null_branch=_FAIR_BRANCH.format(match="IS NULL", where="IS NULL"),
+        order=f"r.turn, {order}" if fair else order,
+    )
+
+
+#: The two forms of the fair claim, built once.
+FAIR_CLAIM = fair_claim(fair=True)
+ORGANIZATION_LIMITED_CLAIM = fair_claim(fair=False)
+
 # -- leases --------------------------------------------------------------------------------------
 
-#: Extend the leases of the attempts this worker is running; returns the ids still held.
+#: Extend the leases of the attempts this worker is running; returns the ids still held, each
+#: with whether its cancellation was requested.
 #:
 #: Parameters: lease seconds float, ids uuid[], attempts int[], worker_id text.
 #:
@@ -158,7 +357,7 @@ WHERE j.id = u.id
   AND j.attempts = u.attempt
   AND j.locked_by = %s
   AND j.status = 'leased'
-RETURNING j.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
 #: Make jobs whose lease expired claimable again, or dead when that was their last attempt.
@@ -166,15 +365,19 @@ RETURNING j.id
 #: Parameters: queue text or NULL (every queue).
 #:
 #: A worker that crashed or stalled past its lease never recorded an outcome; its job goes back
-#: to 'retrying' due now, or to 'dead' if the budget is spent. Concurrent recoverers are safe:
+#: to 'retrying' due now, or to 'dead' if the budget is spent, or to 'cancelled' if its
+#: cancellation was requested. Concurrent recoverers are safe:
 #: under READ COMMITTED the second re-checks ``status = 'leased'`` on the locked row after the
 #: first commits and skips it, so each expiry is returned, and counted, exactly once.
 #: The scan reads ``jobs_leased_idx``: only the rows that are running.
 RECOVER_EXPIRED_LEASES = """
 UPDATE jobs
-SET status = CASE WHEN attempts >= max_attempts THEN 'dead' ELSE 'retrying' END,
+SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN attempts >= max_attempts THEN 'dead'
+                  ELSE 'retrying' END,
     run_at = now(),
-    finished_at = CASE WHEN attempts >= max_attempts THEN now() END,
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR attempts >= max_attempts
+                       THEN now() END,
     last_error_code = 'lease_expired',
     last_error_summary = 'lease of attempt ' || attempts || ' held by ' || coalesce(locked_by, '?')
         || ' expired at ' || lease_expires_at,
@@ -189,11 +392,13 @@ RETURNING id, queue, status
 #:
 #: Parameters: ids uuid[], attempts int[], worker_id text.
 #:
-#: They return to 'pending', due now, for another worker. The attempt stays counted: it did
-#: start, and its side effects may have happened (handlers are idempotent).
+#: They return to 'pending', due now, for another worker (or end 'cancelled' if that was
+#: asked). The attempt stays counted: it did start, and its side effects may have happened
+#: (handlers are idempotent).
 RELEASE_JOBS = """
 UPDATE jobs AS j
-SET status = 'pending',
+SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'pending' END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END,
     run_at = now(),
     lease_expires_at = NULL,
     last_error_code = 'worker_shutdown',
@@ -404,4 +609,45 @@ UPDATE outbox_events
 SET processed_at = now(), claimed_at = NULL,
     last_error = left('discarded by an operator; ' || coalesce(last_error, ''), 1000)
 WHERE id = ANY(%s::uuid[]) AND dead_at IS NOT NULL AND processed_at IS NULL
+"""
+
+# -- cancellation --------------------------------------------------------------------------------
+
+#: Cancel jobs: those not yet running end 'cancelled' at once; running ones are asked to stop.
+#:
+#: Parameters: ids uuid[], summary text, channel text, notify boolean. Returns (id, status) per
+#: job found: 'cancelled' (cancelled now, or already), 'cancelling' (running, asked to stop), or
+#: the finished status it already had ('completed', 'dead').
+#:
+#: ``FOR UPDATE`` makes a cancel that races a claim wait for it and see the job 'leased', so a
+#: job is never both claimed and cancelled as pending. Workers hear of a request at their next
+#: lease renewal, or at once when the notification on ``channel`` (payload: the queue) arrives.
+CANCEL_JOBS = """
+WITH targets AS MATERIALIZED (
+    SELECT id, status, queue FROM jobs WHERE id = ANY(%s::uuid[]) FOR UPDATE
+),
+cancelled AS (
+    UPDATE jobs AS j
+    SET status = 'cancelled', finished_at = now(), last_error_code = 'cancelled',
+        last_error_summary = %s, lease_expires_at = NULL
+    FROM targets AS t
+    WHERE j.id = t.id AND t.status IN ('pending', 'retrying')
+    RETURNING j.id
+),
+requested AS (
+    UPDATE jobs AS j
+    SET cancel_requested_at = coalesce(j.cancel_requested_at, now())
+    FROM targets AS t
+    WHERE j.id = t.id AND t.status = 'leased'
+    RETURNING j.id, j.queue
+),
+woken AS (
+    SELECT pg_notify(%s, queue) FROM (SELECT DISTINCT queue FROM requested) AS q WHERE %s
+)
+SELECT t.id,
+       CASE WHEN t.status IN ('pending', 'retrying') THEN 'cancelled'
+            WHEN t.status = 'leased' THEN 'cancelling'
+            ELSE t.status END,
+       (SELECT count(*) FROM woken)
+FROM targets AS t
 """

@@ -8,7 +8,8 @@ import os
 from testproject.database import database_url, parse_database_url
 
 SECRET_KEY = "pgoutbox-test-not-secret"
-DEBUG = True
+# Benchmarks and soaks set PGOUTBOX_DEBUG=0: DEBUG keeps a log of every query per connection.
+DEBUG = os.environ.get("PGOUTBOX_DEBUG", "1") != "0"
 ALLOWED_HOSTS = ["*"]
 USE_TZ = True
 TIME_ZONE = "UTC"
@@ -54,6 +55,16 @@ TEMPLATES = [
 ]
 
 DATABASES = {"default": parse_database_url(database_url())}
+# A second PostgreSQL database, for the tests of queues on several databases
+# (runworkers --database secondary). By default a database beside the first on the same server.
+DATABASES["secondary"] = (
+    parse_database_url(os.environ["SECONDARY_DATABASE_URL"])
+    if os.environ.get("SECONDARY_DATABASE_URL")
+    else {**DATABASES["default"], "NAME": f"{DATABASES['default']['NAME']}_secondary"}
+)
+# The same database as "default" on a connection of its own, as a direct connection beside a
+# pooled one would be (the tests of PGOUTBOX["LISTEN_DATABASES"]).
+DATABASES["direct"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
 
 # django.tasks (Django 6) or, on Django 5.2, the django-tasks backport, run by our workers.
 TASKS = {"default": {"BACKEND": "django_pgoutbox.backend.PgOutboxBackend"}}

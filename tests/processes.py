@@ -14,14 +14,14 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from django.db import connection
+from django.db import connections
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def database_url_for_tests() -> str:
+def database_url_for_tests(alias: str = "default") -> str:
     """A URL for the database this test session uses (pytest-django's test database)."""
-    s = connection.settings_dict
+    s = connections[alias].settings_dict
     auth = quote(s["USER"] or "postgres")
     if s["PASSWORD"]:
         auth += ":" + quote(s["PASSWORD"])
@@ -34,13 +34,19 @@ def database_url_for_tests() -> str:
 
 class WorkerProcess:
     def __init__(
-        self, args: list[str], settings: dict[str, Any], log: Path, database_url: str | None = None
+        self,
+        args: list[str],
+        settings: dict[str, Any],
+        log: Path,
+        database_url: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         env = {
             **os.environ,
             "DATABASE_URL": database_url or database_url_for_tests(),
             "PGOUTBOX_TEST_SETTINGS": json.dumps(settings),
             "PYTHONUNBUFFERED": "1",
+            **(env or {}),
         }
         self.log_path = log
         self._log = log.open("w")
@@ -76,12 +82,17 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``manage.py runworkers ARGS`` with ``PGOUTBOX`` overrides; killed at teardown."""
     started: list[WorkerProcess] = []
 
-    def start(*args: str, database_url: str | None = None, **settings: Any) -> WorkerProcess:
+    def start(
+        *args: str,
+        database_url: str | None = None,
+        env: dict[str, str] | None = None,
+        **settings: Any,
+    ) -> WorkerProcess:
         # The job role alone unless a test asks for others: a scheduler would add maintenance
         # jobs to the queues that the test counts.
         arguments = list(args) if "--roles" in args else ["--roles", "jobs", *args]
         worker = WorkerProcess(
-            arguments, settings, tmp_path / f"worker-{len(started)}.log", database_url
+            arguments, settings, tmp_path / f"worker-{len(started)}.log", database_url, env
         )
         started.append(worker)
         return worker

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -36,6 +37,13 @@ def test_options_are_kept() -> None:
 
     assert registered_jobs()["x.y"] is handler
     assert (handler.queue, handler.max_attempts, handler.priority) == ("reports", 3, -2)
+    assert (handler.timeout, handler.isolation) == (None, "thread")
+
+    @job("x.z", timeout=timedelta(minutes=2), isolation="process")
+    def other(payload: dict[str, Any], ctx: Any) -> None:
+        pass
+
+    assert (other.timeout, other.isolation) == (120.0, "process")
 
 
 def test_demo_handlers_are_autodiscovered() -> None:
@@ -72,6 +80,10 @@ def test_two_functions_cannot_share_a_name() -> None:
         ({"max_attempts": 0}, "max_attempts must be an integer >= 1"),
         ({"max_attempts": "3"}, "max_attempts must be an integer >= 1"),
         ({"priority": "high"}, "priority must be an int"),
+        ({"timeout": 0}, "timeout must be a number of seconds > 0"),
+        ({"timeout": "5"}, "timeout must be a number of seconds > 0"),
+        ({"timeout": float("inf")}, "timeout must be a number of seconds > 0"),
+        ({"isolation": "fork"}, "isolation must be 'thread' or 'process'"),
     ],
 )
 def test_bad_options(options: dict[str, Any], message: str) -> None:

@@ -95,6 +95,48 @@ class TestProblems:
                 "not a valid queue name",
             ),
             (
+                {"QUEUES": {"default": {"FAIR": "yes"}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['default']['FAIR']",
+                "must be True or False",
+            ),
+            (
+                {"QUEUES": {"default": {"MAX_RUNNING": 0}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['default']['MAX_RUNNING']",
+                "integer >= 1",
+            ),
+            (
+                {"QUEUES": {"default": {"RATE_LIMIT": -2}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['default']['RATE_LIMIT']",
+                "jobs per second > 0",
+            ),
+            (
+                {"QUEUES": {"default": {"LIMIT_BY": "tenant", "MAX_RUNNING": 1}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['default']['LIMIT_BY']",
+                "must be None or 'organization'",
+            ),
+            (
+                {"QUEUES": {"default": {"LIMIT_BY": "organization"}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['default']['LIMIT_BY']",
+                "has nothing to apply to",
+            ),
+            (
+                {"LISTEN_DATABASES": {"default": "nowhere"}},
+                "pgoutbox.E003",
+                "PGOUTBOX['LISTEN_DATABASES']['default']",
+                "'nowhere', which is not in DATABASES",
+            ),
+            (
+                {"LISTEN_DATABASES": ["default"]},
+                "pgoutbox.E004",
+                "PGOUTBOX['LISTEN_DATABASES']",
+                "must be a dict of database alias",
+            ),
+            (
                 {"QUEUES": {"a": {"CONCURRENCY": 0}}},
                 "pgoutbox.E004",
                 "PGOUTBOX['QUEUES']['a']['CONCURRENCY']",

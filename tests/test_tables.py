@@ -90,6 +90,7 @@ def test_added_columns() -> None:
         "finished_at",
         "result",
         "worker_ids",
+        "cancel_requested_at",
     }
     assert set(columns("outbox_events")) - set(SEED_OUTBOX) == {"last_error_code", "dead_at"}
     assert set(columns("worker_heartbeats")) == {

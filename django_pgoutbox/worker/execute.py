@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -15,10 +16,11 @@ from django.db import close_old_connections
 
 from django_pgoutbox import metrics, signals
 from django_pgoutbox.conf import RetrySettings
-from django_pgoutbox.errors import InvalidResult, JobFailure
+from django_pgoutbox.errors import InvalidResult, JobFailure, Snooze
 from django_pgoutbox.jobs import JobContext, JobDefinition, get_job
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.retry import Action, bound, decide
+from django_pgoutbox.worker.isolated import run_isolated
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -50,6 +52,11 @@ class Outcome:
     code: str | None = None
     summary: str | None = None
     result_json: str | None = None
+    #: The handler asked to run again later without spending the attempt (``Snooze``).
+    snoozed: bool = False
+    #: Written by the dispatcher because the attempt ran past its timeout; the handler's own
+    #: outcome, if it ever comes, is then stale.
+    timed_out: bool = False
 
 
 _ACTION_STATUS = {
@@ -72,13 +79,30 @@ def job_logger(job: ClaimedJob) -> logging.LoggerAdapter[logging.Logger]:
     )
 
 
-def execute(job: ClaimedJob, *, policy: RetrySettings, renew: Callable[[], None]) -> Outcome:
-    """Run the handler of ``job`` and decide its outcome, with its metrics and signals."""
+def execute(
+    job: ClaimedJob,
+    *,
+    policy: RetrySettings,
+    renew: Callable[[], None],
+    cancel: threading.Event | None = None,
+    using: str = "default",
+) -> Outcome:
+    """Run the handler of ``job`` and decide its outcome, with its metrics and signals.
+
+    ``cancel`` is set by the worker when the job's cancellation is requested (``ctx.cancelled``).
+    """
     definition = get_job(job.job_type) or _task_definition(job.job_type, job.payload)
     metrics.JOB_START_DELAY.observe(max(job.waited, 0.0), queue=job.queue)
     signals.job_started.send_robust(sender=definition, job=job)
     started = time.perf_counter()
-    outcome = _run(job, definition, policy=policy, renew=renew)
+    outcome = _run(
+        job,
+        definition,
+        policy=policy,
+        renew=renew,
+        cancel=cancel or threading.Event(),
+        using=using,
+    )
     duration = time.perf_counter() - started
     metrics.JOB_DURATION.observe(
         duration, queue=job.queue, job_type=job.job_type, outcome=outcome.status.value
@@ -125,6 +149,8 @@ def _run(
     *,
     policy: RetrySettings,
     renew: Callable[[], None],
+    cancel: threading.Event,
+    using: str,
 ) -> Outcome:
     """Run the handler of ``job`` and decide its outcome; never raises."""
     extra = {
@@ -158,11 +184,35 @@ def _run(
         logger=job_logger(job),
         _renew=renew,
         worker_ids=list(job.worker_ids),
+        _cancel=cancel,
+        using=using,
     )
     close_old_connections()
     try:
-        returned = definition(job.payload, ctx)
+        if definition.isolation == "process":
+            returned = run_isolated(job, definition, cancel, using)
+        else:
+            returned = definition(job.payload, ctx)
+        if isinstance(returned, Snooze):
+            raise returned
         result_json = None if returned is None else _result_json(returned)
+    except Snooze as snooze:
+        logger.info(
+            "job %s (%s) attempt %d: snoozed for %gs",
+            job.id,
+            job.job_type,
+            job.attempt,
+            snooze.seconds,
+            extra={**extra, "outcome": "snoozed"},
+        )
+        return Outcome(
+            job,
+            JobStatus.RETRYING,
+            delay=snooze.seconds,
+            code="snoozed",
+            summary=f"snoozed for {snooze.seconds:g}s by attempt {job.attempt}",
+            snoozed=True,
+        )
     except BaseException as error:
         decision = decide(error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy)
         status = _ACTION_STATUS[decision.action]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 from django.db import router
 
-from django_pgoutbox.conf import JOBS_CHANNEL, OUTBOX_CHANNEL, get_settings
+from django_pgoutbox.conf import CANCEL_CHANNEL, JOBS_CHANNEL, OUTBOX_CHANNEL, get_settings
 from django_pgoutbox.health import Heartbeat
 from django_pgoutbox.models import Job
 from django_pgoutbox.scheduler import Scheduler, load_schedules
@@ -127,9 +127,13 @@ class Worker:
             channels: dict[str, Callable[[str], None]] = {}
             if self.runners:
                 channels[JOBS_CHANNEL] = self._on_job_notification
+                channels[CANCEL_CHANNEL] = self._on_cancel_notification
             if self.relay is not None:
                 channels[OUTBOX_CHANNEL] = self.relay.wake
-            self.listener = Listener(using=self.using, channels=channels, on_connect=self._wake_all)
+            listen_using = get_settings().listen_databases.get(self.using, self.using)
+            self.listener = Listener(
+                using=listen_using, channels=channels, on_connect=self._wake_all
+            )
             self.listener.start()
         loops: list[tuple[str, Callable[[], None]]] = [
             (f"pgoutbox-dispatch-{name}", runner.run) for name, runner in self.runners.items()
@@ -167,6 +171,11 @@ class Worker:
         runner = self.runners.get(queue)
         if runner is not None:
             runner.wake()
+
+    def _on_cancel_notification(self, queue: str) -> None:
+        runner = self.runners.get(queue)
+        if runner is not None:
+            runner.check_cancellations()
 
     def _wake_all(self) -> None:
         for runner in self.runners.values():

@@ -7,7 +7,15 @@ import threading
 import time
 from typing import Any
 
-from django_pgoutbox import JobContext, PermanentError, RateLimited, Revoked, TransientError, job
+from django_pgoutbox import (
+    JobContext,
+    PermanentError,
+    RateLimited,
+    Revoked,
+    Snooze,
+    TransientError,
+    job,
+)
 from testproject.testjobs.models import SideEffect
 
 
@@ -88,3 +96,55 @@ def misbehave(payload: dict[str, Any], ctx: JobContext) -> Any:
     if how == "print_megabyte":
         raise ValueError("e" * 1_000_000)
     return None
+
+
+@job("tests.cancellable")
+def cancellable(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Work in small steps for up to ``seconds``; stop when cancelled (by flag or by renewal)."""
+    record(ctx, "start")
+    deadline = time.monotonic() + payload.get("seconds", 30)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        if payload.get("mode") == "renew":
+            ctx.renew_lease()  # raises Cancelled once the request is seen
+        elif ctx.cancelled:
+            record(ctx, "saw-cancel")
+            return {"stopped": "cancelled"}
+    record(ctx, "end")
+    return {"stopped": "finished"}
+
+
+@job("tests.snooze")
+def snooze(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Snooze until this job has started ``times`` times, then return the attempt number."""
+    record(ctx, "start")
+    starts = SideEffect.objects.filter(job_id=ctx.job_id, event="start").count()
+    if starts < payload["times"]:
+        if payload.get("return"):
+            return Snooze(payload.get("seconds", 0.1))
+        raise Snooze(payload.get("seconds", 0.1))
+    return {"attempt": ctx.attempt, "starts": starts}
+
+
+@job("tests.timeout", timeout=1, max_attempts=3)
+def timeout(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Sleep ``sleep`` seconds on the attempts up to ``slow_attempts``; 1 s timeout."""
+    record(ctx, "start")
+    if ctx.attempt <= payload.get("slow_attempts", 1):
+        time.sleep(payload["sleep"])
+    record(ctx, "end")
+    return {"attempt": ctx.attempt}
+
+
+@job("tests.isolated", timeout=1, max_attempts=2, isolation="process")
+def isolated(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """In its own process: sleep ``sleep`` seconds on attempt 1, fail or return its pid."""
+    record(ctx, "start")
+    if ctx.attempt <= payload.get("slow_attempts", 1):
+        time.sleep(payload.get("sleep", 0))
+    if payload.get("fail"):
+        raise _failure(payload["fail"], payload)
+    if payload.get("exit"):
+        os._exit(3)
+    record(ctx, "end")
+    return {"attempt": ctx.attempt, "pid": os.getpid()}

@@ -27,6 +27,7 @@ from django.db import router
 
 from django_pgoutbox import maintenance, metrics, scheduler
 from django_pgoutbox.health import DEFAULT_MAX_AGE, health_report
+from django_pgoutbox.jobs import cancel_jobs
 from django_pgoutbox.models import Job
 
 
@@ -78,6 +79,10 @@ class Command(BaseCommand):
                 )
         show = dead_actions.add_parser("show", help="One dead job in full.")
         show.add_argument("id")
+        cancel = sub.add_parser(
+            "cancel", help="Cancel jobs; running ones are asked to stop (ctx.cancelled)."
+        )
+        cancel.add_argument("ids", nargs="+", metavar="ID")
         sub.add_parser("schedules", help="List schedules with their last and next slot.")
         run = sub.add_parser("run-schedule", help="Enqueue a schedule's job now.")
         run.add_argument("name")
@@ -101,6 +106,11 @@ class Command(BaseCommand):
                 sys.exit(1)
         elif action == "deadletters":
             self._deadletters(using, options)
+        elif action == "cancel":
+            ids = [_uuid(value) for value in options["ids"]]
+            states = cancel_jobs(ids, using=using, by="pgoutbox cancel")
+            for job_id in ids:
+                self.stdout.write(f"{job_id}: {states.get(job_id, 'not found')}")
         elif action == "schedules":
             self._schedules(using)
         elif action == "run-schedule":

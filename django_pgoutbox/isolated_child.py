@@ -1,0 +1,71 @@
+"""The child process of an ``isolation="process"`` attempt (see ``worker.isolated``).
+
+The forkserver imports this module once, before any fork: importing it sets Django up, so that
+each attempt's child starts with its settings, apps and job registry loaded, and with no database
+connection open. It sits outside ``django_pgoutbox.worker``, whose package imports models, which
+cannot be imported before Django is set up.
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import django
+from django.apps import apps
+
+from django_pgoutbox.errors import InvalidResult
+
+if not apps.ready:
+    django.setup()
+
+
+def run_attempt(
+    job_type: str, payload: dict[str, Any], fields: dict[str, Any], sender: Any
+) -> None:  # pragma: no cover - runs in the child process; covered by the process tests
+    from django.db import connections
+
+    from django_pgoutbox.jobs import JobContext, get_job
+    from django_pgoutbox.worker.execute import job_logger
+
+    definition = get_job(job_type)
+    message: tuple[str, Any]
+    try:
+        if definition is None:
+            raise LookupError(f"no handler for job type {job_type!r} in the isolated process")
+        logger = job_logger(_Fields(fields))  # type: ignore[arg-type]
+        ctx = JobContext(**fields, logger=logger, _renew=lambda: None)
+        message = ("return", definition.func(payload, ctx))
+    except BaseException as error:
+        message = ("raise", error)
+    finally:
+        connections.close_all()
+    sender.send_bytes(_portable(message))
+    sender.close()
+
+
+class _Fields:
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.id = fields["job_id"]
+        self.job_type = fields["job_type"]
+        self.queue = fields["queue"]
+        self.attempt = fields["attempt"]
+
+
+def _portable(message: tuple[str, Any]) -> bytes:
+    """``message`` pickled so that the worker can unpickle it, or a stand-in that it can."""
+    kind, value = message
+    try:
+        data = pickle.dumps(message)
+        pickle.loads(data)
+        return data
+    except Exception as error:
+        if kind == "return":
+            stand_in: BaseException = InvalidResult(
+                f"the handler returned {type(value).__name__}, which cannot leave its "
+                f"process: {error}"
+            )
+        else:
+            # Keep the class name and the message of an exception that cannot be pickled.
+            stand_in = RuntimeError(f"{type(value).__name__}: {value}")
+        return pickle.dumps(("raise", stand_in))
