@@ -3,8 +3,8 @@
     python benchmarks/outbox.py [--events 10000] [--aggregates 1000] [--lag-events 500]
 
 - throughput: N events over A aggregates, published beforehand; one ``runworkers --roles relay``
-  projects each into a Projection row and a job (the test subscriber ``tests.projected``). The
-  rate is N over the time from the first claim to the last processed_at (database clock).
+  projects each into a job (the test subscriber ``tests.to_job``). The rate is N over the time
+  from the first claim to the last processed_at (database clock).
 - lag: an idle relay (5 s poll); events published 10 ms apart, each in its own transaction;
   lag is from the publish's commit to the subscriber's run (it stamps the job it enqueues).
 """
@@ -28,12 +28,12 @@ def throughput(events: int, aggregates: int) -> dict[str, float]:
     from django_pgoutbox import publish
     from django_pgoutbox.models import Job
 
-    truncate("outbox_events", "jobs", "testjobs_projection")
+    truncate("outbox_events", "jobs")
     ids = [uuid.uuid4() for _ in range(aggregates)]
     with transaction.atomic():
         for n in range(events):
             publish(
-                "tests.projected",
+                "tests.to_job",
                 aggregate_type="bench",
                 aggregate_id=ids[n % aggregates],
                 payload={"sequence": n // aggregates},

@@ -112,10 +112,6 @@ def check_job_queues(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> 
     ]
 
 
-#: The port PgBouncer listens on by default.
-PGBOUNCER_PORT = "6432"
-
-
 def check_pooling_proxy(
     app_configs: Sequence[AppConfig] | None, **kwargs: Any
 ) -> list[CheckMessage]:
@@ -131,6 +127,7 @@ def check_pooling_proxy(
     if settings_problems():
         return []
     from django_pgoutbox.conf import get_settings
+    from django_pgoutbox.db import pooling_signs
 
     listen = get_settings().listen_databases
     warnings: list[CheckMessage] = []
@@ -138,11 +135,7 @@ def check_pooling_proxy(
         config = settings.DATABASES[alias]
         if alias in listen or _vendor(config.get("ENGINE", "")) != "postgresql":
             continue
-        signs = []
-        if str(config.get("PORT") or "") == PGBOUNCER_PORT:
-            signs.append(f"PORT {PGBOUNCER_PORT} (PgBouncer's)")
-        if config.get("DISABLE_SERVER_SIDE_CURSORS"):
-            signs.append("DISABLE_SERVER_SIDE_CURSORS")
+        signs = pooling_signs(alias)
         if signs:
             warnings.append(
                 Warning(

@@ -90,6 +90,7 @@ DEFAULTS: dict[str, Any] = {
 
 #: Per-queue keys that have no top-level counterpart, with their defaults (docs/limits.md).
 QUEUE_ONLY_DEFAULTS: dict[str, Any] = {
+    "PREFETCH": 500,
     "FAIR": False,
     "MAX_RUNNING": None,
     "RATE_LIMIT": None,
@@ -106,6 +107,9 @@ class QueueSettings:
     concurrency: int
     lease_seconds: float
     poll_interval: float
+    #: The most jobs a worker may hold claimed beyond its busy threads, so that fast jobs are
+    #: claimed in batches; how many it holds follows the queue's pace (see docs/workers.md).
+    prefetch: int = 500
     #: Interleave organizations in each claim (see docs/limits.md).
     fair: bool = False
     #: Most jobs of this queue running at once across every worker; None: no cap.
@@ -409,8 +413,10 @@ def _parse_queues(
                 "has nothing to apply to.",
                 "Set MAX_RUNNING or RATE_LIMIT on this queue too, or remove LIMIT_BY.",
             )
+        prefetch = parser.positive_int(merged["PREFETCH"], f"{queue_key}['PREFETCH']", minimum=0)
         queues[name] = QueueSettings(
             name=name,
+            prefetch=prefetch,
             concurrency=parser.positive_int(merged["CONCURRENCY"], f"{queue_key}['CONCURRENCY']"),
             lease_seconds=parser.seconds(merged["LEASE_SECONDS"], f"{queue_key}['LEASE_SECONDS']"),
             poll_interval=parser.seconds(merged["POLL_INTERVAL"], f"{queue_key}['POLL_INTERVAL']"),

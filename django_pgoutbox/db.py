@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import psycopg
+from django.conf import settings
 from django.db import connections
 
 
@@ -18,3 +22,58 @@ def raw_connection_params(alias: str) -> dict[str, Any]:
     params.pop("cursor_factory", None)
     params.pop("context", None)
     return params
+
+
+#: The port PgBouncer listens on by default.
+PGBOUNCER_PORT = "6432"
+
+#: A worker's dispatcher prepares its statements once they have run this many times.
+PREPARE_THRESHOLD = 2
+
+
+def pooling_signs(alias: str) -> list[str]:
+    """Why database ``alias`` looks as if it goes through a transaction-pooling proxy, if it does.
+
+    The signs are those of PgBouncer: its default port, and the setting Django's documentation
+    asks for behind it (``DISABLE_SERVER_SIDE_CURSORS``).
+    """
+    config = settings.DATABASES[alias]
+    signs = []
+    if str(config.get("PORT") or "") == PGBOUNCER_PORT:
+        signs.append(f"PORT {PGBOUNCER_PORT} (PgBouncer's)")
+    if config.get("DISABLE_SERVER_SIDE_CURSORS"):
+        signs.append("DISABLE_SERVER_SIDE_CURSORS")
+    return signs
+
+
+def dispatcher_connection_params(alias: str) -> dict[str, Any]:
+    """Connection arguments for a worker's dispatcher: as Django's, with prepared statements.
+
+    Django turns psycopg's prepared statements off unless ``OPTIONS`` asks for them, because a
+    transaction-pooling proxy older than PgBouncer 1.21 cannot carry them. A dispatcher sends the
+    same few statements thousands of times, so it prepares them, unless ``OPTIONS`` sets
+    ``prepare_threshold`` (honoured as given) or the database looks pooled (``pooling_signs``).
+    """
+    params = raw_connection_params(alias)
+    if "prepare_threshold" not in settings.DATABASES[alias].get("OPTIONS", {}) and not (
+        pooling_signs(alias)
+    ):
+        params["prepare_threshold"] = PREPARE_THRESHOLD
+    return params
+
+
+@contextmanager
+def server_side_cursor(alias: str) -> Iterator[Any]:
+    """A cursor with server-side parameters on Django's connection of ``alias``.
+
+    Django's cursors bind parameters on the client: every element of an array parameter is
+    quoted into the SQL text in Python. For the hot statements that pass arrays of thousands of
+    values, this cursor sends them as parameters instead. It is a psycopg ``Cursor`` wrapped as
+    Django wraps its own (``_prepare_cursor``): it runs in Django's transaction, raises Django's
+    database exceptions, goes through execute wrappers, and is counted and logged as any query
+    (``assertNumQueries``, ``connection.queries``).
+    """
+    wrapper = connections[alias]
+    wrapper.ensure_connection()
+    with wrapper._prepare_cursor(psycopg.Cursor(wrapper.connection)) as cursor:  # type: ignore[attr-defined]
+        yield cursor

@@ -13,7 +13,8 @@ import logging
 import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeAlias, overload
@@ -23,6 +24,7 @@ from django.db import connections, router, transaction
 
 from django_pgoutbox import queries
 from django_pgoutbox.conf import CANCEL_CHANNEL, JOBS_CHANNEL, get_settings
+from django_pgoutbox.db import server_side_cursor
 from django_pgoutbox.errors import Cancelled, EnqueueError, JobRegistrationError
 from django_pgoutbox.ids import uuid7
 from django_pgoutbox.models import Job, JobStatus, saved_instance
@@ -320,8 +322,11 @@ def enqueue(
     same ``(organization_id, job_type)`` returns the job that already holds it, unchanged.
 
     One statement when the job is new; one more to read the existing job on a repeated key.
+    Inside an outbox subscriber, a job without an idempotency key is written together with the
+    other jobs of the relay's batch, in one statement before the batch commits (see
+    :func:`deferred_enqueues`).
     """
-    return prepare_job(
+    prepared = prepare_job(
         job_type,
         payload,
         idempotency_key=idempotency_key,
@@ -330,7 +335,63 @@ def enqueue(
         run_at=run_at,
         queue=queue,
         using=using,
-    ).insert()
+    )
+    collector: _Deferred | None = getattr(_deferring, "collector", None)
+    if collector is not None and collector.using == prepared.using and idempotency_key is None:
+        return collector.add(prepared._row)
+    return prepared.insert()
+
+
+_deferring = threading.local()
+
+
+class _Deferred:
+    """Jobs enqueued during an outbox batch, written together by ``flush()``."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self._rows: list[tuple[_Row, Job]] = []
+
+    def add(self, row: _Row) -> Job:
+        job = _job_from(self.using, row, None, None)
+        self._rows.append((row, job))
+        return job
+
+    def mark(self) -> int:
+        return len(self._rows)
+
+    def discard_from(self, mark: int) -> None:
+        """Forget the jobs added since ``mark`` (their subscriber's savepoint rolled back)."""
+        del self._rows[mark:]
+
+    def flush(self) -> None:
+        """Insert every job added so far, and fill in the times the database gave them."""
+        rows, self._rows = self._rows, []
+        for start in range(0, len(rows), ENQUEUE_CHUNK_SIZE):
+            chunk = rows[start : start + ENQUEUE_CHUNK_SIZE]
+            for (_, job), written in zip(
+                chunk, _insert(self.using, [r for r, _ in chunk]), strict=True
+            ):
+                job.run_at, job.created_at = written.run_at, written.created_at
+
+
+@contextmanager
+def deferred_enqueues(using: str) -> Iterator[_Deferred]:
+    """Within this block (on this thread), ``enqueue()`` without an idempotency key on ``using``
+    only collects the job; ``flush()`` writes them all in one statement per 5,000.
+
+    The outbox relay projects a batch of events inside one: the jobs its subscribers enqueue cost
+    one statement for the whole batch instead of one each. The returned ``Job`` objects get their
+    ``run_at`` and ``created_at`` at the flush; until then the rows do not exist, so a subscriber
+    that reads back the job it just enqueued should pass an idempotency key (written at once).
+    """
+    previous = getattr(_deferring, "collector", None)
+    collector = _Deferred(using)
+    _deferring.collector = collector
+    try:
+        yield collector
+    finally:
+        _deferring.collector = previous
 
 
 @dataclass(frozen=True)
@@ -438,13 +499,15 @@ def _database(using: str | None) -> str:
 def _insert(alias: str, rows: Sequence[_Row]) -> list[Job]:
     """Insert ``rows`` (at most one chunk); return their jobs, existing ones for repeated keys."""
     conf = get_settings()
+    if all(row.idempotency_key is None for row in rows):
+        return _insert_unkeyed(alias, rows, conf.notify)
     created: dict[uuid.UUID, Job] = {}
     pending = list(rows)
     # A conflicting job can vanish between our insert and our read (retention pruned it, an
     # operator deleted it); its rows are then inserted again. Three rounds is plenty: each
     # round either inserts or finds every row, barring a deletion racing us each time.
     for _ in range(3):
-        with connections[alias].cursor() as cursor:
+        with server_side_cursor(alias) as cursor:
             cursor.execute(
                 queries.ENQUEUE_JOBS,
                 [
@@ -478,6 +541,41 @@ def _insert(alias: str, rows: Sequence[_Row]) -> list[Job]:
     )
 
 
+def _insert_unkeyed(alias: str, rows: Sequence[_Row], notify: bool) -> list[Job]:
+    """Insert rows without idempotency keys: nothing can conflict, nothing per row comes back."""
+    with server_side_cursor(alias) as cursor:
+        cursor.execute(
+            queries.ENQUEUE_JOBS_UNKEYED,
+            [
+                [r.id for r in rows],
+                [r.organization_id for r in rows],
+                [r.queue for r in rows],
+                [r.job_type for r in rows],
+                [r.payload_json for r in rows],
+                [None] * len(rows),
+                [r.priority for r in rows],
+                [r.run_at for r in rows],
+                [r.delay for r in rows],
+                [r.max_attempts for r in rows],
+                JOBS_CHANNEL,
+                notify,
+            ],
+        )
+        row = cursor.fetchone()
+        assert row is not None
+        now: datetime = row[0]
+    # The statement's defaults, computed here: run_at = coalesce(run_at, now()) + delay.
+    return [
+        _job_from(
+            alias,
+            r,
+            (r.run_at or now) + timedelta(seconds=r.delay) if r.delay else (r.run_at or now),
+            now,
+        )
+        for r in rows
+    ]
+
+
 def _key(row: _Row) -> tuple[uuid.UUID | None, str, str | None]:
     return (row.organization_id, row.job_type, row.idempotency_key)
 
@@ -502,7 +600,7 @@ def _existing_jobs(
     return found
 
 
-def _job_from(alias: str, row: _Row, run_at: datetime, created_at: datetime) -> Job:
+def _job_from(alias: str, row: _Row, run_at: datetime | None, created_at: datetime | None) -> Job:
     return saved_instance(
         Job,
         alias,

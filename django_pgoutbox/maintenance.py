@@ -31,14 +31,16 @@ class RecoveredLease:
 
 
 def recover_expired_leases(
-    queue: str | None = None, *, using: str | None = None
+    queue: str | None = None, *, using: str | None = None, connection: Any = None
 ) -> list[RecoveredLease]:
     """Return jobs whose lease expired to be claimed again (or dead-letter them); count each.
 
     Safe to run from any number of processes at once: each expiry is recovered, and counted, once.
+    ``connection``: a psycopg connection to use instead of Django's (a worker's dispatcher).
     """
-    alias = using or router.db_for_write(Job)
-    with connections[alias].cursor() as cursor:
+    if connection is None:
+        connection = connections[using or router.db_for_write(Job)]
+    with connection.cursor() as cursor:
         cursor.execute(queries.RECOVER_EXPIRED_LEASES, [queue, queue])
         recovered = [RecoveredLease(job_id, q, status) for job_id, q, status in cursor.fetchall()]
     for lease in recovered:

@@ -187,7 +187,6 @@ def _run(
         _cancel=cancel,
         using=using,
     )
-    close_old_connections()
     try:
         if definition.isolation == "process":
             returned = run_isolated(job, definition, cancel, using)
@@ -236,6 +235,8 @@ def _run(
             code, summary = definition.error_details(error)
         return Outcome(job, status, delay=decision.delay, code=code, summary=summary)
     finally:
+        # Once per attempt, after it: a connection the handler left broken, in a transaction,
+        # or past CONN_MAX_AGE is closed before the thread's next job (as after a request).
         close_old_connections()
     return Outcome(job, JobStatus.COMPLETED, result_json=result_json)
 

@@ -7,7 +7,8 @@ One loop, one thread, one database connection. Each turn:
    earliest unprocessed event of each aggregate, so an aggregate's events go one at a time, in
    order;
 2. opens one transaction for the batch and locks the events it still holds (the fence);
-3. runs each event's subscribers (what they enqueue or write joins the transaction) and marks
+3. runs each event's subscribers (what they enqueue or write joins the transaction; the jobs
+   they enqueue without an idempotency key are written together, in one statement) and marks
    the events processed. A subscriber that raises rolls back that event's work only: the
    batch is first tried without savepoints (two round trips fewer per event); if anything
    raises, that attempt is rolled back whole and the batch runs again with a savepoint per
@@ -30,6 +31,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 
 from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
+from django_pgoutbox.jobs import deferred_enqueues
 from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.outbox import subscribers_for
 from django_pgoutbox.retry import backoff, bound, error_code, summarize
@@ -155,7 +157,10 @@ class Relay:
     def _project_batch(self, events: Sequence[OutboxEvent], *, isolate: bool) -> None:
         processed: list[uuid.UUID] = []
         failures: list[_Failure] = []
-        with transaction.atomic(using=self.using):
+        with (
+            transaction.atomic(using=self.using),
+            deferred_enqueues(self.using) as jobs,
+        ):
             held = self._lock(events)
             for event in events:
                 if event.id not in held:
@@ -166,7 +171,10 @@ class Relay:
                     )
                     continue
                 if isolate:
+                    mark = jobs.mark()
                     failure = self._project_one(event)
+                    if failure is not None:
+                        jobs.discard_from(mark)
                 else:
                     failure = self._check_versions(event)
                     if failure is None:
@@ -179,6 +187,7 @@ class Relay:
                     processed.append(event.id)
                 else:
                     failures.append(failure)
+            jobs.flush()  # the jobs the subscribers enqueued: one statement for the batch
             types = {event.id: event.event_type for event in events}
             for event_id in processed:
                 metrics.EVENTS_PROJECTED.inc(event_type=types[event_id], outcome="processed")

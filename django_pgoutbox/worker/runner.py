@@ -1,17 +1,20 @@
-"""One queue's loop: claim as many jobs as there are free threads, run them, record outcomes.
+"""One queue's loop: claim jobs in batches, run them on handler threads, record outcomes.
 
-Each queue of a worker process has its own ``QueueRunner``: its own dispatcher thread (and so its
-own database connection, Django's connections being per thread) and its own handler threads. A
-queue of slow reports therefore holds only its own threads and its own connection, and can never
-delay the claims of ``critical_alerts``.
+Each queue of a worker process has its own ``QueueRunner``: its own dispatcher thread with its own
+database connection, and its own handler threads. A queue of slow reports therefore holds only its
+own threads and its own connection, and can never delay the claims of ``critical_alerts``.
 
-The dispatcher is the only thread that talks to the database about leases. Each turn of its loop:
+The dispatcher is the only thread that talks to the database about leases. It uses a psycopg
+connection of its own (not Django's), with server-side parameters, so that its few statements are
+prepared once and then sent with their arrays bound, not spelled out. Each turn of its loop:
 
 1. renews the leases of running attempts, in one statement, when a third of the lease is gone;
 2. recovers this queue's expired leases, once per poll interval;
 3. writes the outcomes that handlers produced since the last turn and claims as many jobs as
-   there are free handler threads: both in one statement, one round trip;
-4. waits until a handler finishes, a notification arrives, or the poll interval passes.
+   there are free handler threads, plus a prefetch that follows the queue's pace (about a tenth
+   of a second of work, at most ``PREFETCH``): both in one statement, one round trip;
+4. waits until the threads run short of work, a notification arrives, the outcomes have waited a
+   few milliseconds, or the poll interval passes.
 
 No transaction is open while a handler runs: the claim commits before the handler starts, and
 the outcome is written in a later, separate statement.
@@ -25,6 +28,7 @@ each lease renewal, on to the handlers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -33,14 +37,15 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+import psycopg
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import QueueSettings, RetrySettings
+from django_pgoutbox.db import dispatcher_connection_params
 from django_pgoutbox.errors import JobTimeout, LeaseLost
 from django_pgoutbox.jobs import get_job
 from django_pgoutbox.maintenance import recover_expired_leases
@@ -56,6 +61,23 @@ RENEW_FRACTION = 1 / 3
 #: Back-off bounds (seconds) after a database error in the dispatcher.
 ERROR_BACKOFF = (0.2, 10.0)
 
+#: Outcomes wait at most this long (seconds) to be written with others in one statement.
+FLUSH_DELAY = 0.005
+#: ... or until this many have gathered.
+FLUSH_SIZE = 500
+#: The prefetch aims at this many seconds of work, at the queue's recent pace.
+PREFETCH_SECONDS = 0.1
+
+#: Errors after which the dispatcher reconnects and tries again.
+CONNECTION_ERRORS = (
+    OperationalError,
+    InterfaceError,
+    psycopg.OperationalError,
+    psycopg.InterfaceError,
+)
+#: Errors of a statement that may have failed to write (outcomes are kept for the next turn).
+STATEMENT_ERRORS = (DatabaseError, psycopg.Error)
+
 
 #: The longest wait (seconds) before a rate-limited queue looks for new tokens.
 RATE_LIMIT_RETRY_CAP = 1.0
@@ -70,8 +92,11 @@ class _Running:
     #: Set when the job's cancellation was requested; the handler's ctx reads it.
     cancel: threading.Event = field(default_factory=threading.Event)
     #: When the dispatcher fails the attempt for its timeout (monotonic); thread isolation only.
+    #: Set when the handler starts: a prefetched job waits without its clock running.
     deadline: float | None = None
     lease_lost: bool = False
+    #: The handler has started (a prefetched job waits in the threads' queue until then).
+    started: bool = False
 
 
 @dataclass
@@ -82,15 +107,17 @@ class _RenewalRequest:
 
 
 class _HandlerThreads:
-    """A fixed set of daemon threads running handlers.
+    """A set of daemon threads running handlers, fed by a queue of claimed jobs.
 
     Daemon threads, unlike ``ThreadPoolExecutor``'s, do not hold the process open at exit: once
     the grace period is over and the unfinished jobs are released, a hung handler must not keep
     the worker alive.
     """
 
-    def __init__(self, size: int, name: str) -> None:
-        self._tasks: queue_module.SimpleQueue[Callable[[], None] | None] = (
+    def __init__(self, size: int, name: str, run: Any) -> None:
+        self._name = name
+        self._run = run  # called with each (job, entry) taken from the queue
+        self._tasks: queue_module.SimpleQueue[tuple[ClaimedJob, _Running] | None] = (
             queue_module.SimpleQueue()
         )
         self._threads = [
@@ -100,13 +127,34 @@ class _HandlerThreads:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, task: Callable[[], None]) -> None:
-        self._tasks.put(task)
+    def submit(self, job: ClaimedJob, entry: _Running) -> None:
+        self._tasks.put((job, entry))
+
+    def waiting(self) -> int:
+        """Claimed jobs that no thread has taken yet (approximate, as any queue size)."""
+        return self._tasks.qsize()
+
+    def take_waiting(self) -> list[tuple[ClaimedJob, _Running]]:
+        """Take back the jobs that no thread has started (at shutdown)."""
+        taken: list[tuple[ClaimedJob, _Running]] = []
+        retirements = 0
+        while True:
+            try:
+                item = self._tasks.get_nowait()
+            except queue_module.Empty:
+                break
+            if item is None:
+                retirements += 1
+            else:
+                taken.append(item)
+        for _ in range(retirements):
+            self._tasks.put(None)
+        return taken
 
     def add_thread(self) -> None:
         """Start one more thread, in place of one that a timed-out handler still occupies."""
         thread = threading.Thread(
-            target=self._work, name=f"{self._threads[0].name}+{len(self._threads)}", daemon=True
+            target=self._work, name=f"{self._name}+{len(self._threads)}", daemon=True
         )
         self._threads.append(thread)
         thread.start()
@@ -120,8 +168,8 @@ class _HandlerThreads:
             self._tasks.put(None)
 
     def _work(self) -> None:
-        while (task := self._tasks.get()) is not None:
-            task()
+        while (item := self._tasks.get()) is not None:
+            self._run(*item)
 
 
 class QueueRunner:
@@ -155,7 +203,16 @@ class QueueRunner:
         #: Attempts failed for their timeout whose handler has not returned yet.
         self._abandoned: set[Key] = set()
         self._check_cancel = False
-        self._threads = _HandlerThreads(self.concurrency, f"pgoutbox-{self.queue}")
+        #: Prefetch only where claims are not shaped by fairness or limits: jobs held by one
+        #: worker would count against a cap, or skip the organizations' turns.
+        self._prefetch_max = 0 if (settings.fair or settings.limited) else settings.prefetch
+        self._pace = 0.0  # completions per second, smoothed
+        self._pace_count = 0
+        self._pace_since = time.monotonic()
+        self._db: psycopg.Connection[Any] | None = None
+        self._threads = _HandlerThreads(
+            self.concurrency, f"pgoutbox-{self.queue}", self._run_attempt
+        )
         self.finished = threading.Event()
 
     # -- called from other threads ---------------------------------------------------------------
@@ -193,11 +250,24 @@ class QueueRunner:
         next_recovery = 0.0
         next_poll = 0.0
         stop_deadline: float | None = None
+        flush_at: float | None = None  # when the outcomes waiting now must be written
         backoff = ERROR_BACKOFF[0]
         try:
             while True:
                 self._wake.clear()
                 now = time.monotonic()
+                if self._outcomes and not self._stopping.is_set():
+                    flush_at = flush_at or now + FLUSH_DELAY
+                    if (
+                        now < flush_at
+                        and len(self._outcomes) < FLUSH_SIZE
+                        and self._threads.waiting() >= self.concurrency
+                        and not self._renewals
+                    ):
+                        # The threads have work: let more outcomes gather for one statement.
+                        self._wake.wait(flush_at - now)
+                        continue
+                flush_at = None
                 try:
                     self._expire_timeouts(now)
                     if (
@@ -209,9 +279,10 @@ class QueueRunner:
                         self._renew_leases()
                         next_renewal = now + renew_every
                     if now >= next_recovery:
-                        recover_expired_leases(self.queue, using=self.using)
+                        recover_expired_leases(self.queue, connection=self._connection())
                         next_recovery = now + self.settings.poll_interval
                     if self._stopping.is_set():
+                        self._unclaim_waiting()
                         self._record_and_claim(claim=False)
                         stop_deadline = stop_deadline or now + self.grace_period
                         if not self._running:
@@ -229,7 +300,7 @@ class QueueRunner:
                         if requested and len(claimed) == requested:
                             continue  # the queue may hold more: fill the threads that free up
                     backoff = ERROR_BACKOFF[0]
-                except (OperationalError, InterfaceError) as error:
+                except CONNECTION_ERRORS as error:
                     logger.warning(
                         "queue %s: database unavailable (%s); retrying in %.1fs",
                         self.queue,
@@ -237,7 +308,7 @@ class QueueRunner:
                         backoff,
                         extra={"queue": self.queue},
                     )
-                    connections[self.using].close()
+                    self._disconnect()
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, ERROR_BACKOFF[1])
                     continue
@@ -250,8 +321,21 @@ class QueueRunner:
                 self._wake.wait(max(0.0, min(deadlines) - time.monotonic()))
         finally:
             self._threads.shutdown()
+            self._disconnect()
             connections[self.using].close()
             self.finished.set()
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        """The dispatcher's own connection (autocommit), opened on first use and after errors."""
+        if self._db is None or self._db.closed:
+            self._db = psycopg.connect(**dispatcher_connection_params(self.using), autocommit=True)
+        return self._db
+
+    def _disconnect(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(psycopg.Error):  # closing a broken connection
+                self._db.close()
+            self._db = None
 
     def _record_and_claim(self, *, claim: bool) -> tuple[list[ClaimedJob], int, float]:
         """Write the finished attempts' outcomes and, with ``claim``, fill the free threads.
@@ -267,7 +351,7 @@ class QueueRunner:
         # Attempts whose outcome is in this batch no longer hold a thread.
         finishing = {(o.job.id, o.job.attempt) for o in batch if not o.timed_out}
         busy = len(self._running.keys() - finishing)
-        limit = self.concurrency - busy if claim else 0
+        limit = self.concurrency + self._prefetch(len(batch)) - busy if claim else 0
         if not batch and limit <= 0:
             return [], 0, math.inf
         outcome_params: list[Any] = [
@@ -287,7 +371,7 @@ class QueueRunner:
         retry_in = math.inf
         started = time.perf_counter()
         try:
-            with connections[self.using].cursor() as cursor:
+            with self._connection().cursor() as cursor:
                 if batch and limit > 0 and not special:
                     cursor.execute(queries.RECORD_AND_CLAIM, outcome_params + claim_params)
                     for is_claim, *row in cursor.fetchall():
@@ -304,7 +388,7 @@ class QueueRunner:
                     elif limit > 0:
                         cursor.execute(queries.CLAIM_JOBS, claim_params)
                         rows = cursor.fetchall()
-        except DatabaseError:
+        except STATEMENT_ERRORS:
             # Not written: keep them (and their leases, still renewed) for the next turn.
             self._outcomes.extendleft(reversed(batch))
             raise
@@ -325,13 +409,14 @@ class QueueRunner:
         rate = conf.rate_limit
         burst = max(1.0, rate or 0.0)
         retry_in = math.inf
-        with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
+        connection = self._connection()
+        with connection.transaction(), connection.cursor() as cursor:
             if conf.limited:
                 cursor.execute(queries.CLAIM_LOCK, [self.queue])
             wanted = limit
             if conf.limited and not per_org:
                 cursor.execute(queries.QUEUE_ALLOWANCE, [self.queue, rate, burst, self.queue])
-                running, tokens = cursor.fetchone()
+                running, tokens = cursor.fetchone() or (0, None)
                 if conf.max_running is not None:
                     limit = min(limit, conf.max_running - running)
                 if rate is not None:
@@ -407,36 +492,54 @@ class QueueRunner:
         ]
         if claimed:
             metrics.JOBS_CLAIMED.inc(len(claimed), queue=self.queue)
-        now = time.monotonic()
         for job in claimed:
-            definition = get_job(job.job_type)
-            deadline = None
-            if definition is not None and definition.timeout and definition.isolation == "thread":
-                deadline = now + definition.timeout
-            entry = _Running(job, deadline=deadline)
+            entry = _Running(job)
             self._running[(job.id, job.attempt)] = entry
-            self._threads.submit(self._task(job, entry.cancel))
+            self._threads.submit(job, entry)
         return claimed
 
-    def _task(self, job: ClaimedJob, cancel: threading.Event) -> Callable[[], None]:
-        key = (job.id, job.attempt)
+    def _prefetch(self, finished: int) -> int:
+        """How many jobs beyond the busy threads to claim now: about PREFETCH_SECONDS of work."""
+        if not self._prefetch_max:
+            return 0
+        now = time.monotonic()
+        self._pace_count += finished
+        elapsed = now - self._pace_since
+        if elapsed >= 0.2:
+            recent = self._pace_count / elapsed
+            self._pace = recent if not self._pace else (self._pace + recent) / 2
+            self._pace_count, self._pace_since = 0, now
+        return min(self._prefetch_max, int(self._pace * PREFETCH_SECONDS))
 
-        def run() -> None:
+    def _run_attempt(self, job: ClaimedJob, entry: _Running) -> None:
+        """Run one claimed attempt on a handler thread and hand its outcome to the dispatcher."""
+        if entry.cancel.is_set():
+            outcome = Outcome(
+                job,
+                JobStatus.CANCELLED,
+                code="cancelled",
+                summary="cancelled before its handler started",
+            )
+        else:
+            definition = get_job(job.job_type)
+            if definition is not None and definition.timeout and definition.isolation == "thread":
+                entry.deadline = time.monotonic() + definition.timeout
+            entry.started = True
             try:
                 outcome = execute(
                     job,
                     policy=self.policy,
-                    renew=lambda: self.renew(key),
-                    cancel=cancel,
+                    renew=lambda: self.renew((job.id, job.attempt)),
+                    cancel=entry.cancel,
                     using=self.using,
                 )
             except BaseException:  # pragma: no cover - execute() catches everything it can
                 logger.exception("job %s: the worker failed to run it", job.id)
                 return  # no outcome: its lease expires and another attempt follows
-            self._outcomes.append(outcome)
+        first = not self._outcomes
+        self._outcomes.append(outcome)
+        if first or self._threads.waiting() < self.concurrency or self._stopping.is_set():
             self._wake.set()
-
-        return run
 
     def _settle(self, batch: list[Outcome], applied: set[uuid.UUID]) -> None:
         """Forget the attempts of ``batch``; count what was written and what was fenced off."""
@@ -528,7 +631,7 @@ class QueueRunner:
         running = [r for r in self._running.values() if not r.lease_lost]
         if running:
             try:
-                with connections[self.using].cursor() as cursor:
+                with self._connection().cursor() as cursor:
                     cursor.execute(
                         queries.RENEW_LEASES,
                         [
@@ -539,7 +642,7 @@ class QueueRunner:
                         ],
                     )
                     held = {job_id: bool(cancelled) for job_id, cancelled in cursor.fetchall()}
-            except DatabaseError:
+            except STATEMENT_ERRORS:
                 self._renewals.extend(requests)
                 raise
         for entry in running:
@@ -564,11 +667,28 @@ class QueueRunner:
             request.held = asked is not None and not asked.lease_lost and request.key[0] in held
             request.done.set()
 
+    def _unclaim_waiting(self) -> None:
+        """At shutdown: give back the prefetched jobs that no thread started, attempt and all."""
+        waiting = [entry for _, entry in self._threads.take_waiting()]
+        if not waiting:
+            return
+        with self._connection().cursor() as cursor:
+            cursor.execute(
+                queries.UNCLAIM_JOBS,
+                [
+                    [r.job.id for r in waiting],
+                    [r.job.attempt for r in waiting],
+                    self.worker_id,
+                ],
+            )
+        for entry in waiting:
+            self._running.pop((entry.job.id, entry.job.attempt), None)
+
     def _release_unfinished(self) -> None:
         unfinished = list(self._running.values())
         if not unfinished:
             return
-        with connections[self.using].cursor() as cursor:
+        with self._connection().cursor() as cursor:
             cursor.execute(
                 queries.RELEASE_JOBS,
                 [

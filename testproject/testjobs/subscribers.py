@@ -29,3 +29,9 @@ def project(event: OutboxEvent) -> None:
 def stamp(event: OutboxEvent) -> None:
     """Enqueue a job that carries when the projection ran (wall clock), for lag measurements."""
     enqueue("tests.noop", {"event": str(event.id), "projected": time.time()})
+
+
+@subscriber("tests.to_job")
+def to_job(event: OutboxEvent) -> None:
+    """Project the event into one job, and nothing else: the outbox benchmark's projection."""
+    enqueue("tests.noop", {"event": str(event.id)})

@@ -1,0 +1,382 @@
+"""The benchmark suite: django-pgoutbox and its peers, side by side, in one run.
+
+    ./run bench            # the full run (documented in docs/benchmarks.md)
+    ./run bench --quick    # a smaller run, for CI
+
+``./run bench`` makes ``.venv-bench`` (this package, and the peers installed from PyPI) and
+runs this script in it. Everything runs on one fresh database, ``pgoutbox_bench``, of the server
+the tests would use, one measurement at a time. Prints a table and writes JSON to
+``benchmarks/results/suite-*.json``.
+
+Measures, each defined the same way for every system:
+
+- enqueue, one job per transaction (jobs/s) and in bulk (jobs/s);
+- drain: N pending no-op jobs, one worker process, then two; the rate is N over the time from
+  the first job's start to the last job's completion, from each system's own timestamps;
+- wake-up latency: an idle worker, jobs enqueued 10 ms apart, each committed on its own;
+  enqueue commit to the handler's first line, p50/p95/p99 in ms;
+- outbox (django-pgoutbox only: the peers have none): N published events projected into jobs,
+  events/s, and commit-to-projection lag;
+- the SQL-only ceiling: the worker's claim/complete statement driven without a worker;
+- memory and decay over a long drain (full run only): the worker's RSS, and the rate in the last
+  tenth of the drain against the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import ROOT, percentile, runworkers, setup_django, truncate, write_results
+
+PEERS = {
+    "procrastinate": "benchmarks/peers/procrastinate_bench.py",
+    "pgqueuer": "benchmarks/peers/pgqueuer_bench.py",
+    "django-tasks-db": "benchmarks/peers/tasksdb_bench.py",
+}
+
+FULL = {"jobs": 100_000, "single": 2_000, "latency": 500, "events": 10_000, "long": 1_000_000}
+QUICK = {"jobs": 10_000, "single": 500, "latency": 100, "events": 2_000, "long": 0}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- django-pgoutbox -------------------------------------------------------------------------------
+
+
+def enqueue_rates(single: int, bulk: int) -> dict[str, float]:
+    from django_pgoutbox import enqueue, enqueue_many
+
+    truncate("jobs")
+    started = time.perf_counter()
+    for _ in range(single):
+        enqueue("tests.noop", {})  # autocommit: each its own transaction
+    single_rate = single / (time.perf_counter() - started)
+    truncate("jobs")
+    items = [{"job_type": "tests.noop", "payload": {}}] * bulk
+    started = time.perf_counter()
+    enqueue_many(items)
+    bulk_rate = bulk / (time.perf_counter() - started)
+    truncate("jobs")
+    return {"single_per_s": single_rate, "bulk_per_s": bulk_rate}
+
+
+def drain(jobs: int, processes: int, concurrency: int = 4) -> dict[str, float]:
+    from django.db import connection
+
+    from django_pgoutbox import enqueue_many
+
+    truncate("jobs")
+    enqueue_many([{"job_type": "tests.noop", "payload": {}}] * jobs)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE jobs")
+    workers = [
+        runworkers(
+            "--roles", "jobs", "--burst", "--queues", "default", "--concurrency", str(concurrency)
+        )
+        for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.wait()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE status = 'completed'), "
+            "extract(epoch FROM max(finished_at) - min(locked_at)) FROM jobs"
+        )
+        completed, window = cursor.fetchone()
+    assert completed == jobs, f"only {completed} of {jobs} completed"
+    return {"jobs_per_s": jobs / float(window), "seconds": float(window)}
+
+
+def wakeup(count: int, gap: float) -> dict[str, float]:
+    from django_pgoutbox import enqueue
+    from django_pgoutbox.models import Job
+
+    truncate("jobs")
+    process = runworkers("--roles", "jobs", "--queues", "default", settings={"POLL_INTERVAL": 5})
+    try:
+        time.sleep(3)  # start-up, first claim and the LISTEN connection: then it is idle
+        committed: dict[object, float] = {}
+        for _ in range(count):
+            job = enqueue("tests.stamp", {})  # autocommit: committed when it returns
+            committed[job.pk] = time.time()
+            time.sleep(gap)
+        deadline = time.monotonic() + 60
+        while Job.objects.filter(status="completed").count() < count:
+            assert time.monotonic() < deadline, "wake-up jobs did not complete"
+            time.sleep(0.1)
+    finally:
+        process.terminate()
+        process.wait()
+    latencies = [
+        (result["started"] - committed[pk]) * 1000
+        for pk, result in Job.objects.values_list("pk", "result")
+        if result is not None
+    ]
+    return _percentiles(latencies)
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": percentile(values, 0.5),
+        "p95": percentile(values, 0.95),
+        "p99": percentile(values, 0.99),
+        "mean": sum(values) / len(values),
+    }
+
+
+def outbox(events: int, lag_events: int) -> dict[str, Any]:
+    from benchmarks import outbox as bench_outbox
+
+    rate = bench_outbox.throughput(events, min(1_000, events))
+    delay = bench_outbox.lag(lag_events, 0.01)
+    return {"events_per_s": rate["events_per_second"], "lag_ms": delay}
+
+
+def ceiling(jobs: int) -> dict[str, float]:
+    from benchmarks import ceiling as bench_ceiling
+
+    return {str(n): bench_ceiling.ceiling(jobs, 100, n)["jobs_per_second"] for n in (1, 2)}
+
+
+def long_drain(jobs: int) -> dict[str, Any]:
+    """One worker drains ``jobs``: its RSS every second, and the rate by tenths of the drain."""
+    from django.db import connection
+
+    from django_pgoutbox import enqueue_many
+
+    truncate("jobs")
+    for start in range(0, jobs, 100_000):
+        enqueue_many([{"job_type": "tests.noop", "payload": {}}] * min(100_000, jobs - start))
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE jobs")
+    worker = runworkers("--roles", "jobs", "--burst", "--queues", "default")
+    rss: list[float] = []
+    while worker.poll() is None:
+        try:
+            status = Path(f"/proc/{worker.pid}/status").read_text()
+        except FileNotFoundError:
+            break
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                rss.append(int(line.split()[1]) / 1024)
+        time.sleep(1)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT extract(epoch FROM finished_at) FROM jobs WHERE status = 'completed' "
+            "ORDER BY finished_at"
+        )
+        finished = [row[0] for row in cursor.fetchall()]
+    assert len(finished) == jobs, f"only {len(finished)} of {jobs} completed"
+    tenth = jobs // 10
+    first = tenth / float(finished[tenth - 1] - finished[0])
+    last = tenth / float(finished[-1] - finished[-tenth])
+    return {
+        "jobs": jobs,
+        "rss_mb": {
+            "start": rss[0] if rss else None,
+            "max": max(rss, default=None),
+            "end": rss[-1] if rss else None,
+        },
+        "first_tenth_per_s": first,
+        "last_tenth_per_s": last,
+        "last_over_first": last / first,
+        "overall_per_s": jobs / float(finished[-1] - finished[0]),
+    }
+
+
+# -- the peers -------------------------------------------------------------------------------------
+
+
+def peer(name: str, sizes: dict[str, int]) -> dict[str, Any]:
+    script = ROOT / PEERS[name]
+    command = [
+        sys.executable,
+        str(script),
+        "--dsn",
+        os.environ["DATABASE_URL"],
+        "--jobs",
+        str(sizes["jobs"]),
+        "--single",
+        str(sizes["single"]),
+        "--latency-jobs",
+        str(sizes["latency"]),
+    ]
+    log(f"== {name}: {' '.join(command[1:])}")
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        log(done.stderr[-3000:])
+        return {"error": f"exit status {done.returncode}"}
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, unit: str = "") -> str:
+    if value is None:
+        return "-"
+    if unit == "ms":
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def table(ours: dict[str, Any], peers: dict[str, dict[str, Any]]) -> str:
+    names = list(peers)
+    rows: list[tuple[str, str, list[str]]] = []
+
+    def peer_value(data: dict[str, Any], *path: str) -> float | None:
+        current: Any = data
+        for key in path:
+            if not isinstance(current, dict) or key not in current:
+                return None
+            current = current[key]
+        return float(current) if isinstance(current, int | float) else None
+
+    def best_drain(data: dict[str, Any], workers: str) -> float | None:
+        return peer_value(data, "drain", workers, "best")
+
+    rows.append(
+        (
+            "enqueue, one per transaction (jobs/s)",
+            _fmt(ours["enqueue"]["single_per_s"]),
+            [_fmt(peer_value(p, "enqueue_single_per_s")) for p in peers.values()],
+        )
+    )
+    rows.append(
+        (
+            "enqueue, bulk (jobs/s)",
+            _fmt(ours["enqueue"]["bulk_per_s"]),
+            [_fmt(peer_value(p, "enqueue_bulk_per_s")) for p in peers.values()],
+        )
+    )
+    for workers in ("1", "2"):
+        rows.append(
+            (
+                f"drain, {workers} worker process(es), default (jobs/s)",
+                _fmt(ours["drain"][workers]["jobs_per_s"]),
+                [_fmt(peer_value(p, "drain", workers, "default")) for p in peers.values()],
+            )
+        )
+        rows.append(
+            (
+                f"drain, {workers} worker process(es), best (jobs/s)",
+                _fmt(ours["drain"][workers]["jobs_per_s"]),
+                [_fmt(best_drain(p, workers)) for p in peers.values()],
+            )
+        )
+    for q in ("p50", "p95", "p99"):
+        rows.append(
+            (
+                f"wake-up latency {q} (ms)",
+                _fmt(ours["latency_ms"][q], "ms"),
+                [_fmt(peer_value(p, "latency_ms", q), "ms") for p in peers.values()],
+            )
+        )
+    width = max(len(r[0]) for r in rows) + 2
+    header = f"{'measure':<{width}}{'pgoutbox':>12}" + "".join(f"{n:>18}" for n in names)
+    lines = [header, "-" * len(header)]
+    for label, value, others in rows:
+        lines.append(f"{label:<{width}}{value:>12}" + "".join(f"{o:>18}" for o in others))
+    lines.append("")
+    lines.append(
+        f"outbox projection: {ours['outbox']['events_per_s']:,.0f} events/s; lag p50/p95/p99 "
+        f"{ours['outbox']['lag_ms']['p50']:.1f} / {ours['outbox']['lag_ms']['p95']:.1f} / "
+        f"{ours['outbox']['lag_ms']['p99']:.1f} ms"
+    )
+    one = ours["ceiling"]["1"]
+    lines.append(
+        f"SQL-only ceiling (batches of 100): {one:,.0f} jobs/s on 1 connection, "
+        f"{ours['ceiling']['2']:,.0f} on 2; one worker drains at "
+        f"{ours['drain']['1']['jobs_per_s'] / one:.0%} of the first"
+    )
+    for name, data in peers.items():
+        best = best_drain(data, "1")
+        if best:
+            lines.append(
+                f"drain, 1 process, ours / {name}'s best: "
+                f"{ours['drain']['1']['jobs_per_s'] / best:.1f}x"
+            )
+    if ours.get("long"):
+        long = ours["long"]
+        lines.append(
+            f"{long['jobs']:,} jobs, one worker: {long['overall_per_s']:,.0f} jobs/s; last tenth "
+            f"at {long['last_over_first']:.0%} of the first; RSS {long['rss_mb']['start']:.0f} -> "
+            f"max {long['rss_mb']['max']:.0f} MB"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="a smaller run, for CI")
+    parser.add_argument("--no-peers", action="store_true", help="django-pgoutbox alone")
+    parser.add_argument("--peers", nargs="*", choices=list(PEERS), default=list(PEERS))
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    setup_django()
+
+    ours: dict[str, Any] = {}
+    log("== enqueue")
+    ours["enqueue"] = enqueue_rates(sizes["single"], sizes["jobs"])
+    log("== drain")
+    ours["drain"] = {str(n): drain(sizes["jobs"], n) for n in (1, 2)}
+    log("== wake-up latency")
+    ours["latency_ms"] = wakeup(sizes["latency"], 0.01)
+    log("== outbox")
+    ours["outbox"] = outbox(sizes["events"], sizes["latency"])
+    log("== SQL-only ceiling")
+    ours["ceiling"] = ceiling(sizes["jobs"])
+    if sizes["long"]:
+        log(f"== long drain of {sizes['long']:,} jobs")
+        ours["long"] = long_drain(sizes["long"])
+    peers = {} if args.no_peers else {name: peer(name, sizes) for name in args.peers}
+
+    report = table(ours, peers)
+    print(report)
+    path = write_results(
+        "suite",
+        {
+            "quick": args.quick,
+            "sizes": sizes,
+            "pgoutbox": ours,
+            "peers": peers,
+            "machine": machine(),
+        },
+    )
+    print(f"written to {path.relative_to(ROOT)}")
+
+
+def machine() -> dict[str, Any]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT version(), current_setting('synchronous_commit'), current_setting('autovacuum')"
+        )
+        version, sync, autovacuum = cursor.fetchone()
+    return {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "postgresql": version,
+        "synchronous_commit": sync,
+        "autovacuum": autovacuum,
+    }
+
+
+if __name__ == "__main__":
+    main()
