@@ -39,6 +39,25 @@ ENQUEUE_CHUNK_SIZE = 5000
 _INT32 = (-(2**31), 2**31 - 1)
 
 
+class CancelFlag:
+    """Whether a running job's cancellation was requested: set by the worker, read by the handler.
+
+    A bare attribute rather than a ``threading.Event``, which costs a lock and a condition for
+    every job claimed; setting and reading one attribute is atomic in Python.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 @dataclass
 class JobContext:
     """What a handler knows about the attempt it is running."""
@@ -56,7 +75,7 @@ class JobContext:
     #: enqueues follow-up work, or reads the jobs tables, should do it.
     using: str = "default"
     #: Set by the worker when it learns that cancellation was requested.
-    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _cancel: CancelFlag = field(default_factory=CancelFlag, repr=False)
 
     @property
     def cancelled(self) -> bool:

@@ -50,9 +50,14 @@ class _Metric:
         self._lock = threading.Lock()
 
     def _key(self, labels: dict[str, str]) -> tuple[str, ...]:
-        if set(labels) != set(self.labelnames):
+        # On every job's path: a list comprehension, no sets built.
+        try:
+            key = tuple([str(labels[name]) for name in self.labelnames])
+        except KeyError:
+            key = ()
+        if len(key) != len(self.labelnames) or len(labels) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, not {tuple(labels)}")
-        return tuple(str(labels[name]) for name in self.labelnames)
+        return key
 
 
 class Counter(_Metric):

@@ -13,11 +13,13 @@ from datetime import datetime
 from typing import Any
 
 from django.db import close_old_connections
+from django.db.backends.signals import connection_created
+from django.dispatch import receiver
 
 from django_pgoutbox import metrics, signals
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import InvalidResult, JobFailure, Snooze
-from django_pgoutbox.jobs import JobContext, JobDefinition, get_job
+from django_pgoutbox.jobs import CancelFlag, JobContext, JobDefinition, get_job
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.retry import Action, bound, decide
 from django_pgoutbox.worker.isolated import run_isolated
@@ -59,6 +61,14 @@ class Outcome:
     timed_out: bool = False
 
 
+_thread_state = threading.local()
+
+
+@receiver(connection_created)
+def _note_connection(sender: Any, **kwargs: Any) -> None:
+    _thread_state.connected = True
+
+
 _ACTION_STATUS = {
     Action.RETRY: JobStatus.RETRYING,
     Action.DEAD: JobStatus.DEAD,
@@ -66,10 +76,18 @@ _ACTION_STATUS = {
 }
 
 
+_job_loggers: dict[str, logging.Logger] = {}
+
+
 def job_logger(job: ClaimedJob) -> logging.LoggerAdapter[logging.Logger]:
     """A logger whose records carry the job's id, type, queue and attempt as ``extra`` fields."""
+    base = _job_loggers.get(job.job_type)
+    if base is None:  # getLogger takes the logging module's lock: once per job type
+        base = _job_loggers[job.job_type] = logging.getLogger(
+            f"django_pgoutbox.jobs.{job.job_type}"
+        )
     return logging.LoggerAdapter(
-        logging.getLogger(f"django_pgoutbox.jobs.{job.job_type}"),
+        base,
         {
             "job_id": str(job.id),
             "job_type": job.job_type,
@@ -84,7 +102,7 @@ def execute(
     *,
     policy: RetrySettings,
     renew: Callable[[], None],
-    cancel: threading.Event | None = None,
+    cancel: CancelFlag | None = None,
     using: str = "default",
 ) -> Outcome:
     """Run the handler of ``job`` and decide its outcome, with its metrics and signals.
@@ -100,7 +118,7 @@ def execute(
         definition,
         policy=policy,
         renew=renew,
-        cancel=cancel or threading.Event(),
+        cancel=cancel or CancelFlag(),
         using=using,
     )
     duration = time.perf_counter() - started
@@ -149,7 +167,7 @@ def _run(
     *,
     policy: RetrySettings,
     renew: Callable[[], None],
-    cancel: threading.Event,
+    cancel: CancelFlag,
     using: str,
 ) -> Outcome:
     """Run the handler of ``job`` and decide its outcome; never raises."""
@@ -237,7 +255,9 @@ def _run(
     finally:
         # Once per attempt, after it: a connection the handler left broken, in a transaction,
         # or past CONN_MAX_AGE is closed before the thread's next job (as after a request).
-        close_old_connections()
+        # Only in threads that ever opened one: looking costs more than a no-op job.
+        if getattr(_thread_state, "connected", False):
+            close_old_connections()
     return Outcome(job, JobStatus.COMPLETED, result_json=result_json)
 
 

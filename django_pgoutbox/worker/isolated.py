@@ -28,7 +28,7 @@ from django_pgoutbox import isolated_child
 from django_pgoutbox.errors import Cancelled, JobTimeout
 
 if TYPE_CHECKING:
-    from django_pgoutbox.jobs import JobDefinition
+    from django_pgoutbox.jobs import CancelFlag, JobDefinition
     from django_pgoutbox.worker.execute import ClaimedJob
 
 #: How often (seconds) the worker's thread looks at the cancellation flag while a child runs.
@@ -52,9 +52,7 @@ def _mp_context() -> BaseContext:
         return _context
 
 
-def run_isolated(
-    job: ClaimedJob, definition: JobDefinition, cancel: threading.Event, using: str
-) -> Any:
+def run_isolated(job: ClaimedJob, definition: JobDefinition, cancel: CancelFlag, using: str) -> Any:
     """Run ``job``'s handler in a child process; return its value or raise its exception.
 
     Raises ``JobTimeout`` at the job type's timeout and ``Cancelled`` when ``cancel`` is set,

@@ -47,7 +47,7 @@ from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import QueueSettings, RetrySettings
 from django_pgoutbox.db import dispatcher_connection_params
 from django_pgoutbox.errors import JobTimeout, LeaseLost
-from django_pgoutbox.jobs import get_job
+from django_pgoutbox.jobs import CancelFlag, get_job
 from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.retry import decide
@@ -67,6 +67,21 @@ FLUSH_DELAY = 0.005
 FLUSH_SIZE = 500
 #: The prefetch aims at this many seconds of work, at the queue's recent pace.
 PREFETCH_SECONDS = 0.1
+
+#: The dispatcher's statements with binary parameters (``%b``): psycopg then sends its arrays
+#: without quoting each element in Python. It has a connection of its own with server-side
+#: parameters; Django's cursors (which the tests use with the same statements) take ``%s`` only.
+_BINARY = {
+    name: getattr(queries, name).replace("%s", "%b")
+    for name in (
+        "RECORD_AND_CLAIM",
+        "RECORD_OUTCOMES",
+        "CLAIM_JOBS",
+        "RENEW_LEASES",
+        "UNCLAIM_JOBS",
+        "RELEASE_JOBS",
+    )
+}
 
 #: Errors after which the dispatcher reconnects and tries again.
 CONNECTION_ERRORS = (
@@ -88,15 +103,51 @@ Key = tuple[uuid.UUID, int]
 
 @dataclass
 class _Running:
-    job: ClaimedJob
+    id: uuid.UUID
+    attempt: int
+    #: The claim's row; the handler's thread turns it into a ClaimedJob (parsing the payload
+    #: off the dispatcher's thread).
+    row: tuple[Any, ...]
+    _job: ClaimedJob | None = None
     #: Set when the job's cancellation was requested; the handler's ctx reads it.
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: CancelFlag = field(default_factory=CancelFlag)
     #: When the dispatcher fails the attempt for its timeout (monotonic); thread isolation only.
     #: Set when the handler starts: a prefetched job waits without its clock running.
     deadline: float | None = None
     lease_lost: bool = False
     #: The handler has started (a prefetched job waits in the threads' queue until then).
     started: bool = False
+
+    @property
+    def job(self) -> ClaimedJob:
+        if self._job is None:
+            (
+                job_id,
+                job_type,
+                payload,
+                attempts,
+                max_attempts,
+                organization_id,
+                queue,
+                priority,
+                created_at,
+                waited,
+                worker_ids,
+            ) = self.row
+            self._job = ClaimedJob(
+                id=job_id,
+                job_type=job_type,
+                payload=json.loads(payload),
+                attempt=attempts,
+                max_attempts=max_attempts,
+                organization_id=organization_id,
+                queue=queue,
+                priority=priority,
+                created_at=created_at,
+                waited=waited,
+                worker_ids=json.loads(worker_ids),
+            )
+        return self._job
 
 
 @dataclass
@@ -116,10 +167,8 @@ class _HandlerThreads:
 
     def __init__(self, size: int, name: str, run: Any) -> None:
         self._name = name
-        self._run = run  # called with each (job, entry) taken from the queue
-        self._tasks: queue_module.SimpleQueue[tuple[ClaimedJob, _Running] | None] = (
-            queue_module.SimpleQueue()
-        )
+        self._run = run  # called with each entry taken from the queue
+        self._tasks: queue_module.SimpleQueue[_Running | None] = queue_module.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{index}", daemon=True)
             for index in range(size)
@@ -127,16 +176,16 @@ class _HandlerThreads:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, job: ClaimedJob, entry: _Running) -> None:
-        self._tasks.put((job, entry))
+    def submit(self, entry: _Running) -> None:
+        self._tasks.put(entry)
 
     def waiting(self) -> int:
         """Claimed jobs that no thread has taken yet (approximate, as any queue size)."""
         return self._tasks.qsize()
 
-    def take_waiting(self) -> list[tuple[ClaimedJob, _Running]]:
+    def take_waiting(self) -> list[_Running]:
         """Take back the jobs that no thread has started (at shutdown)."""
-        taken: list[tuple[ClaimedJob, _Running]] = []
+        taken: list[_Running] = []
         retirements = 0
         while True:
             try:
@@ -169,7 +218,7 @@ class _HandlerThreads:
 
     def _work(self) -> None:
         while (item := self._tasks.get()) is not None:
-            self._run(*item)
+            self._run(item)
 
 
 class QueueRunner:
@@ -337,7 +386,7 @@ class QueueRunner:
                 self._db.close()
             self._db = None
 
-    def _record_and_claim(self, *, claim: bool) -> tuple[list[ClaimedJob], int, float]:
+    def _record_and_claim(self, *, claim: bool) -> tuple[list[_Running], int, float]:
         """Write the finished attempts' outcomes and, with ``claim``, fill the free threads.
 
         One statement either way (RECORD_AND_CLAIM when there is both to do), or, for a queue
@@ -373,7 +422,7 @@ class QueueRunner:
         try:
             with self._connection().cursor() as cursor:
                 if batch and limit > 0 and not special:
-                    cursor.execute(queries.RECORD_AND_CLAIM, outcome_params + claim_params)
+                    cursor.execute(_BINARY["RECORD_AND_CLAIM"], outcome_params + claim_params)
                     for is_claim, *row in cursor.fetchall():
                         if is_claim:
                             rows.append(tuple(row))
@@ -381,12 +430,12 @@ class QueueRunner:
                             applied.add(row[0])
                 else:
                     if batch:
-                        cursor.execute(queries.RECORD_OUTCOMES, outcome_params)
+                        cursor.execute(_BINARY["RECORD_OUTCOMES"], outcome_params)
                         applied = {row[0] for row in cursor.fetchall()}
                     if limit > 0 and special:
                         rows, retry_in = self._claim_limited(limit)
                     elif limit > 0:
-                        cursor.execute(queries.CLAIM_JOBS, claim_params)
+                        cursor.execute(_BINARY["CLAIM_JOBS"], claim_params)
                         rows = cursor.fetchall()
         except STATEMENT_ERRORS:
             # Not written: keep them (and their leases, still renewed) for the next turn.
@@ -442,7 +491,7 @@ class QueueRunner:
                 )
             else:
                 cursor.execute(
-                    queries.CLAIM_JOBS, [self.queue, limit, self.worker_id, self.lease_seconds]
+                    _BINARY["CLAIM_JOBS"], [self.queue, limit, self.worker_id, self.lease_seconds]
                 )
             rows = cursor.fetchall()
             if rate is not None and rows:
@@ -461,42 +510,16 @@ class QueueRunner:
                 retry_in = min(RATE_LIMIT_RETRY_CAP, 1 / rate)
         return rows, retry_in
 
-    def _start(self, rows: list[tuple[Any, ...]]) -> list[ClaimedJob]:
-        claimed = [
-            ClaimedJob(
-                id=job_id,
-                job_type=job_type,
-                payload=json.loads(payload),
-                attempt=attempts,
-                max_attempts=max_attempts,
-                organization_id=organization_id,
-                queue=queue,
-                priority=priority,
-                created_at=created_at,
-                waited=waited,
-                worker_ids=json.loads(worker_ids),
-            )
-            for (
-                job_id,
-                job_type,
-                payload,
-                attempts,
-                max_attempts,
-                organization_id,
-                queue,
-                priority,
-                created_at,
-                waited,
-                worker_ids,
-            ) in rows
-        ]
-        if claimed:
-            metrics.JOBS_CLAIMED.inc(len(claimed), queue=self.queue)
-        for job in claimed:
-            entry = _Running(job)
-            self._running[(job.id, job.attempt)] = entry
-            self._threads.submit(job, entry)
-        return claimed
+    def _start(self, rows: list[tuple[Any, ...]]) -> list[_Running]:
+        if rows:
+            metrics.JOBS_CLAIMED.inc(len(rows), queue=self.queue)
+        started = []
+        for row in rows:
+            entry = _Running(row[0], row[3], row)
+            self._running[(entry.id, entry.attempt)] = entry
+            self._threads.submit(entry)
+            started.append(entry)
+        return started
 
     def _prefetch(self, finished: int) -> int:
         """How many jobs beyond the busy threads to claim now: about PREFETCH_SECONDS of work."""
@@ -511,8 +534,9 @@ class QueueRunner:
             self._pace_count, self._pace_since = 0, now
         return min(self._prefetch_max, int(self._pace * PREFETCH_SECONDS))
 
-    def _run_attempt(self, job: ClaimedJob, entry: _Running) -> None:
+    def _run_attempt(self, entry: _Running) -> None:
         """Run one claimed attempt on a handler thread and hand its outcome to the dispatcher."""
+        job = entry.job
         if entry.cancel.is_set():
             outcome = Outcome(
                 job,
@@ -633,11 +657,11 @@ class QueueRunner:
             try:
                 with self._connection().cursor() as cursor:
                     cursor.execute(
-                        queries.RENEW_LEASES,
+                        _BINARY["RENEW_LEASES"],
                         [
                             self.lease_seconds,
-                            [r.job.id for r in running],
-                            [r.job.attempt for r in running],
+                            [r.id for r in running],
+                            [r.attempt for r in running],
                             self.worker_id,
                         ],
                     )
@@ -646,21 +670,21 @@ class QueueRunner:
                 self._renewals.extend(requests)
                 raise
         for entry in running:
-            if entry.job.id not in held:
+            if entry.id not in held:
                 entry.lease_lost = True
                 logger.warning(
                     "job %s attempt %d: lease lost; its outcome will be discarded",
-                    entry.job.id,
-                    entry.job.attempt,
-                    extra={"job_id": str(entry.job.id), "queue": self.queue},
+                    entry.id,
+                    entry.attempt,
+                    extra={"job_id": str(entry.id), "queue": self.queue},
                 )
-            elif held[entry.job.id] and not entry.cancel.is_set():
+            elif held[entry.id] and not entry.cancel.is_set():
                 entry.cancel.set()
                 logger.info(
                     "job %s attempt %d: cancellation requested; told the handler",
-                    entry.job.id,
-                    entry.job.attempt,
-                    extra={"job_id": str(entry.job.id), "queue": self.queue},
+                    entry.id,
+                    entry.attempt,
+                    extra={"job_id": str(entry.id), "queue": self.queue},
                 )
         for request in requests:
             asked = self._running.get(request.key)
@@ -669,20 +693,20 @@ class QueueRunner:
 
     def _unclaim_waiting(self) -> None:
         """At shutdown: give back the prefetched jobs that no thread started, attempt and all."""
-        waiting = [entry for _, entry in self._threads.take_waiting()]
+        waiting = self._threads.take_waiting()
         if not waiting:
             return
         with self._connection().cursor() as cursor:
             cursor.execute(
-                queries.UNCLAIM_JOBS,
+                _BINARY["UNCLAIM_JOBS"],
                 [
-                    [r.job.id for r in waiting],
-                    [r.job.attempt for r in waiting],
+                    [r.id for r in waiting],
+                    [r.attempt for r in waiting],
                     self.worker_id,
                 ],
             )
         for entry in waiting:
-            self._running.pop((entry.job.id, entry.job.attempt), None)
+            self._running.pop((entry.id, entry.attempt), None)
 
     def _release_unfinished(self) -> None:
         unfinished = list(self._running.values())
@@ -690,10 +714,10 @@ class QueueRunner:
             return
         with self._connection().cursor() as cursor:
             cursor.execute(
-                queries.RELEASE_JOBS,
+                _BINARY["RELEASE_JOBS"],
                 [
-                    [r.job.id for r in unfinished],
-                    [r.job.attempt for r in unfinished],
+                    [r.id for r in unfinished],
+                    [r.attempt for r in unfinished],
                     self.worker_id,
                 ],
             )
