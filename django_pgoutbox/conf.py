@@ -67,7 +67,7 @@ DEFAULTS: dict[str, Any] = {
     },
     "OUTBOX": {
         # Events the relay claims (and projects in one transaction) at a time.
-        "BATCH_SIZE": 100,
+        "BATCH_SIZE": 500,
         # The relay's claim lasts this long; then another relay may take the event over.
         "CLAIM_SECONDS": 60,
         # Projection attempts before a failing event is dead (its aggregate's later events wait).

@@ -111,7 +111,8 @@ def execute(
     """
     definition = get_job(job.job_type) or _task_definition(job.job_type, job.payload)
     metrics.JOB_START_DELAY.observe(max(job.waited, 0.0), queue=job.queue)
-    signals.job_started.send_robust(sender=definition, job=job)
+    sender = definition if definition is not None else signals.NO_HANDLER
+    signals.job_started.send_robust(sender=sender, job=job)
     started = time.perf_counter()
     outcome = _run(
         job,
@@ -126,7 +127,7 @@ def execute(
         duration, queue=job.queue, job_type=job.job_type, outcome=outcome.status.value
     )
     signals.job_finished.send_robust(
-        sender=definition,
+        sender=sender,
         job=job,
         outcome=outcome.status.value,
         duration=duration,

@@ -256,6 +256,8 @@ class QueueRunner:
         #: worker would count against a cap, or skip the organizations' turns.
         self._prefetch_max = 0 if (settings.fair or settings.limited) else settings.prefetch
         self._pace = 0.0  # completions per second, smoothed
+        #: Wake the dispatcher to claim more once fewer jobs than this wait for a thread.
+        self._low_water = self.concurrency
         self._pace_count = 0
         self._pace_since = time.monotonic()
         self._db: psycopg.Connection[Any] | None = None
@@ -310,7 +312,7 @@ class QueueRunner:
                     if (
                         now < flush_at
                         and len(self._outcomes) < FLUSH_SIZE
-                        and self._threads.waiting() >= self.concurrency
+                        and self._threads.waiting() >= self._low_water
                         and not self._renewals
                     ):
                         # The threads have work: let more outcomes gather for one statement.
@@ -532,7 +534,11 @@ class QueueRunner:
             recent = self._pace_count / elapsed
             self._pace = recent if not self._pace else (self._pace + recent) / 2
             self._pace_count, self._pace_since = 0, now
-        return min(self._prefetch_max, int(self._pace * PREFETCH_SECONDS))
+        prefetch = min(self._prefetch_max, int(self._pace * PREFETCH_SECONDS))
+        # Claim again while half the prefetch is still waiting, so that the threads never run
+        # dry during the round trip.
+        self._low_water = max(self.concurrency, prefetch // 2)
+        return prefetch
 
     def _run_attempt(self, entry: _Running) -> None:
         """Run one claimed attempt on a handler thread and hand its outcome to the dispatcher."""
@@ -562,7 +568,7 @@ class QueueRunner:
                 return  # no outcome: its lease expires and another attempt follows
         first = not self._outcomes
         self._outcomes.append(outcome)
-        if first or self._threads.waiting() < self.concurrency or self._stopping.is_set():
+        if first or self._threads.waiting() < self._low_water or self._stopping.is_set():
             self._wake.set()
 
     def _settle(self, batch: list[Outcome], applied: set[uuid.UUID]) -> None:
