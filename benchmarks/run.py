@@ -343,7 +343,7 @@ def table(ours: dict[str, Any], peers: dict[str, dict[str, Any]]) -> str:
 
 
 def targets(ours: dict[str, Any], peers: dict[str, dict[str, Any]]) -> list[str]:
-    """Each of the issue's targets, with the figure that meets it or not."""
+    """Each target of the suite (docs/benchmarks.md), with the figure that meets it or not."""
 
     def best(name: str) -> float | None:
         value = peers.get(name, {}).get("drain", {}).get("1", {}).get("best")
