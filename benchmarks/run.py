@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, percentile, runworkers, setup_django, truncate, write_results
+from benchmarks.common import ROOT, runworkers, setup_django, truncate, write_results
 
 PEERS = {
     "procrastinate": "benchmarks/peers/procrastinate_bench.py",
@@ -89,67 +89,16 @@ def enqueue_rates(single: int, bulk: int) -> dict[str, float]:
 
 
 def drain(jobs: int, processes: int, concurrency: int = 4) -> dict[str, float]:
-    from django.db import connection
+    from benchmarks import worker as bench_worker
 
-    from django_pgoutbox import enqueue_many
-
-    truncate("jobs")
-    enqueue_many([{"job_type": "tests.noop", "payload": {}}] * jobs)
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE jobs")
-    workers = [
-        runworkers(
-            "--roles", "jobs", "--burst", "--queues", "default", "--concurrency", str(concurrency)
-        )
-        for _ in range(processes)
-    ]
-    for worker in workers:
-        worker.wait()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FILTER (WHERE status = 'completed'), "
-            "extract(epoch FROM max(finished_at) - min(locked_at)) FROM jobs"
-        )
-        completed, window = cursor.fetchone()
-    assert completed == jobs, f"only {completed} of {jobs} completed"
-    return {"jobs_per_s": jobs / float(window), "seconds": float(window)}
+    return bench_worker.drain(jobs, concurrency, processes)
 
 
 def wakeup(count: int, gap: float) -> dict[str, float]:
-    from django_pgoutbox import enqueue
-    from django_pgoutbox.models import Job
+    from benchmarks import worker as bench_worker
 
-    truncate("jobs")
-    process = runworkers("--roles", "jobs", "--queues", "default", settings={"POLL_INTERVAL": 5})
-    try:
-        time.sleep(3)  # start-up, first claim and the LISTEN connection: then it is idle
-        committed: dict[object, float] = {}
-        for _ in range(count):
-            job = enqueue("tests.stamp", {})  # autocommit: committed when it returns
-            committed[job.pk] = time.time()
-            time.sleep(gap)
-        deadline = time.monotonic() + 60
-        while Job.objects.filter(status="completed").count() < count:
-            assert time.monotonic() < deadline, "wake-up jobs did not complete"
-            time.sleep(0.1)
-    finally:
-        process.terminate()
-        process.wait()
-    latencies = [
-        (result["started"] - committed[pk]) * 1000
-        for pk, result in Job.objects.values_list("pk", "result")
-        if result is not None
-    ]
-    return _percentiles(latencies)
-
-
-def _percentiles(values: list[float]) -> dict[str, float]:
-    return {
-        "p50": percentile(values, 0.5),
-        "p95": percentile(values, 0.95),
-        "p99": percentile(values, 0.99),
-        "mean": sum(values) / len(values),
-    }
+    result = bench_worker.wakeup(count, gap)
+    return {q: result[f"{q}_ms"] for q in ("p50", "p95", "p99", "mean")}
 
 
 def outbox(events: int, lag_events: int) -> dict[str, Any]:
@@ -442,10 +391,10 @@ def main() -> None:
     ours["drain"] = {}
     for n in (1, 2):
         runs = {c: drain(sizes["jobs"], n, c) for c in (4, 16)}
-        best = max(runs, key=lambda c: runs[c]["jobs_per_s"])
+        best = max(runs, key=lambda c: runs[c]["jobs_per_second"])
         ours["drain"][str(n)] = {
-            "default": runs[4]["jobs_per_s"],
-            "best": runs[best]["jobs_per_s"],
+            "default": runs[4]["jobs_per_second"],
+            "best": runs[best]["jobs_per_second"],
             "best_config": f"CONCURRENCY {best}",
         }
     log("== wake-up latency")

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import ROOT, percentile, runworkers, setup_django, truncate, write_results
 
 
-def drain(jobs: int, concurrency: int) -> dict[str, float]:
+def drain(jobs: int, concurrency: int, processes: int = 1) -> dict[str, float]:
     from django.db import connection
 
     from django_pgoutbox import enqueue_many
@@ -37,10 +37,14 @@ def drain(jobs: int, concurrency: int) -> dict[str, float]:
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE jobs")
     started = time.monotonic()
-    process = runworkers(
-        "--roles", "jobs", "--burst", "--queues", "default", "--concurrency", str(concurrency)
-    )
-    process.wait()
+    workers = [
+        runworkers(
+            "--roles", "jobs", "--burst", "--queues", "default", "--concurrency", str(concurrency)
+        )
+        for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.wait()
     wall = time.monotonic() - started
     with connection.cursor() as cursor:
         cursor.execute(

@@ -178,3 +178,25 @@ def test_runworkers_rejects_unknown_queues(start_worker: Any) -> None:
     worker = start_worker("--queues", "nope")
     assert worker.wait(timeout=20) != 0
     assert "unknown queue(s) 'nope'" in worker.output()
+
+
+def test_sigterm_gives_back_prefetched_jobs_unstarted(start_worker: Any) -> None:
+    enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.005}}] * 3000)
+    worker = start_worker("--queues", "default", "--concurrency", "2", **QUICK)
+    # Fast jobs: the worker claims ahead of its two threads.
+    wait_for(lambda: statuses()[JobStatus.LEASED] > 10, timeout=20)
+    held = set(Job.objects.filter(status=JobStatus.LEASED).values_list("pk", flat=True))
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=15) == 0
+    counts = statuses()
+    assert counts[JobStatus.LEASED] == 0
+    assert counts[JobStatus.COMPLETED] + counts[JobStatus.PENDING] == 3000
+    # A job that no thread started is pending again as if never claimed: no attempt spent,
+    # no worker recorded, no side effect.
+    started = set(events("start"))
+    pending = Job.objects.filter(status=JobStatus.PENDING)
+    assert not pending.filter(pk__in=started).exists()
+    assert set(pending.values_list("attempts", flat=True)) == {0}
+    assert all(ids == [] for ids in pending.values_list("worker_ids", flat=True))
+    # Some of what it held when told to stop was given back rather than run in the grace period.
+    assert pending.filter(pk__in=held).exists()

@@ -115,8 +115,6 @@ class _Running:
     #: Set when the handler starts: a prefetched job waits without its clock running.
     deadline: float | None = None
     lease_lost: bool = False
-    #: The handler has started (a prefetched job waits in the threads' queue until then).
-    started: bool = False
 
     @property
     def job(self) -> ClaimedJob:
@@ -554,7 +552,6 @@ class QueueRunner:
             definition = get_job(job.job_type)
             if definition is not None and definition.timeout and definition.isolation == "thread":
                 entry.deadline = time.monotonic() + definition.timeout
-            entry.started = True
             try:
                 outcome = execute(
                     job,

@@ -11,11 +11,13 @@ from testproject.testjobs.models import Projection
 
 @subscriber("tests.projected")
 def project(event: OutboxEvent) -> None:
-    """Record the projection and enqueue a job for it, in the relay's transaction."""
+    """Record the projection and enqueue a job for it, in the relay's transaction.
+
+    With ``fail``, it raises after both: what it wrote and what it enqueued (a deferred job of
+    the relay's batch) must both be undone.
+    """
     if event.payload.get("sleep"):
         time.sleep(event.payload["sleep"])
-    if event.payload.get("fail"):
-        raise ValueError(f"cannot project {event.payload.get('sequence')}")
     Projection.objects.create(
         event_id=event.id,
         aggregate_id=event.aggregate_id,
@@ -23,6 +25,8 @@ def project(event: OutboxEvent) -> None:
         relay=event.claimed_by or "",
     )
     enqueue("tests.noop", {"event": str(event.id)})
+    if event.payload.get("fail"):
+        raise ValueError(f"cannot project {event.payload.get('sequence')}")
 
 
 @subscriber("tests.stamped")
