@@ -30,7 +30,7 @@ SETTING_NAME = "PGOUTBOX"
 JOBS_CHANNEL = "pgoutbox_jobs"
 #: The notification channel that tells workers a running job of a queue was asked to stop.
 CANCEL_CHANNEL = "pgoutbox_cancel"
-#: The notification channel that wakes the outbox relay; the payload is the event id.
+#: The notification channel that wakes the outbox relay; the payload is the event type.
 OUTBOX_CHANNEL = "outbox_ready"
 
 #: Queue names travel in NOTIFY payloads, metric labels and command-line flags: keep them plain.

@@ -77,3 +77,32 @@ def server_side_cursor(alias: str) -> Iterator[Any]:
     wrapper.ensure_connection()
     with wrapper._prepare_cursor(psycopg.Cursor(wrapper.connection)) as cursor:  # type: ignore[attr-defined]
         yield cursor
+
+
+def unapplied_migrations(alias: str) -> list[str]:
+    """django-pgoutbox's migrations that the database ``alias`` lacks (``["pgoutbox.0002_…"]``).
+
+    The commands refuse to run against such a database with an error that says to migrate, rather
+    than failing later on a missing table or column (after an upgrade, say).
+    """
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connections[alias])
+    targets = [node for node in executor.loader.graph.leaf_nodes() if node[0] == "pgoutbox"]
+    return [
+        f"{migration.app_label}.{migration.name}"
+        for migration, backwards in executor.migration_plan(targets)
+        if not backwards
+    ]
+
+
+def require_migrated(alias: str) -> None:
+    """Raise ``CommandError`` naming the missing migrations, if ``alias`` lacks any."""
+    from django.core.management.base import CommandError
+
+    missing = unapplied_migrations(alias)
+    if missing:
+        raise CommandError(
+            f"The database {alias!r} lacks django-pgoutbox's migrations {', '.join(missing)}: "
+            f"run 'manage.py migrate --database {alias}' first."
+        )

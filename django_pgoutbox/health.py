@@ -47,11 +47,13 @@ class Heartbeat:
             json.dumps(list(queues)),
         ]
         self._stop = threading.Event()
+        self._first = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pgoutbox-heartbeat", daemon=True)
 
     def start(self) -> None:
-        self.beat()
+        """Write the first beat (on the heartbeat thread's own connection), then beat on."""
         self._thread.start()
+        self._first.wait(timeout=10)
 
     def beat(self) -> None:
         try:
@@ -73,6 +75,10 @@ class Heartbeat:
 
     def _run(self) -> None:
         try:
+            try:
+                self.beat()
+            finally:
+                self._first.set()
             while not self._stop.wait(HEARTBEAT_SECONDS):
                 self.beat()
         finally:

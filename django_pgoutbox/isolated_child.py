@@ -9,6 +9,7 @@ cannot be imported before Django is set up.
 from __future__ import annotations
 
 import pickle
+import signal
 from typing import Any
 
 import django
@@ -28,6 +29,11 @@ def run_attempt(
     from django_pgoutbox.jobs import JobContext, get_job
     from django_pgoutbox.worker.execute import job_logger
 
+    # Ctrl-C in a terminal, or a supervisor that signals the whole process group, must not kill
+    # the attempt: the worker stops it (SIGKILL) at its timeout, at a cancel, or when the grace
+    # period of a shutdown runs out, and lets it finish otherwise.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     definition = get_job(job_type)
     message: tuple[str, Any]
     try:

@@ -413,11 +413,15 @@ RETURNING id, queue, status
 #:
 #: They return to 'pending', due now, for another worker (or end 'cancelled' if that was
 #: asked). The attempt stays counted: it did start, and its side effects may have happened
-#: (handlers are idempotent).
+#: (handlers are idempotent). A job released during its last attempt is dead, as it would be
+#: had its lease expired: it never gets more than ``max_attempts`` attempts.
 RELEASE_JOBS = """
 UPDATE jobs AS j
-SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'pending' END,
-    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END,
+SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                  WHEN j.attempts >= j.max_attempts THEN 'dead'
+                  ELSE 'pending' END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR j.attempts >= j.max_attempts
+                       THEN now() END,
     run_at = now(),
     lease_expires_at = NULL,
     last_error_code = 'worker_shutdown',
@@ -469,7 +473,7 @@ INSERT INTO outbox_events (
 )
 VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s, now()), COALESCE(%s, now()))
 RETURNING occurred_at, available_at,
-          CASE WHEN %s THEN pg_notify(%s, id::text)::text END
+          CASE WHEN %s THEN pg_notify(%s, left(event_type, 200))::text END
 """
 
 #: Claim a bounded batch of events to project: the source text's claim, plus order.

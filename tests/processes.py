@@ -56,6 +56,7 @@ class WorkerProcess:
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, as in a terminal or under systemd
         )
         self.pid = self.process.pid
 

@@ -55,3 +55,48 @@ def test_demo_runs_the_batch_to_the_end() -> None:
     assert (
         Job.objects.filter(attempts=2, status="completed").count() == 6
     )  # five flaky notifications, one throttled webhook
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("command", [["runworkers", "--burst"], ["pgoutbox", "stats"]])
+def test_commands_refuse_an_unmigrated_database(command: list[str]) -> None:
+    """Before `migrate`, or after an upgrade without it: a clear error, not a missing relation."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+    from psycopg import sql
+
+    from django_pgoutbox.db import raw_connection_params
+    from tests.processes import database_url_for_tests
+
+    name = "pgoutbox_unmigrated"
+    with psycopg.connect(**{**raw_connection_params("default"), "dbname": "postgres"}) as conn:
+        conn.autocommit = True
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        try:
+            parts = urlsplit(database_url_for_tests())
+            url = urlunsplit(parts._replace(path=f"/{name}"))
+            result = subprocess.run(
+                [sys.executable, "manage.py", *command],
+                cwd=Path(__file__).resolve().parent.parent,
+                env={**os.environ, "DATABASE_URL": url},
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        finally:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert (
+        "CommandError: The database 'default' lacks django-pgoutbox's migrations "
+        "pgoutbox.0001_initial, pgoutbox.0002_limits_cancellation: "
+        "run 'manage.py migrate --database default' first."
+    ) in result.stderr

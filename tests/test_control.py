@@ -208,3 +208,18 @@ def test_isolated_failures_reach_the_retry_policy(
     start_worker("--queues", "default", **LONG_LEASE)
     wait_for(lambda: Job.objects.get(pk=job.pk).last_error_code == code, timeout=20)
     assert status_of(job) == status
+
+
+def test_ctrl_c_lets_an_isolated_attempt_finish(start_worker: Any) -> None:
+    """SIGINT to the whole process group, as Ctrl-C in a terminal: a graceful stop, children too."""
+    import os
+    import signal
+
+    job = enqueue("tests.isolated", {"sleep": 0.8})
+    worker = start_worker("--queues", "default", "--grace-period", "10", **LONG_LEASE)
+    wait_for(lambda: effects(job) == [(1, "start")])
+    os.killpg(worker.pid, signal.SIGINT)
+    assert worker.wait(timeout=15) == 0
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.attempts) == (JobStatus.COMPLETED, 1)
+    assert effects(job) == [(1, "start"), (1, "end")]

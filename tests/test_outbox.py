@@ -105,13 +105,20 @@ class TestPublish:
 
 @pytest.mark.django_db(transaction=True)  # the listener is a second connection
 class TestPublishWakeUp:
-    def test_notification_carries_the_id_and_arrives_at_commit(
+    def test_notification_carries_the_type_and_arrives_at_commit(
         self, outbox_listener: psycopg.Connection[Any]
     ) -> None:
         with transaction.atomic():
             event = fact()
             assert drain_notifications(outbox_listener, timeout=0.3) == []
-        assert drain_notifications(outbox_listener) == [str(event.id)]
+        assert drain_notifications(outbox_listener) == [event.event_type]
+
+    def test_one_notification_per_event_type_and_transaction(
+        self, outbox_listener: psycopg.Connection[Any]
+    ) -> None:
+        with transaction.atomic():
+            events = [fact() for _ in range(50)]
+        assert drain_notifications(outbox_listener) == [events[0].event_type]
 
     def test_rollback_sends_nothing(self, outbox_listener: psycopg.Connection[Any]) -> None:
         with pytest.raises(RuntimeError), transaction.atomic():

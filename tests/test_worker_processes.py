@@ -200,3 +200,39 @@ def test_sigterm_gives_back_prefetched_jobs_unstarted(start_worker: Any) -> None
     assert all(ids == [] for ids in pending.values_list("worker_ids", flat=True))
     # Some of what it held when told to stop was given back rather than run in the grace period.
     assert pending.filter(pk__in=held).exists()
+
+
+def test_grace_period_over_on_the_last_attempt_is_dead(start_worker: Any) -> None:
+    """Released at shutdown during its last attempt: dead, never a max_attempts + 1st attempt."""
+    job = enqueue("tests.behave", {"sleep": 30})
+    Job.objects.filter(pk=job.pk).update(max_attempts=1)
+    worker = start_worker("--queues", "default", "--grace-period", "0.5", **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(job_id=job.pk).exists())
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=10) == 0
+    job.refresh_from_db()
+    assert (job.status, job.last_error_code, job.attempts) == (
+        JobStatus.DEAD,
+        "worker_shutdown",
+        1,
+    )
+    assert job.finished_at is not None
+
+
+def test_a_failed_loop_stops_the_worker_with_an_error(start_worker: Any) -> None:
+    """An unexpected error in a dispatcher is not left to a dead thread under a live heartbeat."""
+    from django.db import connection
+
+    worker = start_worker("--queues", "default", **QUICK)
+    wait_for(lambda: "Worker " in worker.output())
+    time.sleep(0.5)  # past its first claims
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE jobs RENAME TO jobs_elsewhere")
+        assert worker.wait(timeout=15) == 1
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE jobs_elsewhere RENAME TO jobs")
+    output = worker.output()
+    assert "pgoutbox-dispatch-default failed; stopping this worker" in output
+    assert "stopped because pgoutbox-dispatch-default failed" in output

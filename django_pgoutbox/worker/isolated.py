@@ -52,6 +52,17 @@ def _mp_context() -> BaseContext:
         return _context
 
 
+#: The children of the attempts running now (a process ignores SIGINT and SIGTERM).
+_LIVE: set[Any] = set()
+
+
+def kill_isolated_children() -> None:
+    """Kill the children of attempts still running: at exit, once their jobs were released."""
+    for process in list(_LIVE):
+        if process.is_alive():
+            process.kill()
+
+
 def run_isolated(job: ClaimedJob, definition: JobDefinition, cancel: CancelFlag, using: str) -> Any:
     """Run ``job``'s handler in a child process; return its value or raise its exception.
 
@@ -76,6 +87,7 @@ def run_isolated(job: ClaimedJob, definition: JobDefinition, cancel: CancelFlag,
         daemon=True,
     )
     process.start()
+    _LIVE.add(process)
     sender.close()
     deadline = None if definition.timeout is None else time.monotonic() + definition.timeout
     data: bytes | None = None
@@ -105,6 +117,7 @@ def run_isolated(job: ClaimedJob, definition: JobDefinition, cancel: CancelFlag,
         if process.is_alive():
             process.kill()
         process.join(timeout=10)
+        _LIVE.discard(process)
         receiver.close()
     if data is None:
         raise HandlerProcessDied(

@@ -30,6 +30,10 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
 
+class WorkerFailed(RuntimeError):
+    """One of the worker's loops failed on an unexpected error; the worker stopped."""
+
+
 class Worker:
     """Runs the chosen roles (jobs of the chosen queues, the relay, the scheduler) until stopped.
 
@@ -93,6 +97,7 @@ class Worker:
                 schedules, using=self.using, poll_interval=conf.poll_interval, burst=burst
             )
         self.listener: Listener | None = None
+        self.failures: list[tuple[str, BaseException]] = []
 
     @staticmethod
     def _queue_names(
@@ -142,7 +147,10 @@ class Worker:
             loops.append(("pgoutbox-relay", self.relay.run))
         if self.scheduler is not None:
             loops.append(("pgoutbox-scheduler", self.scheduler.run))
-        threads = [threading.Thread(target=target, name=name) for name, target in loops]
+        threads = [
+            threading.Thread(target=self._guarded(name, target), name=name)
+            for name, target in loops
+        ]
         heartbeat = Heartbeat(self.worker_id, self.roles, list(self.runners), self.using)
         heartbeat.start()
         for thread in threads:
@@ -157,6 +165,32 @@ class Worker:
                 self.listener.stop()
                 self.listener.join(timeout=2)
         logger.info("worker %s stopped", self.worker_id)
+        if self.failures:
+            names = ", ".join(name for name, _ in self.failures)
+            raise WorkerFailed(f"worker {self.worker_id} stopped because {names} failed")
+
+    def _guarded(self, name: str, target: Callable[[], None]) -> Callable[[], None]:
+        """``target``, but an error that escapes it stops the whole worker.
+
+        The loops survive lost connections by themselves; anything else that escapes one (a
+        missing table, a bug) would leave the process up, its heartbeat saying it is alive, while
+        that queue or role does nothing. Better to stop, say why, and exit with an error, so that
+        a supervisor restarts the process and its alerts see it.
+        """
+
+        def run() -> None:
+            try:
+                target()
+            except BaseException as error:
+                logger.critical(
+                    "%s failed; stopping this worker so that its supervisor restarts it",
+                    name,
+                    exc_info=True,
+                )
+                self.failures.append((name, error))
+                self.stop()
+
+        return run
 
     def stop(self) -> None:
         """Stop claiming; running jobs finish within the grace period, the rest are released."""

@@ -26,6 +26,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
 
 from django_pgoutbox import maintenance, metrics, scheduler
+from django_pgoutbox.db import require_migrated
 from django_pgoutbox.health import DEFAULT_MAX_AGE, health_report
 from django_pgoutbox.jobs import cancel_jobs
 from django_pgoutbox.models import Job
@@ -92,6 +93,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         using = options["database"] or router.db_for_write(Job)
+        require_migrated(using)
         action = options["action"]
         if action == "stats":
             self._stats(using, as_json=options["json"], watch=options["watch"])

@@ -12,9 +12,13 @@ from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections, router
 
+from django_pgoutbox.db import require_migrated
+from django_pgoutbox.models import Job
 from django_pgoutbox.worker import Worker
-from django_pgoutbox.worker.supervisor import ROLES
+from django_pgoutbox.worker.isolated import kill_isolated_children
+from django_pgoutbox.worker.supervisor import ROLES, WorkerFailed
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -122,6 +126,10 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
+        using = options["database"] or router.db_for_write(Job)
+        require_migrated(using)
+        if not connections[using].in_atomic_block:
+            connections[using].close()  # the loops have their own; this one would sit idle
         if options["metrics_port"]:
             try:
                 from django_pgoutbox.prometheus import serve_process_metrics
@@ -131,7 +139,14 @@ class Command(BaseCommand):
         self._install_signal_handlers(worker)
         if options["verbosity"] >= 1:
             self.stdout.write(f"Worker {worker.worker_id}: {worker.describe()}")
-        worker.run()
+        try:
+            worker.run()
+        except WorkerFailed as error:
+            raise CommandError(f"{error} (the log above has the error)") from error
+        finally:
+            # Attempts still running in child processes belong to jobs released for other
+            # workers: they must not run on beside the next attempt.
+            kill_isolated_children()
         # Handlers that outlived the grace period were released for other workers; do not let
         # their threads (daemons) or anything else keep the process alive.
         sys.stdout.flush()
