@@ -410,6 +410,11 @@ def main() -> None:
 
     report = table(ours, peers)
     print(report)
+    host = machine()
+    print(
+        f"server: round trip {host['round_trip_ms']:.3f} ms, one-row insert committed "
+        f"{host['one_row_insert_commit_ms']:.3f} ms"
+    )
     path = write_results(
         "suite",
         {
@@ -417,7 +422,7 @@ def main() -> None:
             "sizes": sizes,
             "pgoutbox": ours,
             "peers": peers,
-            "machine": machine(),
+            "machine": host,
         },
     )
     print(f"written to {path.relative_to(ROOT)}")
@@ -431,12 +436,26 @@ def machine() -> dict[str, Any]:
             "SELECT version(), current_setting('synchronous_commit'), current_setting('autovacuum')"
         )
         version, sync, autovacuum = cursor.fetchone()
+        # What a round trip and a committed one-row write cost on this server: the floor under
+        # a single enqueue.
+        cursor.execute("CREATE TABLE IF NOT EXISTS bench_commit (n int)")
+        started = time.perf_counter()
+        for _ in range(500):
+            cursor.execute("SELECT 1")
+        round_trip = (time.perf_counter() - started) / 500
+        started = time.perf_counter()
+        for n in range(500):
+            cursor.execute("INSERT INTO bench_commit VALUES (%s)", [n])  # autocommit
+        commit = (time.perf_counter() - started) / 500
+        cursor.execute("DROP TABLE bench_commit")
     return {
         "cpus": os.cpu_count(),
         "python": sys.version.split()[0],
         "postgresql": version,
         "synchronous_commit": sync,
         "autovacuum": autovacuum,
+        "round_trip_ms": round(round_trip * 1000, 3),
+        "one_row_insert_commit_ms": round(commit * 1000, 3),
     }
 
 

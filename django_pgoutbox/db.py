@@ -75,8 +75,16 @@ def server_side_cursor(alias: str) -> Iterator[Any]:
     """
     wrapper = connections[alias]
     wrapper.ensure_connection()
-    with wrapper._prepare_cursor(psycopg.Cursor(wrapper.connection)) as cursor:  # type: ignore[attr-defined]
-        yield cursor
+    # One cursor per connection, made again when the connection, or whether Django logs queries
+    # (DEBUG, assertNumQueries), changed: making a cursor and its wrapper each time was a twentieth
+    # of a single enqueue. Callers read their results before they leave the block.
+    logged = wrapper.queries_logged
+    cached = getattr(wrapper, "_pgoutbox_cursor", None)
+    if cached is None or cached[0] is not wrapper.connection or cached[1] != logged:
+        cursor = wrapper._prepare_cursor(psycopg.Cursor(wrapper.connection))  # type: ignore[attr-defined]
+        cached = (wrapper.connection, logged, cursor)
+        wrapper._pgoutbox_cursor = cached  # type: ignore[attr-defined]
+    yield cached[2]
 
 
 def unapplied_migrations(alias: str) -> list[str]:

@@ -15,6 +15,20 @@ import uuid
 _lock = threading.Lock()
 _last_ms = 0
 _counter = 0
+# Random bytes are read from the OS a few kilobytes at a time: one call per id cost more than the
+# rest of uuid7() together (bulk enqueues make 100,000 ids at once).
+_RANDOM_CHUNK = 8192
+_random = b""
+_offset = 0
+
+
+def _forget_random() -> None:
+    # A forked child must not hand out the ids its parent's buffer still holds.
+    global _random, _offset, _lock
+    _random, _offset, _lock = b"", 0, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_random)
 
 
 def uuid7() -> uuid.UUID:
@@ -23,12 +37,14 @@ def uuid7() -> uuid.UUID:
     The counter (seeded at random each millisecond, incremented within one) keeps ids that one
     process makes within the same millisecond in creation order.
     """
-    global _last_ms, _counter
+    global _last_ms, _counter, _random, _offset
     with _lock:
+        if _offset + 10 > len(_random):
+            _random, _offset = os.urandom(_RANDOM_CHUNK), 0
         now_ms = time.time_ns() // 1_000_000
         if now_ms > _last_ms:
             _last_ms = now_ms
-            _counter = int.from_bytes(os.urandom(2)) & 0x7FF
+            _counter = int.from_bytes(_random[_offset : _offset + 2]) & 0x7FF
         else:
             _counter += 1
             if _counter > 0xFFF:
@@ -36,9 +52,17 @@ def uuid7() -> uuid.UUID:
                 _last_ms += 1
                 _counter = 0
         ms, counter = _last_ms, _counter
-    value = (ms & 0xFFFF_FFFF_FFFF) << 80
-    value |= 0x7 << 76
-    value |= counter << 64
-    value |= 0b10 << 62
-    value |= int.from_bytes(os.urandom(8)) & 0x3FFF_FFFF_FFFF_FFFF
-    return uuid.UUID(int=value)
+        random_bits = int.from_bytes(_random[_offset + 2 : _offset + 10])
+        _offset += 10
+    value = (
+        (ms & 0xFFFF_FFFF_FFFF) << 80
+        | 0x7 << 76
+        | counter << 64
+        | 0b10 << 62
+        | random_bits & 0x3FFF_FFFF_FFFF_FFFF
+    )
+    # uuid.UUID(int=...) re-checks a value built right here; set its two slots directly.
+    made = object.__new__(uuid.UUID)
+    object.__setattr__(made, "int", value)
+    object.__setattr__(made, "is_safe", uuid.SafeUUID.unknown)
+    return made

@@ -27,7 +27,7 @@ from django_pgoutbox.conf import CANCEL_CHANNEL, JOBS_CHANNEL, get_settings
 from django_pgoutbox.db import server_side_cursor
 from django_pgoutbox.errors import Cancelled, EnqueueError, JobRegistrationError
 from django_pgoutbox.ids import uuid7
-from django_pgoutbox.models import Job, JobStatus, saved_instance
+from django_pgoutbox.models import Job, JobStatus, empty_row, instance_from_row
 from django_pgoutbox.validation import json_object, non_empty_text, optional_uuid, reject_nul
 
 Payload: TypeAlias = dict[str, Any]
@@ -305,7 +305,7 @@ def _check_signature(name: str, func: Callable[..., Any]) -> None:
 # -- enqueue -------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class _Row:
     """One validated job, ready for ``ENQUEUE_JOBS``."""
 
@@ -475,8 +475,8 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None
         prefix = f"items[{index}]."
         if not isinstance(item, Mapping):
             raise EnqueueError(f"items[{index}]", f"must be a dict, not {type(item).__name__}")
-        unknown = sorted(set(item) - _ITEM_KEYS, key=str)
-        if unknown:
+        if not _ITEM_KEYS.issuperset(item):
+            unknown = sorted(set(item) - _ITEM_KEYS, key=str)
             raise EnqueueError(
                 f"items[{index}]",
                 f"unknown key {unknown[0]!r}; allowed: {', '.join(sorted(_ITEM_KEYS))}",
@@ -518,6 +518,8 @@ def _database(using: str | None) -> str:
 def _insert(alias: str, rows: Sequence[_Row]) -> list[Job]:
     """Insert ``rows`` (at most one chunk); return their jobs, existing ones for repeated keys."""
     conf = get_settings()
+    if len(rows) == 1:
+        return [_insert_one(alias, rows[0], conf.notify)]
     if all(row.idempotency_key is None for row in rows):
         return _insert_unkeyed(alias, rows, conf.notify)
     created: dict[uuid.UUID, Job] = {}
@@ -560,6 +562,39 @@ def _insert(alias: str, rows: Sequence[_Row]) -> list[Job]:
     )
 
 
+def _insert_one(alias: str, row: _Row, notify: bool) -> Job:
+    """Insert one row; return its job, or the existing one if its key is taken."""
+    for _ in range(3):  # as in _insert: the holder of the key may vanish before we read it
+        with server_side_cursor(alias) as cursor:
+            cursor.execute(
+                queries.ENQUEUE_JOB,
+                [
+                    row.id,
+                    row.organization_id,
+                    row.queue,
+                    row.job_type,
+                    row.payload_json,
+                    row.idempotency_key,
+                    row.priority,
+                    row.run_at,
+                    row.delay,
+                    row.max_attempts,
+                    notify,
+                    JOBS_CHANNEL,
+                ],
+            )
+            written = cursor.fetchone()
+        if written is not None:
+            return _job_from(alias, row, written[0], written[1])
+        existing = _existing_jobs(alias, [row]).get(_key(row))
+        if existing is not None:
+            return existing
+    raise EnqueueError(
+        "idempotency_key",
+        f"{row.idempotency_key!r} conflicts with a job that keeps disappearing; try again",
+    )
+
+
 def _insert_unkeyed(alias: str, rows: Sequence[_Row], notify: bool) -> list[Job]:
     """Insert rows without idempotency keys: nothing can conflict, nothing per row comes back."""
     with server_side_cursor(alias) as cursor:
@@ -584,15 +619,12 @@ def _insert_unkeyed(alias: str, rows: Sequence[_Row], notify: bool) -> list[Job]
         assert row is not None
         now: datetime = row[0]
     # The statement's defaults, computed here: run_at = coalesce(run_at, now()) + delay.
-    return [
-        _job_from(
-            alias,
-            r,
-            (r.run_at or now) + timedelta(seconds=r.delay) if r.delay else (r.run_at or now),
-            now,
-        )
-        for r in rows
-    ]
+    return _jobs_from(
+        alias,
+        rows,
+        lambda r: (r.run_at or now) + timedelta(seconds=r.delay) if r.delay else (r.run_at or now),
+        now,
+    )
 
 
 def _key(row: _Row) -> tuple[uuid.UUID | None, str, str | None]:
@@ -620,24 +652,36 @@ def _existing_jobs(
 
 
 def _job_from(alias: str, row: _Row, run_at: datetime | None, created_at: datetime | None) -> Job:
-    return saved_instance(
-        Job,
-        alias,
-        {
-            "id": row.id,
-            "organization_id": row.organization_id,
-            "queue": row.queue,
-            "job_type": row.job_type,
-            "payload": row.payload,
-            "idempotency_key": row.idempotency_key,
-            "status": JobStatus.PENDING,
-            "priority": row.priority,
-            "run_at": run_at,
-            "attempts": 0,
-            "max_attempts": row.max_attempts,
-            "created_at": created_at,
-        },
-    )
+    return _jobs_from(alias, [row], lambda _: run_at, created_at)[0]
+
+
+def _jobs_from(
+    alias: str,
+    rows: Sequence[_Row],
+    run_at: Callable[[_Row], datetime | None],
+    created_at: datetime | None,
+) -> list[Job]:
+    """The saved ``Job`` instances of rows just inserted (a fifth of a bulk enqueue's time)."""
+    base: dict[str, Any] = {
+        **empty_row(Job),
+        "status": JobStatus.PENDING,
+        "attempts": 0,
+        "created_at": created_at,
+    }
+    jobs: list[Job] = []
+    for row in rows:
+        values = base.copy()
+        values["id"] = row.id
+        values["organization_id"] = row.organization_id
+        values["queue"] = row.queue
+        values["job_type"] = row.job_type
+        values["payload"] = row.payload
+        values["idempotency_key"] = row.idempotency_key
+        values["priority"] = row.priority
+        values["run_at"] = run_at(row)
+        values["max_attempts"] = row.max_attempts
+        jobs.append(instance_from_row(Job, alias, values))
+    return jobs
 
 
 # -- cancellation --------------------------------------------------------------------------------
@@ -696,8 +740,10 @@ def _validate(
     prefix: str,
 ) -> _Row:
     conf = get_settings()
-    non_empty_text(job_type, f"{prefix}job_type", EnqueueError)
-    definition = _registry.get(job_type)
+    # A registered job type's name was checked when it was registered.
+    definition = _registry.get(job_type) if isinstance(job_type, str) else None
+    if definition is None:
+        non_empty_text(job_type, f"{prefix}job_type", EnqueueError)
     payload_json = json_object(payload, f"{prefix}payload", EnqueueError)
 
     if idempotency_key is not None:

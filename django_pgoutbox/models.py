@@ -270,22 +270,38 @@ def saved_instance(model: type[M], using: str, values: dict[str, Any]) -> M:
     """A saved instance of ``model`` from column values already converted to Python.
 
     For rows that a statement of ``queries`` returned (or that ``enqueue_many`` just wrote): no
-    second query to read them back. Columns missing from ``values`` are None.
+    second query to read them back. ``values`` holds column attnames only; columns missing from
+    it are None.
 
     Built as ``Model.from_db`` would build it, minus ``Model.__init__``: its per-field loop and
     the ``pre_init``/``post_init`` signals cost more than the rest of a no-op job's enqueue, on a
     path that makes 100,000 of these at a time. These are this app's own models, with no field
     that needs ``__init__`` (no file or image field, no descriptor with init-time state).
     """
-    names = _attnames.get(model)
-    if names is None:
-        names = _attnames[model] = tuple(f.attname for f in model._meta.concrete_fields)
+    row = empty_row(model).copy()
+    row.update(values)
+    return instance_from_row(model, using, row)
+
+
+def empty_row(model: type[models.Model]) -> dict[str, None]:
+    """Every column attname of ``model``, each None (copy it before filling it in)."""
+    empty = _empty_rows.get(model)
+    if empty is None:
+        empty = _empty_rows[model] = dict.fromkeys(f.attname for f in model._meta.concrete_fields)
+    return empty
+
+
+def instance_from_row(model: type[M], using: str, row: dict[str, Any]) -> M:
+    """``saved_instance`` from a fresh dict that holds every column attname (``empty_row``).
+
+    The dict becomes the instance's ``__dict__``: pass one that nothing else holds.
+    """
     instance = model.__new__(model)
-    instance.__dict__.update({name: values.get(name) for name in names})
-    state = instance._state = ModelState()
+    state = row["_state"] = ModelState()
     state.adding = False
     state.db = using
+    instance.__dict__ = row
     return instance
 
 
-_attnames: dict[type[models.Model], tuple[str, ...]] = {}
+_empty_rows: dict[type[models.Model], dict[str, None]] = {}

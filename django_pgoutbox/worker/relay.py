@@ -31,6 +31,7 @@ from django.db import InterfaceError, OperationalError, connections, transaction
 
 from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
+from django_pgoutbox.db import server_side_cursor
 from django_pgoutbox.jobs import deferred_enqueues
 from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.outbox import subscribers_for
@@ -117,7 +118,8 @@ class Relay:
         return len(events)
 
     def _claim(self) -> list[OutboxEvent]:
-        with connections[self.using].cursor() as cursor:
+        with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
+            cursor.execute(queries.CLAIM_EVENTS_PLAN)
             cursor.execute(
                 queries.CLAIM_EVENTS,
                 [self.settings.claim_seconds, self.settings.batch_size, self.relay_id],
@@ -196,7 +198,7 @@ class Relay:
                     event_type=types[failure.event_id],
                     outcome="dead" if failure.dead else "retrying",
                 )
-            with connections[self.using].cursor() as cursor:
+            with server_side_cursor(self.using) as cursor:
                 if processed:
                     cursor.execute(queries.MARK_EVENTS_PROCESSED, [processed])
                 if failures:
@@ -212,7 +214,7 @@ class Relay:
                     )
 
     def _lock(self, events: Sequence[OutboxEvent]) -> set[uuid.UUID]:
-        with connections[self.using].cursor() as cursor:
+        with server_side_cursor(self.using) as cursor:
             cursor.execute(
                 queries.LOCK_CLAIMED_EVENTS,
                 [[e.id for e in events], [e.attempts for e in events], self.relay_id],
