@@ -129,7 +129,10 @@ def check_pooling_proxy(
     from django_pgoutbox.conf import get_settings
     from django_pgoutbox.db import pooling_signs
 
-    listen = get_settings().listen_databases
+    conf = get_settings()
+    if not conf.notify:
+        return []  # no wake-ups are sent, so no LISTEN connection is ever made
+    listen = conf.listen_databases
     warnings: list[CheckMessage] = []
     for alias in _our_databases():
         config = settings.DATABASES[alias]

@@ -29,7 +29,16 @@ DEFAULT_MAX_AGE = 3 * HEARTBEAT_SECONDS
 _UPSERT = """
 INSERT INTO worker_heartbeats (worker_id, hostname, pid, roles, queues)
 VALUES (%s, %s, %s, %s::jsonb, %s::jsonb)
-ON CONFLICT (worker_id) DO UPDATE SET last_seen_at = now()
+ON CONFLICT (worker_id) DO UPDATE SET
+    last_seen_at = now(),
+    -- a --worker-id used again by a new process: the row describes the new one
+    hostname = EXCLUDED.hostname,
+    pid = EXCLUDED.pid,
+    roles = EXCLUDED.roles,
+    queues = EXCLUDED.queues,
+    started_at = CASE WHEN (worker_heartbeats.hostname, worker_heartbeats.pid)
+                           IS DISTINCT FROM (EXCLUDED.hostname, EXCLUDED.pid)
+                      THEN now() ELSE worker_heartbeats.started_at END
 """
 
 

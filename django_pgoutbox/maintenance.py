@@ -65,13 +65,15 @@ class PruneResult:
     completed_jobs: int
     cancelled_jobs: int
     processed_events: int
+    stale_heartbeats: int = 0
 
 
 def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
     """Delete finished rows older than ``PGOUTBOX['RETENTION']`` says, in bounded batches.
 
     Only ``completed`` and ``cancelled`` jobs and processed events are ever deleted: pending,
-    leased, retrying and dead rows are left alone, whatever their age.
+    leased, retrying and dead rows are left alone, whatever their age. Heartbeats of processes
+    not seen for a day go too (a killed process never deletes its own).
     """
     alias = using or router.db_for_write(Job)
     retention = get_settings().retention
@@ -87,6 +89,9 @@ def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
         if (age := retention.processed_events) is not None
         else 0,
     ]
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.PRUNE_HEARTBEATS)
+        counts.append(cursor.rowcount)
     result = PruneResult(*counts)
     if any(counts):
         logger.info("pruned %s", result)

@@ -637,6 +637,11 @@ WHERE id IN (
 #: Delete up to ``limit`` processed events older than the retention.
 #:
 #: Parameters: age seconds float, limit int.
+#: Forget the heartbeats of processes not seen for a day (killed ones never delete their row).
+PRUNE_HEARTBEATS = """
+DELETE FROM worker_heartbeats WHERE last_seen_at < now() - interval '1 day'
+"""
+
 PRUNE_EVENTS = """
 DELETE FROM outbox_events
 WHERE id IN (

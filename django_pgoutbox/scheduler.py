@@ -144,6 +144,7 @@ def schedule(
     priority: int | None = None,
     catch_up: str = "latest",
     max_catch_up: int = 100,
+    grace: float | timedelta | None = None,
 ) -> Callable[[JobDefinition], JobDefinition]:
     """Run a ``@job`` on a schedule: ``@schedule("0 3 * * *")`` above ``@job(...)``.
 
@@ -165,6 +166,7 @@ def schedule(
             ("QUEUE", queue),
             ("PAYLOAD", payload),
             ("PRIORITY", priority),
+            ("GRACE", grace),
         ):
             if value is not None:
                 options[key] = value
@@ -247,6 +249,8 @@ def _parse(name: Any, options: Any, queues: Mapping[str, Any]) -> Schedule:
     if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
         raise ValueError(f"MAX_CATCH_UP must be an integer >= 1, not {max_catch_up!r}")
     grace = options.get("GRACE", 60)
+    if isinstance(grace, timedelta):
+        grace = grace.total_seconds()
     if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
         raise ValueError(f"GRACE must be a number of seconds >= 0, not {grace!r}")
     priority = options.get("PRIORITY")

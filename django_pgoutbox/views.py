@@ -8,6 +8,7 @@ endpoints (they reveal queue names and counts, never payloads or organization id
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
@@ -27,12 +28,16 @@ def metrics(request: HttpRequest) -> HttpResponse:
 def health(request: HttpRequest) -> JsonResponse:
     """200 when every required role was seen recently, 503 otherwise.
 
-    ``?require=jobs,relay`` narrows the roles; ``?max_age=30`` sets the staleness limit.
+    ``?require=jobs,relay`` narrows the roles; ``?max_age=30`` sets the staleness limit;
+    ``?database=alias`` reads the workers of another database (default: the router's choice).
     """
     require = [r for r in request.GET.get("require", "jobs,relay,scheduler").split(",") if r]
     try:
         max_age = float(request.GET.get("max_age", DEFAULT_MAX_AGE))
     except ValueError:
         return JsonResponse({"error": "max_age must be a number of seconds"}, status=400)
-    report = health_report(max_age=max_age, require=require)
+    database = request.GET.get("database") or None
+    if database is not None and database not in settings.DATABASES:
+        return JsonResponse({"error": f"no database {database!r} in DATABASES"}, status=400)
+    report = health_report(max_age=max_age, require=require, using=database)
     return JsonResponse(report.as_dict(), status=200 if report.healthy else 503)

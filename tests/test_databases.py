@@ -92,6 +92,11 @@ def test_pooling_proxy_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(settings.DATABASES["default"], "PORT", "6432")
     warnings = check_pooling_proxy(None)
     assert [w.id for w in warnings] == ["pgoutbox.W002"]
+    # No wake-ups, no LISTEN: nothing to warn about.
+    from django.test import override_settings
+
+    with override_settings(PGOUTBOX={**settings.PGOUTBOX, "NOTIFY": False}):
+        assert check_pooling_proxy(None) == []
     assert "PORT 6432" in warnings[0].msg
     assert "LISTEN_DATABASES" in (warnings[0].hint or "")
     monkeypatch.setitem(settings.DATABASES["default"], "PORT", "5432")

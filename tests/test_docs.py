@@ -12,6 +12,7 @@ Everything runs in document order.
 from __future__ import annotations
 
 import configparser
+import contextlib
 import importlib.util
 import json
 import os
@@ -21,6 +22,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import tomllib
 from collections.abc import Iterator
@@ -53,7 +55,10 @@ NOT_RUN |= {"django-admin", "source", ".", "createdb"}
 # manage.py commands the harness does not run: it makes the apps; the shells are interactive.
 NOT_RUN_MANAGE = {"startapp", "shell", "dbshell", "createsuperuser"}
 # runworkers without --burst runs until stopped: it gets this long, then SIGTERM.
-LONG_RUNNING_SECONDS = 4.0
+LONG_RUNNING_SECONDS = 3.0
+# ... counted from its start line, which it gets this long to print.
+STARTUP_TIMEOUT = 60.0
+STARTED = ("Worker ", "Quit the server with")
 COMMAND_TIMEOUT = 120
 
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
@@ -298,7 +303,8 @@ class Project:
         self.page = page
         self.directory = directory
         slug = re.sub(r"[^a-z0-9]+", "_", str(page.path.relative_to(ROOT)).lower()).strip("_")
-        self.prefix = f"docs_{slug}"[:50]
+        # The process id keeps two test runs on one server (two checkouts) apart.
+        self.prefix = f"docs{os.getpid()}_{slug}"[:50]
         self.server = db.raw_connection_params("default")
         self.databases: list[str] = []
         self.env = {
@@ -307,6 +313,7 @@ class Project:
             "PYTHONPATH": str(directory),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "PGOUTBOX_DEBUG": "1",
+            "PYTHONUNBUFFERED": "1",  # start lines arrive as they would on a terminal
         }
 
     def write(self) -> None:
@@ -456,26 +463,47 @@ class Project:
             text=True,
             start_new_session=True,
         )
+        out: list[str] = []
+        err: list[str] = []
+        readers = [
+            threading.Thread(target=_read_into, args=(process.stdout, out), daemon=True),
+            threading.Thread(target=_read_into, args=(process.stderr, err), daemon=True),
+        ]
+        for reader in readers:
+            reader.start()
         try:
             if long_running:
+                # Signal it once it runs (its start line, or the server's), not while Django is
+                # still starting: a loaded machine can take seconds to get there.
+                quiet = bool({"-v", "--verbosity", "-v0"} & set(words))
+                deadline = time.monotonic() + (0 if quiet else STARTUP_TIMEOUT)
+                while time.monotonic() < deadline and process.poll() is None:
+                    if any(line.startswith(STARTED) for line in out + err):
+                        break
+                    time.sleep(0.1)
                 try:
-                    out, err = process.communicate(timeout=LONG_RUNNING_SECONDS)
+                    process.wait(timeout=LONG_RUNNING_SECONDS)
+                    for reader in readers:
+                        reader.join(timeout=5)
                     pytest.fail(
                         f"{block.where}: `{command}` stopped by itself "
-                        f"(status {process.returncode}):\n{out}\n{err}"
+                        f"(status {process.returncode}):\n{''.join(out)}\n{''.join(err)}"
                     )
                 except subprocess.TimeoutExpired:
                     process.send_signal(signal.SIGTERM)
-            out, err = process.communicate(timeout=COMMAND_TIMEOUT)
+            process.wait(timeout=COMMAND_TIMEOUT)
         finally:
-            if process.poll() is None:
+            # Whatever it left behind (runserver's reloaded child, a fork server) goes too.
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            process.wait()
+            for reader in readers:
+                reader.join(timeout=5)
         status_counts = not (long_running and "runserver" in words)  # it dies by the signal
         if status_counts and process.returncode != block.expect_exit:
             pytest.fail(
                 f"{block.where}: `{command}` exited with status {process.returncode} "
-                f"(expected {block.expect_exit}):\n{out}\n{err}"
+                f"(expected {block.expect_exit}):\n{''.join(out)}\n{''.join(err)}"
             )
 
     def run_sql(self, step: Step) -> None:
@@ -496,6 +524,11 @@ class Project:
                 pytest.fail(f"{step.block.where}: the SQL example failed: {exc}\n{text}")
             if not autocommit:
                 conn.rollback()
+
+
+def _read_into(stream: Any, lines: list[str]) -> None:
+    for line in stream:
+        lines.append(line)
 
 
 def shell_commands(block: Block) -> list[str]:
@@ -600,6 +633,7 @@ def test_page_examples_run(path: Path, tmp_path: Path) -> None:
     project.create_databases()
     try:
         for number, step in enumerate(page.steps):
+            began = time.monotonic()
             if step.kind == "snippet":
                 project.run_snippet(step, number)
             elif step.kind == "shell":
@@ -608,6 +642,7 @@ def test_page_examples_run(path: Path, tmp_path: Path) -> None:
                 project.run_sql(step)
             else:
                 check_config(step.block)
+            print(f"  {step.block.where} ({step.kind}): {time.monotonic() - began:.1f} s")
     finally:
         project.drop_databases()
     print(f"{path.name}: {len(page.steps)} steps in {time.monotonic() - started:.1f} s")

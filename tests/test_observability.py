@@ -259,6 +259,60 @@ class TestHealth:
         assert client.get("/pgoutbox/health?require=jobs").status_code == 503  # row deleted
         assert client.get("/pgoutbox/health?max_age=soon").status_code == 400
 
+    @pytest.mark.django_db(transaction=True, databases=["default", "secondary"])
+    def test_health_view_reads_the_database_asked_for(self, client: Any) -> None:
+        beat = Heartbeat("w1", ["jobs"], ["default"], "default")
+        beat.start()
+        try:
+            assert client.get("/pgoutbox/health?require=jobs").status_code == 200
+            elsewhere = client.get("/pgoutbox/health?require=jobs&database=secondary")
+            assert elsewhere.status_code == 503
+            assert elsewhere.json()["workers"] == []
+            unknown = client.get("/pgoutbox/health?database=nope")
+            assert unknown.status_code == 400
+            assert unknown.json() == {"error": "no database 'nope' in DATABASES"}
+        finally:
+            beat.stop()
+
+    def test_a_reused_worker_id_describes_the_new_process(self) -> None:
+        from django_pgoutbox.models import WorkerHeartbeat
+
+        WorkerHeartbeat.objects.create(
+            worker_id="w1", hostname="old-host", pid=1, roles=["relay"], queues=[]
+        )
+        WorkerHeartbeat.objects.filter(pk="w1").update(
+            started_at=timezone.now() - timedelta(days=1)
+        )
+        beat = Heartbeat("w1", ["jobs"], ["default"], "default")
+        beat.beat()
+        row = WorkerHeartbeat.objects.get(pk="w1")
+        assert (row.hostname, row.roles, row.queues) == (
+            socket.gethostname(),
+            ["jobs"],
+            ["default"],
+        )
+        assert row.pid != 1
+        assert timezone.now() - row.started_at < timedelta(minutes=1)
+        started = row.started_at
+        beat.beat()  # the same process again: started_at stays
+        assert WorkerHeartbeat.objects.get(pk="w1").started_at == started
+        WorkerHeartbeat.objects.filter(pk="w1").delete()
+
+    def test_a_scheduler_alone_listens_to_nothing(self) -> None:
+        import threading
+
+        worker = Worker(roles=["scheduler"])
+        thread = threading.Thread(target=worker.run)
+        thread.start()
+        try:
+            wait_for(lambda: worker.scheduler is not None and thread.is_alive())
+            time.sleep(0.3)
+            assert worker.listener is None
+        finally:
+            worker.stop()
+            thread.join(timeout=10)
+        assert not thread.is_alive()
+
     def test_health_command_exit_status(self) -> None:
         out = StringIO()
         with pytest.raises(SystemExit) as exited:

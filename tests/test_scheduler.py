@@ -117,7 +117,7 @@ class TestDeclaring:
         assert nightly.payload == {"kind": "nightly"}
 
     def test_decorator(self, registry: None) -> None:
-        @schedule(every=10, payload={"x": 1})
+        @schedule(every=10, payload={"x": 1}, grace=timedelta(minutes=5))
         @job("tests.decorated")
         def decorated(payload: dict[str, Any], ctx: Any) -> None:
             pass
@@ -126,6 +126,7 @@ class TestDeclaring:
             schedules, _ = load_schedules()
             assert schedules["tests.decorated"].every == timedelta(seconds=10)
             assert schedules["tests.decorated"].payload == {"x": 1}
+            assert schedules["tests.decorated"].grace == timedelta(minutes=5)
         finally:
             _decorated.pop("tests.decorated")
 
@@ -246,8 +247,18 @@ class TestMaintenance:
         for processed in (old, None, timezone.now()):
             event = publish("x.y", aggregate_type="x", aggregate_id=fresh.pk, payload={})
             OutboxEvent.objects.filter(pk=event.pk).update(processed_at=processed)
+        from django_pgoutbox.models import WorkerHeartbeat
+
+        long_ago = timezone.now() - timedelta(days=2)
+        for worker_id, seen in (("gone", long_ago), ("alive", old)):
+            WorkerHeartbeat.objects.create(
+                worker_id=worker_id, hostname="h", pid=1, roles=["jobs"], queues=["default"]
+            )
+            WorkerHeartbeat.objects.filter(pk=worker_id).update(last_seen_at=seen)
         result = prune(batch=2)
         assert (result.completed_jobs, result.cancelled_jobs, result.processed_events) == (3, 3, 1)
+        assert result.stale_heartbeats == 1
+        assert list(WorkerHeartbeat.objects.values_list("worker_id", flat=True)) == ["alive"]
         remaining = sorted(Job.objects.values_list("status", flat=True))
         assert remaining == sorted(
             ["pending"] * 3 + ["leased"] * 3 + ["retrying"] * 3 + ["dead"] * 3 + ["completed"]

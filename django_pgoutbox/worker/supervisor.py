@@ -135,11 +135,12 @@ class Worker:
                 channels[CANCEL_CHANNEL] = self._on_cancel_notification
             if self.relay is not None:
                 channels[OUTBOX_CHANNEL] = self.relay.wake
-            listen_using = get_settings().listen_databases.get(self.using, self.using)
-            self.listener = Listener(
-                using=listen_using, channels=channels, on_connect=self._wake_all
-            )
-            self.listener.start()
+            if channels:  # a scheduler alone has nothing to listen for
+                listen_using = get_settings().listen_databases.get(self.using, self.using)
+                self.listener = Listener(
+                    using=listen_using, channels=channels, on_connect=self._wake_all
+                )
+                self.listener.start()
         loops: list[tuple[str, Callable[[], None]]] = [
             (f"pgoutbox-dispatch-{name}", runner.run) for name, runner in self.runners.items()
         ]
