@@ -223,3 +223,18 @@ def test_ctrl_c_lets_an_isolated_attempt_finish(start_worker: Any) -> None:
     row = Job.objects.get(pk=job.pk)
     assert (row.status, row.attempts) == (JobStatus.COMPLETED, 1)
     assert effects(job) == [(1, "start"), (1, "end")]
+
+
+def test_an_isolated_attempt_past_the_grace_period_is_killed(start_worker: Any) -> None:
+    """Its job is released for another worker: the old attempt must not run on beside the next."""
+    import signal
+
+    job = enqueue("tests.isolated", {"sleep": 0.9})
+    worker = start_worker("--queues", "default", "--grace-period", "0.2", **LONG_LEASE)
+    wait_for(lambda: effects(job) == [(1, "start")])
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=15) == 0
+    time.sleep(1.5)  # past the moment the attempt would have finished
+    assert effects(job) == [(1, "start")]
+    row = Job.objects.get(pk=job.pk)
+    assert (row.status, row.last_error_code) == (JobStatus.PENDING, "worker_shutdown")

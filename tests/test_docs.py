@@ -296,6 +296,9 @@ def load_page(path: Path) -> Page:
     return page
 
 
+DROP_DATABASE = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+
+
 class Project:
     """A page's throwaway Django project and its databases."""
 
@@ -376,9 +379,7 @@ class Project:
         with psycopg.connect(**{**self.server, "dbname": "postgres"}, autocommit=True) as conn:
             for alias in aliases:
                 name = self._entry(alias)["NAME"]
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
+                conn.execute(DROP_DATABASE.format(sql.Identifier(name)))
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
                 self.databases.append(name)
         if any(step.kind == "shell" and MIGRATE.search(step.text) for step in self.page.steps):
@@ -389,35 +390,29 @@ class Project:
     def drop_databases(self) -> None:
         with psycopg.connect(**{**self.server, "dbname": "postgres"}, autocommit=True) as conn:
             for name in self.databases:
-                conn.execute(
-                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-                )
+                conn.execute(DROP_DATABASE.format(sql.Identifier(name)))
 
     def manage(self, args: list[str]) -> None:
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args],
+        result = self._python(["manage.py", *args])
+        if result.returncode:
+            pytest.fail(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+
+    def _python(self, args: list[str]) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, *args],
             cwd=self.directory,
             env=self.env,
             capture_output=True,
             text=True,
             timeout=COMMAND_TIMEOUT,
         )
-        if result.returncode:
-            pytest.fail(f"manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
 
     # -- steps ------------------------------------------------------------------------------------
 
     def run_snippet(self, step: Step, number: int) -> None:
         script = self.directory / f"_snippet_{number}.py"
         script.write_text(SNIPPET_PROLOGUE + step.text)
-        result = subprocess.run(
-            [sys.executable, script.name],
-            cwd=self.directory,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT,
-        )
+        result = self._python([script.name])
         if result.returncode:
             pytest.fail(
                 f"{step.block.where}: the Python example failed:\n"

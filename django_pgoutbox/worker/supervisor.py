@@ -97,7 +97,7 @@ class Worker:
                 schedules, using=self.using, poll_interval=conf.poll_interval, burst=burst
             )
         self.listener: Listener | None = None
-        self.failures: list[tuple[str, BaseException]] = []
+        self.failed: list[str] = []  # the loops that raised
 
     @staticmethod
     def _queue_names(
@@ -166,9 +166,10 @@ class Worker:
                 self.listener.stop()
                 self.listener.join(timeout=2)
         logger.info("worker %s stopped", self.worker_id)
-        if self.failures:
-            names = ", ".join(name for name, _ in self.failures)
-            raise WorkerFailed(f"worker {self.worker_id} stopped because {names} failed")
+        if self.failed:
+            raise WorkerFailed(
+                f"worker {self.worker_id} stopped because {', '.join(self.failed)} failed"
+            )
 
     def _guarded(self, name: str, target: Callable[[], None]) -> Callable[[], None]:
         """``target``, but an error that escapes it stops the whole worker.
@@ -182,13 +183,13 @@ class Worker:
         def run() -> None:
             try:
                 target()
-            except BaseException as error:
+            except BaseException:
                 logger.critical(
                     "%s failed; stopping this worker so that its supervisor restarts it",
                     name,
                     exc_info=True,
                 )
-                self.failures.append((name, error))
+                self.failed.append(name)
                 self.stop()
 
         return run

@@ -12,10 +12,9 @@ from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections, router
+from django.db import connections
 
 from django_pgoutbox.db import require_migrated
-from django_pgoutbox.models import Job
 from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.isolated import kill_isolated_children
 from django_pgoutbox.worker.supervisor import ROLES, WorkerFailed
@@ -126,10 +125,9 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
-        using = options["database"] or router.db_for_write(Job)
-        require_migrated(using)
-        if not connections[using].in_atomic_block:
-            connections[using].close()  # the loops have their own; this one would sit idle
+        require_migrated(worker.using)
+        if not connections[worker.using].in_atomic_block:
+            connections[worker.using].close()  # the loops have their own; it would sit idle
         if options["metrics_port"]:
             try:
                 from django_pgoutbox.prometheus import serve_process_metrics
