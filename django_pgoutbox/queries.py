@@ -64,6 +64,27 @@ WITH inserted AS (
 SELECT now(), (SELECT count(*) FROM woken)
 """.replace("%s", "%b")
 
+#: Run before COPY_JOBS in its transaction: the transaction's ``now()``, from which the client
+#: computes each row's ``run_at`` as the column's default would.
+COPY_JOBS_NOW = "SELECT now()"
+
+#: Run after COPY_JOBS: wake the workers of each queue that got jobs (at commit, as always).
+#:
+#: Parameters: channel text, queues text[]. Sent in binary.
+WAKE_QUEUES = "SELECT count(pg_notify(%b, q)) FROM unnest(%b::text[]) AS q"
+
+#: Many jobs without idempotency keys, in COPY's binary format, a row per job: id,
+#: organization_id, queue, job_type, payload (jsonb), priority, run_at, max_attempts.
+#:
+#: ``enqueue_many`` and the relay's deferred jobs use it for batches of ``COPY_MIN_ROWS`` and
+#: more: PostgreSQL writes a COPY's rows to the heap in groups, and parses text columns without
+#: a plan or the per-element work of ``unnest`` over ten arrays: 100,000 rows take the server
+#: about half the time of ``ENQUEUE_JOBS_UNKEYED`` (``benchmarks/insert_floor.py``). Rows
+#: with keys cannot use it: COPY has no ``ON CONFLICT``. ``created_at`` is the column's default.
+COPY_JOBS = """COPY jobs (
+    id, organization_id, queue, job_type, payload, priority, run_at, max_attempts
+) FROM STDIN (FORMAT BINARY)"""
+
 #: One job: ENQUEUE_JOBS for a single row, the common case of ``enqueue()``.
 #:
 #: Parameters: id uuid, organization_id uuid, queue text, job_type text, payload text (JSON),

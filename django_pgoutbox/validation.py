@@ -47,13 +47,30 @@ def json_object(value: Any, where: str, error: type[InvalidInput]) -> str:
     """``value`` as JSON text, if it is a dict that jsonb stores exactly as given."""
     if not isinstance(value, dict):
         raise error(where, f"must be a dict (a JSON object), not {type(value).__name__}")
+    if not value and type(value) is dict:
+        return "{}"  # the most common payload of all
     check_json(value, where, error)
-    return _ENCODER.encode(value)
+    return _encode(value)
 
 
-# json.dumps() with options makes a new encoder at each call; payloads are encoded by the
-# hundred thousand (enqueue_many).
+# json.dumps() with options makes a new encoder at each call, and even a kept JSONEncoder builds
+# its C encoder again at each encode(); payloads are encoded by the hundred thousand
+# (enqueue_many), so the C encoder is made once. It is made without the circular-reference check
+# (markers=None): check_json() has walked the value already, and a cycle fails its depth limit.
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+if _c_make_encoder is not None:
+    _chunks = _c_make_encoder(
+        None, _ENCODER.default, json.encoder.encode_basestring, None, ":", ",", False, False, False
+    )
+
+    def _encode(value: Any) -> str:
+        return "".join(_chunks(value, 0))
+
+else:  # pragma: no cover - CPython always has the C encoder
+
+    def _encode(value: Any) -> str:
+        return _ENCODER.encode(value)
 
 
 _CONTAINERS = frozenset({str, float, dict, list, tuple})

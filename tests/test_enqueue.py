@@ -16,7 +16,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_pgoutbox import EnqueueError, enqueue, enqueue_many, job
+from django_pgoutbox.jobs import COPY_MIN_ROWS, ENQUEUE_CHUNK_SIZE, EnqueuedJobs
 from django_pgoutbox.models import Job, JobStatus
+from django_pgoutbox.queries import COPY_JOBS
 from tests.conftest import drain_notifications
 
 pytestmark = pytest.mark.django_db
@@ -226,16 +228,102 @@ class TestIdempotency:
 
 
 class TestEnqueueMany:
-    def test_ten_thousand_jobs_in_few_statements(self) -> None:
+    def test_ten_thousand_jobs_in_one_copy(self) -> None:
         items = [{"job_type": "bulk.item", "payload": {"i": i}} for i in range(10_000)]
+        with CaptureQueriesContext(connection) as queries:
+            created = enqueue_many(items)
+        statements = [q["sql"] for q in queries.captured_queries]
+        assert [sql for sql in statements if "jobs" in sql] == [COPY_JOBS]
+        # now(), the COPY, the wake-up, and at most a savepoint pair
+        assert len(statements) <= 5, statements
+        assert isinstance(created, EnqueuedJobs)
+        assert len(created) == 10_000
+        assert [j.payload["i"] for j in created] == list(range(10_000))
+        assert Job.objects.count() == 10_000
+
+    def test_keyed_batches_are_inserted_in_chunks(self) -> None:
+        items = [
+            {"job_type": "bulk.item", "payload": {}, "idempotency_key": str(i)}
+            for i in range(ENQUEUE_CHUNK_SIZE + 10)
+        ]
         with CaptureQueriesContext(connection) as queries:
             created = enqueue_many(items)
         inserts = [q for q in queries.captured_queries if "INSERT INTO jobs" in q["sql"]]
         assert len(inserts) == 2
-        assert len(queries.captured_queries) <= 4  # the inserts, and at most a savepoint pair
-        assert len(created) == 10_000
-        assert [j.payload["i"] for j in created] == list(range(10_000))
-        assert Job.objects.count() == 10_000
+        assert isinstance(created, list)
+        assert [j.idempotency_key for j in created] == [str(i) for i in range(len(items))]
+
+    def test_copied_rows_are_what_the_jobs_say(self) -> None:
+        """Every option, and text that COPY's formats must carry as given, survives the COPY."""
+        org = uuid.uuid4()
+        later = timezone.now() + timedelta(days=1)
+        odd = {"tab": "a\tb", "newline": "x\ny", "backslash": "C:\\dir\\", "accents": "é✓𝄞"}
+        items: list[dict[str, Any]] = [
+            {"job_type": "bulk.plain", "payload": {"i": i}} for i in range(COPY_MIN_ROWS)
+        ]
+        items += [
+            {"job_type": "bulk.odd\\type", "payload": odd, "queue": "reports", "priority": -7},
+            {"job_type": "bulk.org", "payload": {"n": [1.5, None]}, "organization_id": org},
+            {"job_type": "bulk.later", "payload": {}, "run_at": later, "priority": 2**31 - 1},
+            {"job_type": "bulk.delayed", "payload": {}, "run_at": timedelta(minutes=5)},
+        ]
+        with transaction.atomic():
+            created = list(enqueue_many(items))
+            now = db_now()
+        stored = {job.id: job for job in Job.objects.all()}
+        assert len(stored) == len(items)
+        fields = [f.attname for f in Job._meta.concrete_fields]
+        for one in created:
+            assert one._state.adding is False
+            for name in fields:
+                assert getattr(one, name) == getattr(stored[one.id], name), (name, one.job_type)
+        assert created[COPY_MIN_ROWS].payload == odd
+        assert created[COPY_MIN_ROWS].job_type == "bulk.odd\\type"
+        assert created[COPY_MIN_ROWS + 1].organization_id == org
+        assert created[COPY_MIN_ROWS + 2].run_at == later
+        assert created[COPY_MIN_ROWS + 3].run_at == now + timedelta(minutes=5)
+        assert created[0].run_at == created[0].created_at == now
+
+    def test_a_bad_item_found_during_the_copy_leaves_the_callers_transaction_usable(
+        self,
+    ) -> None:
+        items: list[Any] = [{"job_type": "bulk.item", "payload": {}}] * 5_000
+        items.append({"job_type": "bulk.item", "payload": {"x": float("nan")}})
+        with transaction.atomic():
+            enqueue("before.bulk", {})
+            with pytest.raises(EnqueueError, match=r"items\[5000\]\.payload\['x'\]"):
+                enqueue_many(items)
+            enqueue("after.bulk", {})
+        assert sorted(Job.objects.values_list("job_type", flat=True)) == [
+            "after.bulk",
+            "before.bulk",
+        ]
+
+    def test_a_malformed_item_is_named_before_anything_is_written(
+        self, django_assert_num_queries: Any
+    ) -> None:
+        items: list[Any] = [{"job_type": "bulk.item", "payload": {}}] * 100
+        items.append("not a dict")
+        with django_assert_num_queries(0), pytest.raises(EnqueueError, match=r"items\[100\]"):
+            enqueue_many(items)
+
+    def test_enqueued_jobs_behave_as_a_read_only_list(self) -> None:
+        created = enqueue_many(
+            [{"job_type": "bulk.item", "payload": {"i": i}} for i in range(COPY_MIN_ROWS)]
+        )
+        assert isinstance(created, EnqueuedJobs)
+        as_list = list(created)
+        assert created == as_list
+        assert as_list == list(created)
+        assert created[0] is created[0] is as_list[0]
+        assert created[-1].payload == {"i": COPY_MIN_ROWS - 1}
+        assert [j.payload["i"] for j in created[2:5]] == [2, 3, 4]
+        assert created != as_list[:-1]
+        assert repr(created) == f"<EnqueuedJobs: {COPY_MIN_ROWS} jobs>"
+        with pytest.raises(IndexError):
+            created[COPY_MIN_ROWS]
+        with pytest.raises(TypeError):
+            hash(created)
 
     def test_is_atomic_and_validates_everything_first(self) -> None:
         items: list[dict[str, Any]] = [{"job_type": "a.b", "payload": {}}] * 3

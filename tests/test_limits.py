@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -149,7 +150,7 @@ def test_max_running_per_organization(start_worker: Any) -> None:
     assert sampler.highest[second] == 2
 
 
-def _claim_rate(jobs: list[Job], skip: int) -> float:
+def _claim_rate(jobs: Sequence[Job], skip: int) -> float:
     """Claims per second after the first ``skip`` (the bucket's initial burst)."""
     claimed = Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("locked_at", flat=True)
     times = sorted(t for t in claimed if t is not None)[skip:]
