@@ -482,13 +482,15 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None
 
     Each item is a mapping with ``job_type`` and ``payload`` and, optionally, the keyword arguments
     of :func:`enqueue` (``idempotency_key``, ``organization_id``, ``priority``, ``run_at``,
-    ``queue``). Every item is validated before anything is written; one bad item refuses the
-    whole batch with an error naming its index. Items that repeat an idempotency key (of an
-    existing job or of an earlier item) return the job that holds it.
+    ``queue``). One bad item refuses the whole batch with an error naming its index, and
+    nothing of the batch is written; the caller's transaction stays usable. Items that repeat an
+    idempotency key (of an existing job or of an earlier item) return the job that holds it.
 
     From ``COPY_MIN_ROWS`` (64) items without idempotency keys, the rows are written with one
-    ``COPY`` and the result is an :class:`EnqueuedJobs`, which builds each ``Job`` when it is
-    first read; otherwise it is a list.
+    binary ``COPY``, checked as it goes (a bad item aborts it, and a savepoint takes back what
+    it wrote), and the result is an :class:`EnqueuedJobs`, which builds each ``Job`` when it is
+    first read. Otherwise every item is checked first, the rows are inserted 5,000 per
+    statement, and the result is a list.
     """
     alias = _database(using)
     conf = get_settings()

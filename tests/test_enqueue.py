@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -20,6 +24,7 @@ from django_pgoutbox.jobs import COPY_MIN_ROWS, ENQUEUE_CHUNK_SIZE, EnqueuedJobs
 from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.queries import COPY_JOBS
 from tests.conftest import drain_notifications
+from tests.processes import ROOT, database_url_for_tests, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -472,3 +477,67 @@ class TestClaimIndex:
             plan = "\n".join(row[0] for row in cursor.fetchall())
         assert "jobs_claim_idx" in plan
         assert "Sort" not in plan
+
+
+# A client that writes a bulk enqueue, each run in its own process on the test database.
+_BULK_CLIENT = """
+import sys
+from django.db import transaction
+from django_pgoutbox import enqueue, enqueue_many
+count = int(sys.argv[1])
+with transaction.atomic():
+    enqueue("bulk.before", {})
+    enqueue_many([{"job_type": "bulk.item", "payload": {"n": n}} for n in range(count)])
+print("committed", flush=True)
+"""
+
+
+def _bulk_client(count: int) -> subprocess.Popen[str]:
+    env = {**os.environ, "DATABASE_URL": database_url_for_tests(), "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", _SETUP + _BULK_CLIENT, str(count)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+_SETUP = """
+import os, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+django.setup()
+"""
+
+
+@pytest.mark.django_db(transaction=True)  # the client is another process: only commits are seen
+class TestBulkEnqueueKilled:
+    def test_a_client_killed_during_the_copy_leaves_nothing_and_the_next_one_lands(self) -> None:
+        client = _bulk_client(2_000_000)
+
+        def copying() -> bool:
+            """the client's COPY is under way"""
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY jobs%%' "
+                    "AND state = 'active' AND datname = current_database() "
+                    "AND pid <> pg_backend_pid()"
+                )
+                return bool(cursor.fetchone()[0])
+
+        try:
+            wait_for(copying, timeout=60, interval=0.01)
+            client.send_signal(signal.SIGKILL)
+            client.wait(timeout=10)
+        finally:
+            if client.poll() is None:
+                client.kill()
+        wait_for(lambda: not copying(), timeout=30)
+        assert Job.objects.count() == 0  # not the enqueue before it, not a row of the COPY
+
+        again = _bulk_client(5_000)
+        output, _ = again.communicate(timeout=120)
+        assert again.returncode == 0, output
+        assert Job.objects.filter(job_type="bulk.item").count() == 5_000
+        assert Job.objects.filter(job_type="bulk.before").count() == 1

@@ -10,11 +10,14 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_pgoutbox import Event, PublishError, enqueue, publish, subscriber
 from django_pgoutbox.conf import get_settings
+from django_pgoutbox.jobs import COPY_MIN_ROWS
 from django_pgoutbox.models import Job, OutboxEvent
+from django_pgoutbox.queries import COPY_JOBS
 from django_pgoutbox.worker.relay import Relay
 from testproject.demo.models import TrackingSession, complete_session
 from testproject.testjobs.models import Projection
@@ -196,6 +199,19 @@ class TestRelay:
         assert Projection.objects.count() == 5
         assert Job.objects.filter(job_type="tests.noop").count() == 5
         assert {p.event_id for p in Projection.objects.all()} == {e.id for e in events}
+
+    def test_a_batch_of_many_jobs_is_one_copy_without_the_poison_events_job(self) -> None:
+        events = [fact(sequence=n) for n in range(COPY_MIN_ROWS * 2)]
+        poison = fact(fail=True)
+        with CaptureQueriesContext(connection) as queries:
+            assert relay().run_once() == len(events) + 1
+        copies = [q for q in queries.captured_queries if q["sql"] == COPY_JOBS]
+        # The first try stops at the poison event before writing; the second writes in one COPY.
+        assert len(copies) == 1
+        jobs = Job.objects.filter(job_type="tests.noop")
+        assert sorted(j.payload["event"] for j in jobs) == sorted(str(e.id) for e in events)
+        assert not Projection.objects.filter(event_id=poison.id).exists()
+        assert OutboxEvent.objects.filter(processed_at__isnull=False).count() == len(events)
 
     def test_demo_projection(self) -> None:
         session = TrackingSession.objects.create(organization_id=uuid.uuid4(), device="d9")
