@@ -684,8 +684,16 @@ class EnqueuedJobs(Sequence[Job]):
         return job
 
     def __iter__(self) -> Iterator[Job]:
-        for index in range(len(self._rows)):
-            yield self[index]
+        missing = [index for index, job in enumerate(self._jobs) if job is None]
+        if missing:
+            # All at once: one template row for every Job, rather than one per Job.
+            now = self._now
+            built = _jobs_from(
+                self._alias, [self._rows[i] for i in missing], lambda r: _run_at(r, now), now
+            )
+            for index, job in zip(missing, built, strict=True):
+                self._jobs[index] = job
+        return iter(self._jobs)  # type: ignore[arg-type]  # every entry is a Job now
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, EnqueuedJobs | list | tuple):
