@@ -396,3 +396,39 @@ def test_runworkers_serves_its_metrics_and_heartbeat(start_worker: Any) -> None:
     text = wait_for(lambda: "pgoutbox_job_outcomes_total{" in scrape() and scrape(), timeout=20)
     assert 'pgoutbox_jobs_claimed_total{queue="default"} 1.0' in text
     assert health_report(require=["jobs"]).healthy
+
+
+def test_a_handlers_logger_carries_the_jobs_fields(caplog: Any) -> None:
+    from django_pgoutbox.worker.execute import ClaimedJob, job_logger
+
+    job = ClaimedJob(
+        id=uuid.uuid4(),
+        job_type="reports.build",
+        payload={},
+        attempt=2,
+        max_attempts=5,
+        organization_id=None,
+        queue="reports",
+        priority=0,
+        created_at=timezone.now(),
+    )
+    adapter = job_logger(job)
+    with caplog.at_level(logging.INFO, logger="django_pgoutbox.jobs.reports.build"):
+        adapter.info("built %d rows", 3)
+        adapter.warning("and once more", extra={"rows": 3})
+    first, second = caplog.records
+    assert first.name == "django_pgoutbox.jobs.reports.build"
+    assert first.getMessage() == "built 3 rows"
+    for record in (first, second):
+        assert (record.job_id, record.job_type, record.queue, record.attempt) == (
+            str(job.id),
+            "reports.build",
+            "reports",
+            2,
+        )
+    assert adapter.extra == {
+        "job_id": str(job.id),
+        "job_type": "reports.build",
+        "queue": "reports",
+        "attempt": 2,
+    }

@@ -86,15 +86,40 @@ def job_logger(job: ClaimedJob) -> logging.LoggerAdapter[logging.Logger]:
         base = _job_loggers[job.job_type] = logging.getLogger(
             f"django_pgoutbox.jobs.{job.job_type}"
         )
-    return logging.LoggerAdapter(
-        base,
-        {
-            "job_id": str(job.id),
-            "job_type": job.job_type,
-            "queue": job.queue,
-            "attempt": job.attempt,
-        },
-    )
+    return _JobLogger(base, job)
+
+
+class _JobLogger(logging.LoggerAdapter[logging.Logger]):
+    """``job_logger()``'s adapter: its ``extra`` is made at the first record, not for every job.
+
+    Most handlers never log, and spelling out a job's id cost more than a no-op job's handler.
+    """
+
+    def __init__(self, logger: logging.Logger, job: ClaimedJob) -> None:
+        super().__init__(logger)
+        self._job = job
+        self._fields: dict[str, object] | None = None
+
+    @property
+    def extra(self) -> dict[str, object]:
+        if self._fields is None:
+            self._fields = job_fields(self._job)
+        return self._fields
+
+    @extra.setter
+    def extra(self, value: object) -> None:
+        # LoggerAdapter.__init__ assigns its own (empty) extra: the job's fields stand instead.
+        pass
+
+
+def job_fields(job: ClaimedJob) -> dict[str, object]:
+    """A job's fields for a log record's ``extra``."""
+    return {
+        "job_id": str(job.id),
+        "job_type": job.job_type,
+        "queue": job.queue,
+        "attempt": job.attempt,
+    }
 
 
 def execute(
@@ -133,20 +158,14 @@ def execute(
         duration=duration,
         detail=outcome,
     )
-    if outcome.status == JobStatus.COMPLETED:
+    if outcome.status == JobStatus.COMPLETED and logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "job %s (%s) attempt %d completed in %.3fs",
             job.id,
             job.job_type,
             job.attempt,
             duration,
-            extra={
-                "job_id": str(job.id),
-                "job_type": job.job_type,
-                "queue": job.queue,
-                "attempt": job.attempt,
-                "outcome": "completed",
-            },
+            extra={**job_fields(job), "outcome": "completed"},
         )
     return outcome
 
@@ -172,18 +191,12 @@ def _run(
     using: str,
 ) -> Outcome:
     """Run the handler of ``job`` and decide its outcome; never raises."""
-    extra = {
-        "job_id": str(job.id),
-        "job_type": job.job_type,
-        "queue": job.queue,
-        "attempt": job.attempt,
-    }
     if definition is None:
         logger.error(
             "no handler for job type %r (job %s); dead-lettered with its payload intact",
             job.job_type,
             job.id,
-            extra={**extra, "outcome": "dead"},
+            extra={**job_fields(job), "outcome": "dead"},
         )
         return Outcome(
             job,
@@ -221,7 +234,7 @@ def _run(
             job.job_type,
             job.attempt,
             snooze.seconds,
-            extra={**extra, "outcome": "snoozed"},
+            extra={**job_fields(job), "outcome": "snoozed"},
         )
         return Outcome(
             job,
@@ -247,7 +260,7 @@ def _run(
             decision.summary,
             status.value,
             exc_info=None if routine else error,
-            extra={**extra, "outcome": status.value, "error_code": decision.code},
+            extra={**job_fields(job), "outcome": status.value, "error_code": decision.code},
         )
         code, summary = decision.code, decision.summary
         if definition.error_details is not None and not isinstance(error, InvalidResult):

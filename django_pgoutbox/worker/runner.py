@@ -135,7 +135,8 @@ class _Running:
             self._job = ClaimedJob(
                 id=job_id,
                 job_type=job_type,
-                payload=json.loads(payload),
+                # An empty payload, the commonest, without the JSON decoder's two calls.
+                payload={} if payload == "{}" else json.loads(payload),
                 attempt=attempts,
                 max_attempts=max_attempts,
                 organization_id=organization_id,
