@@ -38,13 +38,13 @@ Handler: TypeAlias = Callable[[Payload, "JobContext"], Any]
 #: Rows per INSERT statement in ``enqueue_many``; bounds the size of one statement.
 ENQUEUE_CHUNK_SIZE = 5000
 
-#: Batches without idempotency keys from this size on are written with ``COPY``, which costs the
-#: server about half as much a row as ``INSERT ... SELECT FROM unnest(...)`` but one more round
-#: trip; smaller ones go in one ``INSERT``.
+#: Batches without idempotency keys from this size on are written with ``COPY``, which spares
+#: the client the arrays of ``INSERT ... SELECT FROM unnest(...)`` but costs two more round
+#: trips; smaller ones go in one ``INSERT``.
 COPY_MIN_ROWS = 64
 
-#: Rows formatted and sent to ``COPY`` at a time: the server parses one chunk while the client
-#: formats the next.
+#: Rows encoded and sent to ``COPY`` at a time: the server writes one chunk while the client
+#: checks and encodes the next.
 COPY_CHUNK_SIZE = 2000
 
 _INT32 = (-(2**31), 2**31 - 1)
@@ -613,9 +613,9 @@ def _copy_unkeyed(alias: str, rows: Iterable[_Row], notify: bool) -> tuple[datet
 
     Returns the transaction's ``now()`` and the rows written. ``COPY_JOBS_NOW`` first reads that
     ``now()``; each row's ``run_at`` is computed from it as the column's default would, and
-    ``created_at`` is left to that default, which is the same ``now()``. The text goes out
-    ``COPY_CHUNK_SIZE`` rows at a time, so that the server parses one chunk while the client
-    makes the next (``rows`` may be a generator that checks each row as it comes).
+    ``created_at`` is left to that default, which is the same ``now()``. The rows go out
+    ``COPY_CHUNK_SIZE`` at a time, so that the server writes one chunk while the client makes
+    the next (``rows`` may be a generator that checks each row as it comes).
     ``WAKE_QUEUES`` then queues one wake-up per queue, sent at commit.
     """
     wrapper = connections[alias]
