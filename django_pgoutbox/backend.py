@@ -21,7 +21,6 @@ from django.db import router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from django_pgoutbox import signals
 from django_pgoutbox._tasks import (
     BaseTaskBackend,
     InvalidTask,
@@ -199,6 +198,8 @@ def task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | N
         run, name=job_type, queue=task.queue_name, max_attempts=None, priority=task.priority
     )
     definition.error_details = _error_details
+    definition.on_started = _on_job_started
+    definition.on_finished = _on_job_finished
     return definition
 
 
@@ -257,16 +258,14 @@ def _claimed_result(claimed: Any, status: Any, detail: Any = None) -> TaskResult
     return result
 
 
-def _on_job_started(sender: Any, job: Any, **kwargs: Any) -> None:
+def _on_job_started(job: Any, **kwargs: Any) -> None:
     if _is_task(job.payload):
         result = _claimed_result(job, TaskResultStatus.RUNNING)
         if result is not None:
             task_started.send(PgOutboxBackend, task_result=result)
 
 
-def _on_job_finished(
-    sender: Any, job: Any, outcome: str, detail: Any = None, **kwargs: Any
-) -> None:
+def _on_job_finished(job: Any, outcome: str, detail: Any = None, **kwargs: Any) -> None:
     # Django's task_finished means final: a retry is not a finish, the task is READY again.
     if not _is_task(job.payload) or outcome == JobStatus.RETRYING:
         return
@@ -276,7 +275,3 @@ def _on_job_finished(
     result = _claimed_result(job, status, detail)
     if result is not None:
         task_finished.send(PgOutboxBackend, task_result=result)
-
-
-signals.job_started.connect(_on_job_started, dispatch_uid="pgoutbox.tasks.started")
-signals.job_finished.connect(_on_job_finished, dispatch_uid="pgoutbox.tasks.finished")

@@ -138,6 +138,12 @@ class JobDefinition:
         #: Optional ``error -> (code, summary)`` replacing the class name and message that the
         #: retry policy records (the django.tasks backend stores a class path and a traceback).
         self.error_details: Callable[[BaseException], tuple[str, str]] | None = None
+        #: Optional hooks the worker calls around each attempt, as it sends ``job_started`` and
+        #: ``job_finished``, with the same arguments (the django.tasks backend sends Django's
+        #: task signals from them): hooks of the handler that need them, rather than receivers
+        #: that every job of every type would go through.
+        self.on_started: Callable[..., None] | None = None
+        self.on_finished: Callable[..., None] | None = None
         self.__doc__ = func.__doc__
         self.__name__ = getattr(func, "__name__", name)
         self.__module__ = func.__module__

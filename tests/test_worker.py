@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -327,3 +328,43 @@ class TestMisbehavingHandlers:
         assert (bad.status, bad.last_error_code) == (status, code)
         assert len(bad.last_error_summary or "") <= MAX_SUMMARY_LENGTH
         assert good.status == JobStatus.COMPLETED  # the worker survived and went on
+
+
+def test_a_handlers_hooks_run_around_the_attempt_and_cannot_fail_it(
+    registry: None, caplog: Any
+) -> None:
+    from django_pgoutbox import job
+    from django_pgoutbox.conf import get_settings
+    from django_pgoutbox.worker.execute import ClaimedJob, execute
+
+    @job("hooks.noop")
+    def noop(payload: dict[str, Any], ctx: Any) -> int:
+        return 7
+
+    calls: list[tuple[str, Any]] = []
+
+    def started(**arguments: Any) -> None:
+        calls.append(("started", arguments["job"].id))
+        raise RuntimeError("a broken hook")
+
+    def finished(**arguments: Any) -> None:
+        calls.append(("finished", (arguments["outcome"], arguments["detail"].result_json)))
+
+    noop.on_started = started
+    noop.on_finished = finished
+    claimed = ClaimedJob(
+        id=uuid.uuid4(),
+        job_type="hooks.noop",
+        payload={},
+        attempt=1,
+        max_attempts=3,
+        organization_id=None,
+        queue="default",
+        priority=0,
+        created_at=timezone.now(),
+    )
+    outcome = execute(claimed, policy=get_settings().retry, renew=lambda: None)
+    assert outcome.status == JobStatus.COMPLETED
+    assert outcome.result_json == "7"
+    assert calls == [("started", claimed.id), ("finished", ("completed", "7"))]
+    assert "hook raised; ignored" in caplog.text

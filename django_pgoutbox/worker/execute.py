@@ -138,6 +138,8 @@ def execute(
     metrics.JOB_START_DELAY.observe(max(job.waited, 0.0), queue=job.queue)
     sender = definition if definition is not None else signals.NO_HANDLER
     signals.job_started.send_robust(sender=sender, job=job)
+    if definition is not None and definition.on_started is not None:
+        _call_hook(definition.on_started, job=job)
     started = time.perf_counter()
     outcome = _run(
         job,
@@ -158,6 +160,14 @@ def execute(
         duration=duration,
         detail=outcome,
     )
+    if definition is not None and definition.on_finished is not None:
+        _call_hook(
+            definition.on_finished,
+            job=job,
+            outcome=outcome.status.value,
+            duration=duration,
+            detail=outcome,
+        )
     if outcome.status == JobStatus.COMPLETED and logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "job %s (%s) attempt %d completed in %.3fs",
@@ -168,6 +178,14 @@ def execute(
             extra={**job_fields(job), "outcome": "completed"},
         )
     return outcome
+
+
+def _call_hook(hook: Callable[..., None], **arguments: Any) -> None:
+    """A handler's hook, which must never fail the attempt (as a signal's receiver cannot)."""
+    try:
+        hook(**arguments)
+    except Exception:
+        logger.exception("job %s: the %s hook raised; ignored", arguments["job"].id, hook)
 
 
 def _task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | None:
