@@ -51,3 +51,25 @@ def drain_notifications(conn: psycopg.Connection[Any], timeout: float = 0.5) -> 
 
 
 from tests.processes import start_worker  # noqa: E402, F401 - a fixture for every test module
+
+
+def claimed_job(job_type: str, **fields: Any) -> Any:
+    """A ``ClaimedJob`` as a claim would return it: first attempt, default queue, empty payload."""
+    import uuid
+
+    from django.utils import timezone
+
+    from django_pgoutbox.worker.execute import ClaimedJob
+
+    values: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "payload": {},
+        "attempt": 1,
+        "max_attempts": 3,
+        "organization_id": None,
+        "queue": "default",
+        "priority": 0,
+        "created_at": timezone.now(),
+        **fields,
+    }
+    return ClaimedJob(job_type=job_type, **values)

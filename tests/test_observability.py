@@ -399,19 +399,10 @@ def test_runworkers_serves_its_metrics_and_heartbeat(start_worker: Any) -> None:
 
 
 def test_a_handlers_logger_carries_the_jobs_fields(caplog: Any) -> None:
-    from django_pgoutbox.worker.execute import ClaimedJob, job_logger
+    from django_pgoutbox.worker.execute import job_logger
+    from tests.conftest import claimed_job
 
-    job = ClaimedJob(
-        id=uuid.uuid4(),
-        job_type="reports.build",
-        payload={},
-        attempt=2,
-        max_attempts=5,
-        organization_id=None,
-        queue="reports",
-        priority=0,
-        created_at=timezone.now(),
-    )
+    job = claimed_job("reports.build", attempt=2, queue="reports")
     adapter = job_logger(job)
     with caplog.at_level(logging.INFO, logger="django_pgoutbox.jobs.reports.build"):
         adapter.info("built %d rows", 3)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -335,7 +334,8 @@ def test_a_handlers_hooks_run_around_the_attempt_and_cannot_fail_it(
 ) -> None:
     from django_pgoutbox import job
     from django_pgoutbox.conf import get_settings
-    from django_pgoutbox.worker.execute import ClaimedJob, execute
+    from django_pgoutbox.worker.execute import execute
+    from tests.conftest import claimed_job
 
     @job("hooks.noop")
     def noop(payload: dict[str, Any], ctx: Any) -> int:
@@ -352,17 +352,7 @@ def test_a_handlers_hooks_run_around_the_attempt_and_cannot_fail_it(
 
     noop.on_started = started
     noop.on_finished = finished
-    claimed = ClaimedJob(
-        id=uuid.uuid4(),
-        job_type="hooks.noop",
-        payload={},
-        attempt=1,
-        max_attempts=3,
-        organization_id=None,
-        queue="default",
-        priority=0,
-        created_at=timezone.now(),
-    )
+    claimed = claimed_job("hooks.noop")
     outcome = execute(claimed, policy=get_settings().retry, renew=lambda: None)
     assert outcome.status == JobStatus.COMPLETED
     assert outcome.result_json == "7"
