@@ -112,3 +112,16 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: floa
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s: {condition.__doc__ or condition}")
+
+
+def other_backends(where: str, count: str = "*") -> int:
+    """``count(<count>)`` over this test database's other backends matching ``where`` (SQL).
+
+    ``count="pg_terminate_backend(pid)"`` terminates them and says how many there were.
+    """
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            f"SELECT count({count}) FROM pg_stat_activity WHERE ({where}) "
+            "AND datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(cursor.fetchone()[0])

@@ -24,7 +24,7 @@ from django_pgoutbox.jobs import COPY_MIN_ROWS, ENQUEUE_CHUNK_SIZE, EnqueuedJobs
 from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.queries import COPY_JOBS
 from tests.conftest import drain_notifications
-from tests.processes import ROOT, database_url_for_tests, wait_for
+from tests.processes import ROOT, database_url_for_tests, other_backends, wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -518,13 +518,7 @@ class TestBulkEnqueueKilled:
 
         def copying() -> bool:
             """the client's COPY is under way"""
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY jobs%%' "
-                    "AND state = 'active' AND datname = current_database() "
-                    "AND pid <> pg_backend_pid()"
-                )
-                return bool(cursor.fetchone()[0])
+            return bool(other_backends("query LIKE 'COPY jobs%%' AND state = 'active'"))
 
         try:
             wait_for(copying, timeout=60, interval=0.01)

@@ -12,13 +12,12 @@ from collections import defaultdict
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from django_pgoutbox import enqueue, metrics, publish
 from django_pgoutbox.models import Job, JobStatus, OutboxEvent
 from django_pgoutbox.worker import Worker
 from testproject.testjobs.models import Projection
-from tests.processes import wait_for
+from tests.processes import other_backends, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -89,13 +88,7 @@ def test_sigkill_mid_batch_then_restart_projects_each_event_once(start_worker: A
 
 
 def _terminate_listeners() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid() "
-            "AND datname = current_database()"
-        )
-        return int(cursor.fetchone()[0])
+    return other_backends("query LIKE 'LISTEN%%'", count="pg_terminate_backend(pid)")
 
 
 def test_lost_listener_reconnects_and_polls_everything(settings: Any) -> None:

@@ -15,12 +15,12 @@ import uuid
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from django_pgoutbox import enqueue_many, publish
 from django_pgoutbox.models import Job, JobStatus, OutboxEvent
 from testproject.testjobs.models import Projection, SideEffect
-from tests.processes import wait_for
+from tests.processes import other_backends, wait_for
 from tests.reliability.checker import check
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,13 +33,7 @@ SETTINGS = {"LEASE_SECONDS": 1, "POLL_INTERVAL": 0.3, "OUTBOX": {"CLAIM_SECONDS"
 
 
 def _terminate_worker_connections() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND backend_type = 'client backend'"
-        )
-        return int(cursor.fetchone()[0])
+    return other_backends("backend_type = 'client backend'", count="pg_terminate_backend(pid)")
 
 
 def test_drain_under_faults_loses_nothing(start_worker: Any, raw_connection_params: Any) -> None:
