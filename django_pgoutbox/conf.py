@@ -90,7 +90,7 @@ DEFAULTS: dict[str, Any] = {
 
 #: Per-queue keys that have no top-level counterpart, with their defaults (docs/limits.md).
 QUEUE_ONLY_DEFAULTS: dict[str, Any] = {
-    "PREFETCH": 500,
+    "PREFETCH": 2000,
     "FAIR": False,
     "MAX_RUNNING": None,
     "RATE_LIMIT": None,
@@ -109,7 +109,7 @@ class QueueSettings:
     poll_interval: float
     #: The most jobs a worker may hold claimed beyond its busy threads, so that fast jobs are
     #: claimed in batches; how many it holds follows the queue's pace (see docs/workers.md).
-    prefetch: int = 500
+    prefetch: int = 2000
     #: Interleave organizations in each claim (see docs/limits.md).
     fair: bool = False
     #: Most jobs of this queue running at once across every worker; None: no cap.

@@ -94,7 +94,12 @@ class Counter(_Metric):
     kind = "counter"
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        key = self._key(labels)
+        self.inc_key(self._key(labels), amount)
+
+    def inc_key(self, key: tuple[str, ...], amount: float = 1.0) -> None:
+        """``inc()`` with the label values given in ``labelnames`` order (the workers' path)."""
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {key}")
         shard = self._shard()
         shard[key] = shard.get(key, 0.0) + amount
 
@@ -136,7 +141,12 @@ class Histogram(_Metric):
         self.buckets = tuple(buckets)
 
     def observe(self, value: float, **labels: str) -> None:
-        key = self._key(labels)
+        self.observe_key(self._key(labels), value)
+
+    def observe_key(self, key: tuple[str, ...], value: float) -> None:
+        """``observe()`` with the label values given in ``labelnames`` order (the workers' path)."""
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {key}")
         index = bisect.bisect_left(self.buckets, value)
         shard = self._shard()
         state = shard.get(key)

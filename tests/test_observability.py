@@ -199,6 +199,21 @@ def test_no_label_carries_an_organization_or_a_payload_value() -> None:
             assert set(sample.labels) <= ALLOWED_LABELS | {"le"}, sample
 
 
+def test_label_values_by_position_count_as_by_name() -> None:
+    counter = metrics.Counter("test_positional_total", "test", ["queue", "outcome"])
+    counter.inc_key(("q", "completed"), 2)
+    counter.inc(queue="q", outcome="completed")
+    assert counter.value(queue="q", outcome="completed") == 3
+    histogram = metrics.Histogram("test_positional_seconds", "test", ["queue"], buckets=[1.0])
+    histogram.observe_key(("q",), 0.5)
+    histogram.observe(2.0, queue="q")
+    assert histogram.count(queue="q") == 2
+    with pytest.raises(ValueError, match="takes labels"):
+        counter.inc_key(("q",))
+    with pytest.raises(ValueError, match="takes labels"):
+        histogram.observe_key(("q", "extra"), 1.0)
+
+
 @pytest.mark.django_db
 class TestExposition:
     def test_database_gauges_exposition(self) -> None:

@@ -358,3 +358,53 @@ def test_a_handlers_hooks_run_around_the_attempt_and_cannot_fail_it(
     assert outcome.result_json == "7"
     assert calls == [("started", claimed.id), ("finished", ("completed", "7"))]
     assert "hook raised; ignored" in caplog.text
+
+
+def test_the_handler_sees_every_attempts_worker(fast: Any, registry: None) -> None:
+    """worker_ids as the claim returned them: the first attempt's without parsing, a later
+    attempt's (an earlier worker, then this one) parsed from the row."""
+    from django_pgoutbox import job
+
+    @job("fast.whoami")
+    def whoami(payload: dict[str, Any], ctx: Any) -> list[str]:
+        return list(ctx.worker_ids)
+
+    fresh = enqueue("fast.whoami", {})
+    again = enqueue("fast.whoami", {})
+    Job.objects.filter(pk=again.pk).update(worker_ids=["earlier-worker"])
+    worker = drain()
+    fresh.refresh_from_db()
+    again.refresh_from_db()
+    assert fresh.result == [worker.worker_id]
+    assert again.result == ["earlier-worker", worker.worker_id]
+    assert again.worker_ids == ["earlier-worker", worker.worker_id]
+
+
+def test_the_fast_constructors_make_the_same_frozen_objects() -> None:
+    import dataclasses
+    import uuid
+
+    from django_pgoutbox.worker.execute import ClaimedJob, Outcome
+
+    fields: dict[str, Any] = {
+        "id": uuid.uuid4(),
+        "job_type": "tests.noop",
+        "payload": {"n": 1},
+        "attempt": 2,
+        "max_attempts": 5,
+        "organization_id": None,
+        "queue": "default",
+        "priority": 3,
+        "created_at": timezone.now(),
+        "waited": 0.25,
+        "worker_ids": ("w-1",),
+    }
+    made = ClaimedJob.from_claim(**fields)
+    assert made == ClaimedJob(**fields)
+    assert repr(made) == repr(ClaimedJob(**fields))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.attempt = 3  # type: ignore[misc]
+    completed = Outcome.completed(made, '{"ok":true}')
+    assert completed == Outcome(made, JobStatus.COMPLETED, result_json='{"ok":true}')
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        completed.status = JobStatus.DEAD  # type: ignore[misc]

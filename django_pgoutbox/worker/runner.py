@@ -67,6 +67,8 @@ FLUSH_DELAY = 0.005
 FLUSH_SIZE = 500
 #: The prefetch aims at this many seconds of work, at the queue's recent pace.
 PREFETCH_SECONDS = 0.1
+#: The pace is measured over windows of this many seconds (the first one a quarter as long).
+PACE_WINDOW = 0.2
 
 #: The dispatcher's statements with binary parameters (``%b``): psycopg then sends its arrays
 #: without quoting each element in Python. It has a connection of its own with server-side
@@ -101,50 +103,46 @@ RATE_LIMIT_RETRY_CAP = 1.0
 Key = tuple[uuid.UUID, int]
 
 
-@dataclass
 class _Running:
-    id: uuid.UUID
-    attempt: int
-    #: The claim's row; the handler's thread turns it into a ClaimedJob (parsing the payload
-    #: off the dispatcher's thread).
-    row: tuple[Any, ...]
-    _job: ClaimedJob | None = None
-    #: Set when the job's cancellation was requested; the handler's ctx reads it.
-    cancel: CancelFlag = field(default_factory=CancelFlag)
-    #: When the dispatcher fails the attempt for its timeout (monotonic); thread isolation only.
-    #: Set when the handler starts: a prefetched job waits without its clock running.
-    deadline: float | None = None
-    lease_lost: bool = False
+    """One claimed attempt, from its claim to its outcome's write (a slotted class: one is made
+    for every job claimed)."""
+
+    __slots__ = ("_job", "attempt", "cancel", "deadline", "id", "lease_lost", "row", "worker_ids")
+
+    def __init__(self, row: tuple[Any, ...], worker_ids: tuple[str, ...] | None = None) -> None:
+        self.id: uuid.UUID = row[0]
+        self.attempt: int = row[3]
+        #: The claim's row; the handler's thread turns it into a ClaimedJob (parsing the payload
+        #: off the dispatcher's thread).
+        self.row = row
+        #: The attempt's worker_ids when the row's are this worker's alone (no JSON to parse).
+        self.worker_ids = worker_ids
+        self._job: ClaimedJob | None = None
+        #: Set when the job's cancellation was requested; the handler's ctx reads it.
+        self.cancel = CancelFlag()
+        #: When the dispatcher fails the attempt for its timeout (monotonic); thread isolation
+        #: only. Set when the handler starts: a prefetched job waits without its clock running.
+        self.deadline: float | None = None
+        self.lease_lost = False
 
     @property
     def job(self) -> ClaimedJob:
         if self._job is None:
-            (
-                job_id,
-                job_type,
-                payload,
-                attempts,
-                max_attempts,
-                organization_id,
-                queue,
-                priority,
-                created_at,
-                waited,
-                worker_ids,
-            ) = self.row
-            self._job = ClaimedJob(
-                id=job_id,
-                job_type=job_type,
+            row = self.row
+            payload = row[2]
+            self._job = ClaimedJob.from_claim(
+                row[0],
+                row[1],
                 # An empty payload, the commonest, without the JSON decoder's two calls.
-                payload={} if payload == "{}" else json.loads(payload),
-                attempt=attempts,
-                max_attempts=max_attempts,
-                organization_id=organization_id,
-                queue=queue,
-                priority=priority,
-                created_at=created_at,
-                waited=waited,
-                worker_ids=json.loads(worker_ids),
+                {} if payload == "{}" else json.loads(payload),
+                row[3],
+                row[4],
+                row[5],
+                row[6],
+                row[7],
+                row[8],
+                row[9],
+                self.worker_ids if self.worker_ids is not None else json.loads(row[10]),
             )
         return self._job
 
@@ -248,6 +246,10 @@ class QueueRunner:
         self._outcomes: deque[Outcome] = deque()
         self._renewals: deque[_RenewalRequest] = deque()
         self._running: dict[Key, _Running] = {}
+        #: The running attempts with a deadline (a timeout under thread isolation), added by
+        #: their handler threads: the dispatcher looks at these at every turn, not at every
+        #: claimed job.
+        self._timed: dict[Key, _Running] = {}
         #: Attempts failed for their timeout whose handler has not returned yet.
         self._abandoned: set[Key] = set()
         self._check_cancel = False
@@ -260,6 +262,9 @@ class QueueRunner:
         self._pace_count = 0
         self._pace_since = time.monotonic()
         self._db: psycopg.Connection[Any] | None = None
+        #: A claim's worker_ids text when this worker ran every attempt (the first, usually),
+        #: and the value it stands for.
+        self._own_worker_ids = (json.dumps([worker_id]), (worker_id,))
         self._threads = _HandlerThreads(
             self.concurrency, f"pgoutbox-{self.queue}", self._run_attempt
         )
@@ -365,7 +370,7 @@ class QueueRunner:
                 deadlines = [next_poll, next_recovery]
                 if self._running:
                     deadlines.append(next_renewal)
-                    deadlines.extend(r.deadline for r in self._running.values() if r.deadline)
+                    deadlines.extend(r.deadline for r in list(self._timed.values()) if r.deadline)
                 if stop_deadline is not None:
                     deadlines.append(stop_deadline)
                 self._wake.wait(max(0.0, min(deadlines) - time.monotonic()))
@@ -515,8 +520,10 @@ class QueueRunner:
         if rows:
             metrics.JOBS_CLAIMED.inc(len(rows), queue=self.queue)
         started = []
+        own, alone = self._own_worker_ids
         for row in rows:
-            entry = _Running(row[0], row[3], row)
+            # A first attempt's worker_ids are this worker's id alone: no JSON to parse.
+            entry = _Running(row, alone if row[10] == own else None)
             self._running[(entry.id, entry.attempt)] = entry
             self._threads.submit(entry)
             started.append(entry)
@@ -529,7 +536,9 @@ class QueueRunner:
         now = time.monotonic()
         self._pace_count += finished
         elapsed = now - self._pace_since
-        if elapsed >= 0.2:
+        # The first measure comes soon, so that a drain starts at its pace within a few turns;
+        # later ones over longer windows, for a steadier figure.
+        if elapsed >= (PACE_WINDOW if self._pace else PACE_WINDOW / 4):
             recent = self._pace_count / elapsed
             self._pace = recent if not self._pace else (self._pace + recent) / 2
             self._pace_count, self._pace_since = 0, now
@@ -553,6 +562,7 @@ class QueueRunner:
             definition = get_job(job.job_type)
             if definition is not None and definition.timeout and definition.isolation == "thread":
                 entry.deadline = time.monotonic() + definition.timeout
+                self._timed[(entry.id, entry.attempt)] = entry
             try:
                 outcome = execute(
                     job,
@@ -571,12 +581,14 @@ class QueueRunner:
 
     def _settle(self, batch: list[Outcome], applied: set[uuid.UUID]) -> None:
         """Forget the attempts of ``batch``; count what was written and what was fenced off."""
+        counts: dict[tuple[str, str, str], int] = {}
         for outcome in batch:
             job = outcome.job
             key = (job.id, job.attempt)
             late = False
             if not outcome.timed_out:
                 self._running.pop(key, None)
+                self._timed.pop(key, None)
                 if key in self._abandoned:
                     # The handler of an attempt failed for its timeout returned at last: its
                     # thread is free again, and the replacement started meanwhile can go.
@@ -584,9 +596,8 @@ class QueueRunner:
                     self._threads.retire_thread()
                     late = True
             if job.id in applied:
-                metrics.JOB_OUTCOMES.inc(
-                    queue=self.queue, job_type=job.job_type, outcome=outcome.status.value
-                )
+                labels = (self.queue, job.job_type, outcome.status.value)
+                counts[labels] = counts.get(labels, 0) + 1
             else:
                 metrics.STALE_OUTCOMES.inc(queue=self.queue)
                 logger.warning(
@@ -603,10 +614,15 @@ class QueueRunner:
                         "outcome": "stale",
                     },
                 )
+        for labels, count in counts.items():
+            metrics.JOB_OUTCOMES.inc_key(labels, count)
 
     def _expire_timeouts(self, now: float) -> None:
         """Fail the attempts that ran past their timeout; their handlers' threads are replaced."""
-        for key, entry in list(self._running.items()):
+        for key, entry in list(self._timed.items()):
+            if self._running.get(key) is not entry:
+                self._timed.pop(key, None)  # its outcome was written meanwhile
+                continue
             if entry.deadline is None or now < entry.deadline:
                 continue
             job = entry.job
@@ -638,6 +654,7 @@ class QueueRunner:
                 },
             )
             del self._running[key]
+            del self._timed[key]
             self._abandoned.add(key)
             self._threads.add_thread()
             self._outcomes.appendleft(
