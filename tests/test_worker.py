@@ -172,6 +172,42 @@ class TestClaiming:
         )
         assert order == [high.pk, older.pk, low.pk]
 
+    def test_a_batch_is_claimed_in_claim_order_not_id_order(self) -> None:
+        """The claim finds its rows by primary key (id order) and sorts them back: priority,
+        then run_at, created_at and id, in CLAIM_JOBS and in RECORD_AND_CLAIM alike."""
+        now = timezone.now()
+        jobs = enqueue_many([{"job_type": "tests.noop", "payload": {"n": n}} for n in range(6)])
+        # Later ids get higher priorities or earlier run_ats: id order is not claim order.
+        shape = {0: (0, 0), 1: (0, 30), 2: (3, 0), 3: (3, 60), 4: (7, 0), 5: (0, 0)}
+        for job, (priority, earlier) in zip(jobs, shape.values(), strict=True):
+            Job.objects.filter(pk=job.pk).update(
+                priority=priority, run_at=now - timedelta(seconds=earlier)
+            )
+        Job.objects.filter(pk=jobs[5].pk).update(created_at=jobs[0].created_at)
+        expected = [jobs[n].pk for n in (4, 3, 2, 1, 0, 5)]
+        if jobs[5].pk < jobs[0].pk:  # same priority, run_at and created_at: id decides
+            expected[-2:] = [jobs[5].pk, jobs[0].pk]
+        with connection.cursor() as cursor:
+            cursor.execute(queries.CLAIM_JOBS, ["default", 3, "w", 60.0])
+            first = [row[0] for row in cursor.fetchall()]
+            nones = [None] * 3
+            outcomes: list[Any] = [
+                first,
+                [1, 1, 1],
+                ["completed"] * 3,
+                [0.0] * 3,
+                nones,
+                nones,
+                nones,
+                "w",
+            ]
+            cursor.execute(queries.RECORD_AND_CLAIM, [*outcomes, "default", 3, "w", 60.0])
+            rows = cursor.fetchall()
+        assert first == expected[:3]
+        assert [row[0] for row in rows] == [False] * 3 + [True] * 3
+        assert sorted(row[1] for row in rows[:3]) == sorted(first)
+        assert [row[1] for row in rows[3:]] == expected[3:]
+
     def test_future_jobs_wait(self, fast: Any) -> None:
         later = enqueue("tests.behave", {}, run_at=timedelta(hours=1))
         drain()
