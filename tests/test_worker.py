@@ -444,3 +444,41 @@ def test_the_fast_constructors_make_the_same_frozen_objects() -> None:
     assert completed == Outcome(made, JobStatus.COMPLETED, result_json='{"ok":true}')
     with pytest.raises(dataclasses.FrozenInstanceError):
         completed.status = JobStatus.DEAD  # type: ignore[misc]
+
+
+def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: Any) -> None:
+    """A generic plan of these read the whole array again for each leased row (quadratic);
+    they are never prepared, while the claim is."""
+    from django.conf import settings as django_settings
+
+    from django_pgoutbox.conf import get_settings
+    from django_pgoutbox.worker.runner import _BINARY, _UNPREPARED, _execute
+
+    conf = get_settings()
+    runner = QueueRunner(
+        conf.queues["default"], worker_id="w", using="default", policy=conf.retry, concurrency=1
+    )
+    try:
+        with runner._connection().cursor() as cursor:
+            for _ in range(6):
+                _execute(cursor, "CLAIM_JOBS", ["default", 0, "w", 60.0])
+                _execute(cursor, "RENEW_LEASES", [60.0, [], [], "w"])
+                _execute(cursor, "RECORD_OUTCOMES", [[], [], [], [], [], [], [], "w"])
+            cursor.execute("SELECT statement FROM pg_prepared_statements")
+            prepared = {row[0] for row in cursor.fetchall()}
+    finally:
+        runner._threads.shutdown()
+        runner._disconnect()
+    assert _UNPREPARED == {
+        "RECORD_AND_CLAIM",
+        "RECORD_OUTCOMES",
+        "RENEW_LEASES",
+        "UNCLAIM_JOBS",
+        "RELEASE_JOBS",
+    }
+    if "prepare_threshold" in django_settings.DATABASES["default"].get("OPTIONS", {}):
+        pytest.skip("the test database's OPTIONS decide on prepared statements")
+    texts = {name: _BINARY[name].replace("%b", "$").split("$")[0] for name in _BINARY}
+    assert any(texts["CLAIM_JOBS"].strip() in text for text in prepared)
+    assert not any(texts["RENEW_LEASES"].strip() in text for text in prepared)
+    assert not any(texts["RECORD_OUTCOMES"].strip() in text for text in prepared)

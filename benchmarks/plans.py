@@ -1,0 +1,72 @@
+"""What a generic plan would cost the dispatcher's statements that join arrays to leased rows.
+
+    python benchmarks/plans.py [--rows 2000]
+
+20,000 pending jobs; one connection claims ``--rows`` of them, then times ``RENEW_LEASES``,
+``RECORD_OUTCOMES`` and ``RECORD_AND_CLAIM`` over those rows, once with ``plan_cache_mode =
+force_custom_plan`` (planned knowing the arrays, as the worker runs them: see
+``runner._UNPREPARED``) and once with ``force_generic_plan`` (what PostgreSQL may switch a
+prepared statement to after five executions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import setup_django, truncate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rows", type=int, default=2000)
+    args = parser.parse_args()
+    setup_django()
+    import psycopg
+    from django.db import connection
+
+    from django_pgoutbox import enqueue_many, queries
+    from django_pgoutbox.db import dispatcher_connection_params
+
+    truncate("jobs")
+    enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 20_000)
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE jobs")
+    sql = {
+        name: getattr(queries, name).replace("%s", "%b")
+        for name in ("CLAIM_JOBS", "RENEW_LEASES", "RECORD_OUTCOMES", "RECORD_AND_CLAIM")
+    }
+    claim = ["default", args.rows, "w", 60.0]
+    for mode in ("force_custom_plan", "force_generic_plan"):
+        params = dispatcher_connection_params("default")
+        with psycopg.connect(**params, autocommit=True, options=f"-c plan_cache_mode={mode}") as db:
+
+            def claimed() -> tuple[list[object], list[object], list[object]]:
+                rows = db.execute(sql["CLAIM_JOBS"], claim).fetchall()
+                ids = [row[0] for row in rows]
+                n = len(ids)
+                outcomes = [ids, [row[3] for row in rows], ["completed"] * n, [0.0] * n]
+                return ids, [row[3] for row in rows], [*outcomes, [None] * n, [None] * n]
+
+            def timed(name: str, values: list[object]) -> float:
+                started = time.perf_counter()
+                db.execute(sql[name], values, prepare=True).fetchall()
+                return (time.perf_counter() - started) * 1000
+
+            ids, attempts, outcomes = claimed()
+            renew = timed("RENEW_LEASES", [60.0, ids, attempts, "w"])
+            record = timed("RECORD_OUTCOMES", [*outcomes, [None] * len(ids), "w"])
+            ids, attempts, outcomes = claimed()
+            both = timed("RECORD_AND_CLAIM", [*outcomes, [None] * len(ids), "w", *claim])
+        print(
+            f"{mode}: RENEW_LEASES {renew:.1f} ms, RECORD_OUTCOMES {record:.1f} ms, "
+            f"RECORD_AND_CLAIM {both:.1f} ms ({args.rows:,} rows)"
+        )
+
+
+if __name__ == "__main__":
+    main()
