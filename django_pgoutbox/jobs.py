@@ -846,7 +846,7 @@ def _insert_one(alias: str, row: _Row, notify: bool) -> Job:
     for _ in range(3):  # as in _insert: the holder of the key may vanish before we read it
         with server_side_cursor(alias) as cursor:
             cursor.execute(
-                queries.ENQUEUE_JOB,
+                queries.ENQUEUE_JOB_UNKEYED if row.idempotency_key is None else queries.ENQUEUE_JOB,
                 [
                     row.id,
                     row.organization_id,

@@ -67,6 +67,17 @@ class TestEnqueue:
         with django_assert_num_queries(1):
             enqueue("a.b", {})
 
+    def test_only_a_keyed_job_is_inserted_on_conflict(self) -> None:
+        """A job without a key cannot conflict: its insert is not speculative."""
+        with CaptureQueriesContext(connection) as captured:
+            plain = enqueue("a.b", {})
+            keyed = enqueue("a.b", {}, idempotency_key="k")
+            again = enqueue("a.b", {"v": 2}, idempotency_key="k")
+        sent = [query["sql"] for query in captured.captured_queries]
+        assert ["ON CONFLICT" in sql for sql in sent] == [False, True, True, False]
+        assert again.pk == keyed.pk != plain.pk  # the fourth statement read the holder
+        assert Job.objects.count() == 2
+
     @pytest.mark.smoke
     def test_rollback_leaves_no_job(self) -> None:
         with pytest.raises(RuntimeError), transaction.atomic():

@@ -469,13 +469,13 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
     finally:
         runner._threads.shutdown()
         runner._disconnect()
-    assert _UNPREPARED == {
+    assert {
         "RECORD_AND_CLAIM",
         "RECORD_OUTCOMES",
         "RENEW_LEASES",
         "UNCLAIM_JOBS",
         "RELEASE_JOBS",
-    }
+    } == _UNPREPARED
     if "prepare_threshold" in django_settings.DATABASES["default"].get("OPTIONS", {}):
         pytest.skip("the test database's OPTIONS decide on prepared statements")
     texts = {name: _BINARY[name].replace("%b", "$").split("$")[0] for name in _BINARY}
