@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, setup_django, truncate, write_results
+from benchmarks.common import ROOT, pending_noops, setup_django, write_results
 
 
 def _client(conninfo: dict[str, Any], batch: int, worker_id: str) -> None:
@@ -55,13 +55,9 @@ def _client(conninfo: dict[str, Any], batch: int, worker_id: str) -> None:
 def ceiling(jobs: int, batch: int, clients: int) -> dict[str, float]:
     from django.db import connection
 
-    from django_pgoutbox import enqueue_many
     from django_pgoutbox.db import dispatcher_connection_params
 
-    truncate("jobs")
-    enqueue_many([{"job_type": "tests.noop", "payload": {}}] * jobs)
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE jobs")
+    pending_noops(jobs)
     conninfo = dispatcher_connection_params("default")
     context = multiprocessing.get_context("spawn")
     processes = [

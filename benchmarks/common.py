@@ -44,6 +44,38 @@ def truncate(*tables: str) -> None:
         cursor.execute(f"TRUNCATE {', '.join(tables)}")
 
 
+def pending_noops(jobs: int) -> None:
+    """An empty jobs table, then ``jobs`` pending no-op jobs with fresh statistics.
+
+    Enqueued 100,000 at a time; ``VACUUM ANALYZE`` after, since this development server runs
+    with autovacuum off and a claim planned without statistics may sort the whole backlog.
+    """
+    from django.db import connection
+
+    from django_pgoutbox import enqueue_many
+
+    truncate("jobs")
+    for start in range(0, jobs, 100_000):
+        enqueue_many([{"job_type": "tests.noop", "payload": {}}] * min(100_000, jobs - start))
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE jobs")
+
+
+def drain_seconds(jobs: int) -> float:
+    """The drain's time by the database clock, first claim to last outcome; checks that all
+    ``jobs`` completed."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'completed'), "
+            "extract(epoch FROM max(finished_at) - min(locked_at)) FROM jobs"
+        )
+        total, completed, window = cursor.fetchone()
+    assert completed == total == jobs, f"{completed} of {jobs} completed ({total} in the table)"
+    return float(window)
+
+
 def runworkers(*args: str, settings: dict[str, Any] | None = None) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,

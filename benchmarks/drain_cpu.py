@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, setup_django, truncate
+from benchmarks.common import ROOT, drain_seconds, pending_noops, setup_django
 
 
 def _server_ticks() -> dict[str, int]:
@@ -44,15 +44,7 @@ def _server_ticks() -> dict[str, int]:
 
 
 def drain(jobs: int, concurrency: int, settings: dict[str, object]) -> dict[str, float]:
-    from django.db import connection
-
-    from django_pgoutbox import enqueue_many
-
-    truncate("jobs")
-    for start in range(0, jobs, 100_000):
-        enqueue_many([{"job_type": "tests.noop", "payload": {}}] * min(100_000, jobs - start))
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE jobs")
+    pending_noops(jobs)
     env = {**os.environ, "PGOUTBOX_TEST_SETTINGS": json.dumps(settings), "PGOUTBOX_DEBUG": "0"}
     command = [sys.executable, str(ROOT / "manage.py"), "runworkers", "-v", "0", "--roles"]
     command += ["jobs", "--burst", "--queues", "default", "--concurrency", str(concurrency)]
@@ -72,21 +64,15 @@ def drain(jobs: int, concurrency: int, settings: dict[str, object]) -> dict[str,
     sampler.join()
     seen.update(_server_ticks())
     server = sum(v - before.get(k, 0) for k, v in seen.items()) / os.sysconf("SC_CLK_TCK")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FILTER (WHERE status = 'completed'), "
-            "extract(epoch FROM max(finished_at) - min(locked_at)) FROM jobs"
-        )
-        completed, window = cursor.fetchone()
-    assert completed == jobs, f"only {completed} of {jobs} completed"
+    window = drain_seconds(jobs)
     worker = usage.ru_utime + usage.ru_stime
     return {
-        "jobs_per_second": jobs / float(window),
-        "seconds": float(window),
+        "jobs_per_second": jobs / window,
+        "seconds": window,
         "worker_cpu_us_per_job": worker / jobs * 1e6,
         "server_cpu_us_per_job": server / jobs * 1e6,
-        "worker_share": worker / float(window),
-        "server_share": server / float(window),
+        "worker_share": worker / window,
+        "server_share": server / window,
     }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import setup_django, truncate
+from benchmarks.common import pending_noops, setup_django
 
 
 def main() -> None:
@@ -27,15 +27,11 @@ def main() -> None:
     args = parser.parse_args()
     setup_django()
     import psycopg
-    from django.db import connection
 
-    from django_pgoutbox import enqueue_many, queries
+    from django_pgoutbox import queries
     from django_pgoutbox.db import dispatcher_connection_params
 
-    truncate("jobs")
-    enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 20_000)
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE jobs")
+    pending_noops(20_000)
     sql = {
         name: getattr(queries, name).replace("%s", "%b")
         for name in ("CLAIM_JOBS", "RENEW_LEASES", "RECORD_OUTCOMES", "RECORD_AND_CLAIM")

@@ -35,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, runworkers, setup_django, truncate, write_results
+from benchmarks.common import ROOT, pending_noops, runworkers, setup_django, truncate, write_results
 
 PEERS = {
     "procrastinate": "benchmarks/peers/procrastinate_bench.py",
@@ -122,13 +122,7 @@ def long_drain(jobs: int) -> dict[str, Any]:
     """One worker drains ``jobs``: its RSS every second, and the rate by tenths of the drain."""
     from django.db import connection
 
-    from django_pgoutbox import enqueue_many
-
-    truncate("jobs")
-    for start in range(0, jobs, 100_000):
-        enqueue_many([{"job_type": "tests.noop", "payload": {}}] * min(100_000, jobs - start))
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE jobs")
+    pending_noops(jobs)
     worker = runworkers("--roles", "jobs", "--burst", "--queues", "default")
     rss: list[float] = []
     while worker.poll() is None:

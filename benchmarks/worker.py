@@ -23,19 +23,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, percentile, runworkers, setup_django, truncate, write_results
+from benchmarks.common import (
+    ROOT,
+    drain_seconds,
+    pending_noops,
+    percentile,
+    runworkers,
+    setup_django,
+    truncate,
+    write_results,
+)
 
 
 def drain(jobs: int, concurrency: int, processes: int = 1) -> dict[str, float]:
-    from django.db import connection
-
-    from django_pgoutbox import enqueue_many
-    from django_pgoutbox.models import Job
-
-    truncate("jobs")
-    enqueue_many([{"job_type": "tests.noop", "payload": {}}] * jobs)
-    with connection.cursor() as cursor:
-        cursor.execute("VACUUM ANALYZE jobs")
+    pending_noops(jobs)
     started = time.monotonic()
     workers = [
         runworkers(
@@ -46,19 +47,12 @@ def drain(jobs: int, concurrency: int, processes: int = 1) -> dict[str, float]:
     for worker in workers:
         worker.wait()
     wall = time.monotonic() - started
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FILTER (WHERE status = 'completed'), "
-            "extract(epoch FROM max(finished_at) - min(locked_at)) FROM jobs"
-        )
-        completed, window = cursor.fetchone()
-    assert completed == jobs, f"only {completed} of {jobs} completed"
-    assert not Job.objects.exclude(status="completed").exists()
+    window = drain_seconds(jobs)
     return {
         "jobs": jobs,
         "concurrency": concurrency,
-        "seconds": float(window),
-        "jobs_per_second": jobs / float(window),
+        "seconds": window,
+        "jobs_per_second": jobs / window,
         "wall_seconds": wall,
     }
 
