@@ -8,9 +8,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db import close_old_connections
 from django.db.backends.signals import connection_created
@@ -58,27 +58,23 @@ class ClaimedJob:
         waited: float,
         worker_ids: tuple[str, ...] | list[str],
     ) -> ClaimedJob:
-        """The job of a claim's row: the same object as calling the class, made faster.
-
-        A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; for
-        every claimed job that cost as much as the rest of making it, so the fields go straight
-        into the instance's ``__dict__``.
-        """
-        job = object.__new__(cls)
-        job.__dict__.update(
-            id=id,
-            job_type=job_type,
-            payload=payload,
-            attempt=attempt,
-            max_attempts=max_attempts,
-            organization_id=organization_id,
-            queue=queue,
-            priority=priority,
-            created_at=created_at,
-            waited=waited,
-            worker_ids=worker_ids,
+        """The job of a claim's row: the same object as calling the class (see ``_frozen``)."""
+        return _frozen(
+            cls,
+            {
+                "id": id,
+                "job_type": job_type,
+                "payload": payload,
+                "attempt": attempt,
+                "max_attempts": max_attempts,
+                "organization_id": organization_id,
+                "queue": queue,
+                "priority": priority,
+                "created_at": created_at,
+                "waited": waited,
+                "worker_ids": worker_ids,
+            },
         )
-        return job
 
 
 @dataclass(frozen=True)
@@ -99,19 +95,29 @@ class Outcome:
 
     @classmethod
     def completed(cls, job: ClaimedJob, result_json: str | None = None) -> Outcome:
-        """``Outcome(job, JobStatus.COMPLETED, result_json=...)``, made as in ``from_claim``."""
-        outcome = object.__new__(cls)
-        outcome.__dict__.update(
-            job=job,
-            status=JobStatus.COMPLETED,
-            delay=0.0,
-            code=None,
-            summary=None,
-            result_json=result_json,
-            snoozed=False,
-            timed_out=False,
-        )
-        return outcome
+        """``Outcome(job, JobStatus.COMPLETED, result_json=...)`` (see ``_frozen``)."""
+        return _frozen(cls, {**_OUTCOME_DEFAULTS, "job": job, "result_json": result_json})
+
+
+#: Outcome's fields with a default, and COMPLETED: what ``Outcome.completed()`` starts from.
+_OUTCOME_DEFAULTS: dict[str, Any] = {
+    **{f.name: f.default for f in fields(Outcome) if f.default is not MISSING},
+    "status": JobStatus.COMPLETED,
+}
+
+_T = TypeVar("_T")
+
+
+def _frozen(cls: type[_T], values: dict[str, Any]) -> _T:
+    """An instance of the frozen dataclass ``cls`` with these field values, without ``__init__``.
+
+    A frozen dataclass's ``__init__`` sets each field through ``object.__setattr__``; for every
+    claimed job and its outcome that cost as much as the rest of making them, so the fields go
+    straight into the instance's ``__dict__``. ``values`` must name every field.
+    """
+    instance = object.__new__(cls)
+    instance.__dict__.update(values)
+    return instance
 
 
 _thread_state = threading.local()
