@@ -39,7 +39,7 @@ def main() -> None:
     def row() -> list[Any]:
         return [ids.uuid7(), None, "default", "tests.noop", "{}", None, 0, None, 0.0, 25]
 
-    values = queries.ENQUEUE_JOB_UNKEYED.split("RETURNING")[0]
+    values = queries._INSERT_JOB_ROW + "\n"
     variants: dict[str, tuple[str, Any]] = {
         "one column, no index (the commit)": ("INSERT INTO bench_floor VALUES (1)", list),
         "jobs, four columns": (

@@ -71,6 +71,12 @@ class _Metric:
             raise ValueError(f"{self.name} takes labels {self.labelnames}, not {tuple(labels)}")
         return key
 
+    def _checked(self, key: tuple[str, ...]) -> tuple[str, ...]:
+        """Label values given by position: as many as there are label names."""
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {key}")
+        return key
+
     def _shard(self) -> dict[tuple[str, ...], Any]:
         """This thread's values."""
         try:
@@ -94,12 +100,13 @@ class Counter(_Metric):
     kind = "counter"
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
-        self.inc_key(self._key(labels), amount)
+        self._inc(self._key(labels), amount)
 
     def inc_key(self, key: tuple[str, ...], amount: float = 1.0) -> None:
         """``inc()`` with the label values given in ``labelnames`` order (the workers' path)."""
-        if len(key) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {key}")
+        self._inc(self._checked(key), amount)
+
+    def _inc(self, key: tuple[str, ...], amount: float) -> None:
         shard = self._shard()
         shard[key] = shard.get(key, 0.0) + amount
 
@@ -141,12 +148,13 @@ class Histogram(_Metric):
         self.buckets = tuple(buckets)
 
     def observe(self, value: float, **labels: str) -> None:
-        self.observe_key(self._key(labels), value)
+        self._observe(self._key(labels), value)
 
     def observe_key(self, key: tuple[str, ...], value: float) -> None:
         """``observe()`` with the label values given in ``labelnames`` order (the workers' path)."""
-        if len(key) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {key}")
+        self._observe(self._checked(key), value)
+
+    def _observe(self, key: tuple[str, ...], value: float) -> None:
         index = bisect.bisect_left(self.buckets, value)
         shard = self._shard()
         state = shard.get(key)

@@ -87,6 +87,16 @@ COPY_JOBS = """COPY jobs (
     id, organization_id, queue, job_type, payload, priority, run_at, max_attempts
 ) FROM STDIN (FORMAT BINARY)"""
 
+# The one-row insert and its RETURNING, shared by ENQUEUE_JOB and ENQUEUE_JOB_UNKEYED.
+_INSERT_JOB_ROW = """INSERT INTO jobs (
+    id, organization_id, queue, job_type, payload, idempotency_key, priority, run_at, max_attempts
+)
+VALUES (%b, %b, %b, %b, %b::jsonb, %b, %b, COALESCE(%b::timestamptz, now())
+        + make_interval(secs => %b::float8), %b)"""
+_INSERT_JOB_ROW_RETURNING = (
+    "RETURNING run_at, created_at, CASE WHEN %b THEN pg_notify(%b, queue)::text END"
+)
+
 #: One job: ENQUEUE_JOBS for a single row, the common case of ``enqueue()``.
 #:
 #: Parameters: id uuid, organization_id uuid, queue text, job_type text, payload text (JSON),
@@ -97,29 +107,22 @@ COPY_JOBS = """COPY jobs (
 #: ``DISTINCT``, which the server spends more time planning and running than inserting one row
 #: (about 0.35 ms against 0.27 ms a statement here, both committed). A repeated key returns no
 #: row; the caller then reads the job that holds it.
-ENQUEUE_JOB = """
-INSERT INTO jobs (
-    id, organization_id, queue, job_type, payload, idempotency_key, priority, run_at, max_attempts
-)
-VALUES (%b, %b, %b, %b, %b::jsonb, %b, %b, COALESCE(%b::timestamptz, now())
-        + make_interval(secs => %b::float8), %b)
+ENQUEUE_JOB = f"""
+{_INSERT_JOB_ROW}
 ON CONFLICT (organization_id, job_type, idempotency_key)
     WHERE idempotency_key IS NOT NULL
     DO NOTHING
-RETURNING run_at, created_at, CASE WHEN %b THEN pg_notify(%b, queue)::text END
+{_INSERT_JOB_ROW_RETURNING}
 """
 
 #: ENQUEUE_JOB for a job without an idempotency key, with the same parameters: it cannot
 #: conflict (``jobs_idempotency_uq`` holds only rows with a key), and ``ON CONFLICT`` makes the
 #: insert speculative, a check and a confirmation more per row: 10 to 23 µs of a 280 to 300 µs
 #: committed statement on this machine (``python benchmarks/enqueue_statement.py``).
-ENQUEUE_JOB_UNKEYED = ENQUEUE_JOB.replace(
-    """ON CONFLICT (organization_id, job_type, idempotency_key)
-    WHERE idempotency_key IS NOT NULL
-    DO NOTHING
-""",
-    "",
-)
+ENQUEUE_JOB_UNKEYED = f"""
+{_INSERT_JOB_ROW}
+{_INSERT_JOB_ROW_RETURNING}
+"""
 
 # -- claim and outcomes --------------------------------------------------------------------------
 
