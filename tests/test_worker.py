@@ -208,6 +208,27 @@ class TestClaiming:
         assert sorted(row[1] for row in rows[:3]) == sorted(first)
         assert [row[1] for row in rows[3:]] == expected[3:]
 
+    def test_a_claim_skips_the_rows_another_claim_holds(
+        self, raw_connection_params: dict[str, Any]
+    ) -> None:
+        """Two claims at once, the first not yet committed: the second takes the next jobs in
+        claim order, none of the first's, and waits for nothing."""
+        import psycopg
+
+        jobs = enqueue_many([{"job_type": "tests.noop", "payload": {"n": n}} for n in range(6)])
+        with (
+            psycopg.connect(**raw_connection_params) as first,
+            psycopg.connect(**raw_connection_params, autocommit=True) as second,
+        ):
+            held = [r[0] for r in first.execute(queries.CLAIM_JOBS, ["default", 3, "a", 60.0])]
+            second.execute("SET lock_timeout = '2s'")
+            taken = [r[0] for r in second.execute(queries.CLAIM_JOBS, ["default", 3, "b", 60.0])]
+            first.commit()
+        assert held == [job.pk for job in jobs[:3]]
+        assert taken == [job.pk for job in jobs[3:]]
+        assert Job.objects.filter(locked_by="a").count() == 3
+        assert Job.objects.filter(locked_by="b").count() == 3
+
     def test_future_jobs_wait(self, fast: Any) -> None:
         later = enqueue("tests.behave", {}, run_at=timedelta(hours=1))
         drain()
