@@ -91,6 +91,7 @@ DEFAULTS: dict[str, Any] = {
 #: Per-queue keys that have no top-level counterpart, with their defaults (docs/limits.md).
 QUEUE_ONLY_DEFAULTS: dict[str, Any] = {
     "PREFETCH": 2000,
+    "CONNECTIONS": 2,
     "FAIR": False,
     "MAX_RUNNING": None,
     "RATE_LIMIT": None,
@@ -110,6 +111,10 @@ class QueueSettings:
     #: The most jobs a worker may hold claimed beyond its busy threads, so that fast jobs are
     #: claimed in batches; how many it holds follows the queue's pace (see docs/workers.md).
     prefetch: int = 2000
+    #: The dispatcher connections of this queue in each worker: with two, a claim can go out
+    #: while the previous one is still in flight (see docs/workers.md). A fair or limited queue
+    #: claims under its lock, one connection.
+    connections: int = 2
     #: Interleave organizations in each claim (see docs/limits.md).
     fair: bool = False
     #: Most jobs of this queue running at once across every worker; None: no cap.
@@ -417,6 +422,9 @@ def _parse_queues(
         queues[name] = QueueSettings(
             name=name,
             prefetch=prefetch,
+            connections=parser.positive_int(
+                merged["CONNECTIONS"], f"{queue_key}['CONNECTIONS']", minimum=1
+            ),
             concurrency=parser.positive_int(merged["CONCURRENCY"], f"{queue_key}['CONCURRENCY']"),
             lease_seconds=parser.seconds(merged["LEASE_SECONDS"], f"{queue_key}['LEASE_SECONDS']"),
             poll_interval=parser.seconds(merged["POLL_INTERVAL"], f"{queue_key}['POLL_INTERVAL']"),

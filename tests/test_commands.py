@@ -16,6 +16,8 @@ from django_pgoutbox.models import Job, JobStatus
         (["--concurrency", "0"], "must be at least 1"),
         (["--concurrency", "many"], "is not an integer"),
         (["--grace-period", "-1"], "must be >= 0"),
+        (["--gc-threshold", "-1"], "must be >= 0"),
+        (["--gc-threshold", "many"], "'many' is not an integer"),
         (["--queues", ","], "expected comma-separated queue names"),
         (["--queues", "nope"], "unknown queue(s) 'nope'"),
         (
@@ -31,6 +33,43 @@ from django_pgoutbox.models import Job, JobStatus
 def test_runworkers_rejects_bad_arguments(args: list[str], message: str) -> None:
     with pytest.raises(CommandError, match=message.replace("(", r"\(").replace(")", r"\)")):
         call_command("runworkers", *args)
+
+
+@pytest.mark.parametrize(("threshold", "expected"), [("12345", 12345), ("0", None)])
+def test_the_worker_tunes_the_garbage_collector(threshold: str, expected: int | None) -> None:
+    """``--gc-threshold``: the objects of start-up frozen, the first threshold raised; 0 leaves
+    the collector alone. In a process of its own: it would change this one's collector."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import gc, sys; "
+        "from django_pgoutbox.management.commands.runworkers import tune_collector; "
+        "before, frozen = gc.get_threshold(), gc.get_freeze_count(); "
+        f"tune_collector({int(threshold)}); "
+        "print(gc.get_threshold()[0], gc.get_threshold()[1:] == before[1:], "
+        "gc.get_freeze_count() - frozen, before[0])"
+    )
+    root = Path(__file__).resolve().parent.parent
+    out = (
+        subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", code],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.splitlines()[-1]
+        .split()
+    )
+    first, others_kept, frozen, default = int(out[0]), out[1] == "True", int(out[2]), int(out[3])
+    assert others_kept
+    if expected is None:
+        assert (first, frozen) == (default, 0)
+    else:
+        assert first == expected
+        assert frozen > 10_000
 
 
 @pytest.mark.django_db(transaction=True)  # the demo's worker threads must see its commits

@@ -107,6 +107,12 @@ class TestProblems:
                 "integer >= 1",
             ),
             (
+                {"QUEUES": {"default": {"CONNECTIONS": 0}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['default']['CONNECTIONS']",
+                "integer >= 1",
+            ),
+            (
                 {"QUEUES": {"default": {"RATE_LIMIT": -2}}},
                 "pgoutbox.E004",
                 "PGOUTBOX['QUEUES']['default']['RATE_LIMIT']",

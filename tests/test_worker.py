@@ -503,3 +503,79 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
     assert any(texts["CLAIM_JOBS"].strip() in text for text in prepared)
     assert not any(texts["RENEW_LEASES"].strip() in text for text in prepared)
     assert not any(texts["RECORD_OUTCOMES"].strip() in text for text in prepared)
+
+
+class TestConnections:
+    """A queue's second connection (``CONNECTIONS``): a helper dispatcher that sends the next
+    statement while the main one waits on its own."""
+
+    @staticmethod
+    def runner(queue: str = "default", **overrides: Any) -> QueueRunner:
+        import dataclasses
+
+        from django_pgoutbox.conf import get_settings
+
+        conf = get_settings()
+        return QueueRunner(
+            dataclasses.replace(conf.queues[queue], **overrides),
+            worker_id="w-connections",
+            using="default",
+            policy=conf.retry,
+            burst=True,
+        )
+
+    def test_a_backlog_is_claimed_on_both_connections_and_each_job_runs_once(
+        self, fast: Any
+    ) -> None:
+        enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 20_000)
+        runner = self.runner(connections=2, concurrency=2)
+        assert len(runner._helpers) == 1
+        thread = threading.Thread(target=runner.run)
+        thread.start()
+        thread.join(timeout=120)
+        assert not thread.is_alive(), "the burst did not finish"
+        # The helper sent statements of its own while the main dispatcher waited on its.
+        assert runner._helpers[0].turns > 0
+        assert runner._helpers[0]._db is None  # closed at the end
+        # Every job completed, in one attempt: none was claimed twice.
+        assert Job.objects.count() == 20_000
+        assert Job.objects.filter(status=JobStatus.COMPLETED, attempts=1).count() == 20_000
+        assert (runner._reserved, runner._writing, runner._running) == (0, 0, {})
+
+    def test_an_idle_queue_never_opens_its_second_connection(self, fast: Any) -> None:
+        runner = self.runner(connections=2)
+        runner.burst = False
+        thread = threading.Thread(target=runner.run)
+        thread.start()
+        try:
+            job = enqueue("tests.noop", {})
+            deadline = time.monotonic() + 10
+            while Job.objects.get(pk=job.pk).status != JobStatus.COMPLETED:
+                assert time.monotonic() < deadline, "the job did not run"
+                time.sleep(0.05)
+            time.sleep(0.5)  # a few polls
+            assert runner._helpers[0]._db is None
+            assert runner._helpers[0].turns == 0
+        finally:
+            runner.stop()
+            thread.join(timeout=10)
+        assert not thread.is_alive()
+
+    @pytest.mark.parametrize(
+        ("overrides", "helpers"),
+        [
+            ({"connections": 1}, 0),
+            ({"connections": 3}, 2),
+            ({"connections": 2, "fair": True}, 0),
+            ({"connections": 2, "max_running": 5}, 0),
+            ({"connections": 2, "rate_limit": 10.0}, 0),
+        ],
+    )
+    def test_fair_and_limited_queues_claim_on_one_connection(
+        self, overrides: dict[str, Any], helpers: int
+    ) -> None:
+        runner = self.runner(**overrides)
+        try:
+            assert len(runner._helpers) == helpers
+        finally:
+            runner._threads.shutdown()

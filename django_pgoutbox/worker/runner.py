@@ -241,6 +241,54 @@ class _HandlerThreads:
             self._run(item)
 
 
+class _Helper:
+    """One more dispatcher of a queue, with a connection of its own (``CONNECTIONS`` > 1).
+
+    A drain of fast jobs waits on its statements: PostgreSQL writes the outcomes and leases
+    the next jobs while the worker waits, then the worker hands them out while PostgreSQL
+    waits. While the main dispatcher waits on one statement, a helper sends the next, with the
+    outcomes written since and a claim for the threads that will be free: two backends work
+    at once. It shares the runner's running attempts, outcomes and threads.
+    """
+
+    def __init__(self, runner: QueueRunner, index: int) -> None:
+        self.runner = runner
+        self.index = index
+        self.wake = threading.Event()
+        #: Whether it is waiting on a statement now.
+        self.sending = False
+        #: Set when it should end (the runner stops, or a burst is over).
+        self.done = False
+        #: Statements it sent (for tests and the curious).
+        self.turns = 0
+        self.thread: threading.Thread | None = None
+        self._db: psycopg.Connection[Any] | None = None
+
+    def start(self) -> None:
+        self.done = False
+        self.thread = threading.Thread(
+            target=self.runner._help,
+            args=(self,),
+            name=f"pgoutbox-dispatch-{self.runner.queue}-{self.index}",
+            daemon=True,
+        )
+        self.thread.start()
+
+    def connection(self) -> psycopg.Connection[Any]:
+        """Its connection (autocommit), opened when it first sends: an idle queue has none."""
+        if self._db is None or self._db.closed:
+            self._db = psycopg.connect(
+                **dispatcher_connection_params(self.runner.using), autocommit=True
+            )
+        return self._db
+
+    def disconnect(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(psycopg.Error):  # closing a broken connection
+                self._db.close()
+            self._db = None
+
+
 class QueueRunner:
     """Claims, runs and records the jobs of one queue."""
 
@@ -285,6 +333,21 @@ class QueueRunner:
         self._pace_count = 0
         self._pace_since = time.monotonic()
         self._db: psycopg.Connection[Any] | None = None
+        #: Held while a dispatcher reads or changes ``_running``, ``_timed``, ``_abandoned``,
+        #: ``_reserved`` or the pace: a queue with more than one connection has a dispatcher
+        #: thread on each (see ``_Helper``).
+        self._lock = threading.Lock()
+        #: Jobs asked for by claims still in flight: counted as busy by the other dispatchers.
+        self._reserved = 0
+        #: Outcomes being written by statements in flight (their attempts no longer hold a
+        #: thread, but are still in ``_running`` until written).
+        self._writing = 0
+        #: Whether the main dispatcher is waiting on a statement now.
+        self._sending = False
+        #: The queue's other connections. A fair or limited queue claims under its lock: one.
+        lanes = 1 if (settings.fair or settings.limited) else settings.connections
+        self._helpers = [_Helper(self, index) for index in range(1, lanes)]
+        self._helper_error: BaseException | None = None
         #: A claim's worker_ids text when this worker ran every attempt (the first, usually),
         #: and the value it stands for.
         self._own_worker_ids = (json.dumps([worker_id]), (worker_id,))
@@ -303,6 +366,8 @@ class QueueRunner:
         """Stop claiming; let running attempts finish within the grace period."""
         self._stopping.set()
         self._wake.set()
+        for helper in self._helpers:
+            helper.wake.set()
 
     def check_cancellations(self) -> None:
         """A running job of this queue was asked to stop: look at the running jobs now."""
@@ -331,17 +396,16 @@ class QueueRunner:
         flush_at: float | None = None  # when the outcomes waiting now must be written
         backoff = ERROR_BACKOFF[0]
         try:
+            for helper in self._helpers:
+                helper.start()
             while True:
                 self._wake.clear()
+                if self._helper_error is not None:
+                    raise self._helper_error
                 now = time.monotonic()
                 if self._outcomes and not self._stopping.is_set():
                     flush_at = flush_at or now + FLUSH_DELAY
-                    if (
-                        now < flush_at
-                        and len(self._outcomes) < FLUSH_SIZE
-                        and self._threads.waiting() >= self._low_water
-                        and not self._renewals
-                    ):
+                    if self._gathering(now, flush_at):
                         # The threads have work: let more outcomes gather for one statement.
                         self._wake.wait(flush_at - now)
                         continue
@@ -360,6 +424,8 @@ class QueueRunner:
                         recover_expired_leases(self.queue, connection=self._connection())
                         next_recovery = now + self.settings.poll_interval
                     if self._stopping.is_set():
+                        # A helper's claim in flight lands before the waiting jobs are given back.
+                        self._join_helpers()
                         self._unclaim_waiting()
                         self._record_and_claim(claim=False)
                         stop_deadline = stop_deadline or now + self.grace_period
@@ -373,7 +439,13 @@ class QueueRunner:
                         if requested:
                             next_poll = now + min(self.settings.poll_interval, retry_in)
                         throttled = retry_in != math.inf
-                        if self.burst and not claimed and not self._running and not throttled:
+                        if (
+                            self.burst
+                            and not claimed
+                            and not self._running
+                            and not self._reserved
+                            and not throttled
+                        ):
                             return
                         if requested and len(claimed) == requested:
                             continue  # the queue may hold more: fill the threads that free up
@@ -398,10 +470,89 @@ class QueueRunner:
                     deadlines.append(stop_deadline)
                 self._wake.wait(max(0.0, min(deadlines) - time.monotonic()))
         finally:
+            self._join_helpers()
             self._threads.shutdown()
             self._disconnect()
             connections[self.using].close()
             self.finished.set()
+
+    def _gathering(self, now: float, flush_at: float) -> bool:
+        """Whether the outcomes waiting now should wait for more, to go in one statement: for
+        at most ``FLUSH_DELAY`` and ``FLUSH_SIZE``, while the threads have enough work."""
+        return (
+            now < flush_at
+            and len(self._outcomes) < FLUSH_SIZE
+            and self._threads.waiting() >= self._low_water
+            and not self._renewals
+        )
+
+    def _wake_dispatcher(self) -> None:
+        """Outcomes to write or threads short of work: wake a dispatcher that is free to send.
+
+        The main one, unless it is waiting on a statement and a helper is not: then the helper
+        sends the next statement while the first is still in flight.
+        """
+        if self._sending and not self._stopping.is_set():
+            for helper in self._helpers:
+                if not helper.sending:
+                    helper.wake.set()
+                    return
+        self._wake.set()
+
+    def _help(self, helper: _Helper) -> None:
+        """A helper's loop: when woken, write the outcomes and claim, on its own connection.
+
+        Only the main dispatcher polls, listens, renews leases, recovers expired ones, fails
+        timed-out attempts and shuts down: a helper sends statements while the main one is busy
+        with its own, and an idle queue never wakes it.
+        """
+        backoff = ERROR_BACKOFF[0]
+        flush_at: float | None = None
+        try:
+            while True:
+                helper.wake.wait(
+                    None if flush_at is None else max(0.0, flush_at - time.monotonic())
+                )
+                helper.wake.clear()
+                if self._stopping.is_set() or helper.done:
+                    return
+                now = time.monotonic()
+                if self._outcomes:
+                    flush_at = flush_at or now + FLUSH_DELAY
+                    if self._gathering(now, flush_at):
+                        continue
+                flush_at = None
+                try:
+                    self._record_and_claim(claim=True, helper=helper)
+                    helper.turns += 1
+                    backoff = ERROR_BACKOFF[0]
+                except CONNECTION_ERRORS as error:
+                    logger.warning(
+                        "queue %s: database unavailable to connection %d (%s); retrying in %.1fs",
+                        self.queue,
+                        helper.index + 1,
+                        error,
+                        backoff,
+                        extra={"queue": self.queue},
+                    )
+                    helper.disconnect()
+                    self._stopping.wait(backoff)
+                    backoff = min(backoff * 2, ERROR_BACKOFF[1])
+        except BaseException as error:
+            # The main dispatcher raises it: the worker stops, as for its own errors.
+            self._helper_error = error
+            self._wake.set()
+        finally:
+            helper.disconnect()
+
+    def _join_helpers(self) -> None:
+        """Let the helpers finish the statement they are sending, and end."""
+        for helper in self._helpers:
+            helper.done = True
+            helper.wake.set()
+        for helper in self._helpers:
+            if helper.thread is not None:
+                helper.thread.join()
 
     def _connection(self) -> psycopg.Connection[Any]:
         """The dispatcher's own connection (autocommit), opened on first use and after errors."""
@@ -415,7 +566,9 @@ class QueueRunner:
                 self._db.close()
             self._db = None
 
-    def _record_and_claim(self, *, claim: bool) -> tuple[list[_Running], int, float]:
+    def _record_and_claim(
+        self, *, claim: bool, helper: _Helper | None = None
+    ) -> tuple[list[_Running], int, float]:
         """Write the finished attempts' outcomes and, with ``claim``, fill the free threads.
 
         One statement either way (RECORD_AND_CLAIM when there is both to do), or, for a queue
@@ -424,13 +577,29 @@ class QueueRunner:
         short should be tried again (``inf`` when no limit did).
         """
         batch: list[Outcome] = []
-        while self._outcomes:
-            batch.append(self._outcomes.popleft())
-        # Attempts whose outcome is in this batch no longer hold a thread.
-        finishing = {(o.job.id, o.job.attempt) for o in batch if not o.timed_out}
-        busy = len(self._running.keys() - finishing)
-        limit = self.concurrency + self._prefetch(len(batch)) - busy if claim else 0
-        if not batch and limit <= 0:
+        take = self._outcomes.popleft
+        with contextlib.suppress(IndexError):  # another dispatcher may take the last one
+            while True:
+                batch.append(take())
+        # Attempts with an outcome no longer hold a thread, though they are running until it
+        # is written (a timed-out one is no longer counted as running).
+        finishing = sum(1 for o in batch if not o.timed_out)
+        limit = 0
+        with self._lock:
+            if claim:
+                busy = len(self._running) - self._writing - finishing - len(self._outcomes)
+                limit = max(
+                    0, self.concurrency + self._prefetch(len(batch)) - busy - self._reserved
+                )
+            if helper is not None and not limit and len(batch) < FLUSH_SIZE:
+                # Nothing to claim: these outcomes go with the main dispatcher's next turn.
+                self._pace_count -= len(batch)  # counted again then
+                self._outcomes.extendleft(reversed(batch))
+                self._wake.set()
+                return [], 0, math.inf
+            self._reserved += limit
+            self._writing += finishing
+        if not batch and not limit:
             return [], 0, math.inf
         outcome_params: list[Any] = [
             [o.job.id for o in batch],
@@ -448,8 +617,13 @@ class QueueRunner:
         rows: list[tuple[Any, ...]] = []
         retry_in = math.inf
         started = time.perf_counter()
+        if helper is None:
+            self._sending = True
+        else:
+            helper.sending = True
         try:
-            with self._connection().cursor() as cursor:
+            connection = self._connection() if helper is None else helper.connection()
+            with connection.cursor() as cursor:
                 if batch and limit > 0 and not special:
                     _execute(cursor, "RECORD_AND_CLAIM", outcome_params + claim_params)
                     for is_claim, *row in cursor.fetchall():
@@ -469,13 +643,24 @@ class QueueRunner:
         except STATEMENT_ERRORS:
             # Not written: keep them (and their leases, still renewed) for the next turn.
             self._outcomes.extendleft(reversed(batch))
+            with self._lock:
+                self._reserved -= limit
+                self._writing -= finishing
             raise
+        finally:
+            if helper is None:
+                self._sending = False
+            else:
+                helper.sending = False
         elapsed = time.perf_counter() - started
         metrics.BATCH_DB_DURATION.observe(elapsed, role="jobs")
         if limit > 0:
             metrics.CLAIM_DURATION.observe(elapsed, queue=self.queue)
-        self._settle(batch, applied)
-        return self._start(rows), limit, retry_in
+        with self._lock:
+            self._reserved -= limit
+            self._writing -= finishing
+            self._settle(batch, applied)
+            return self._start(rows), limit, retry_in
 
     def _claim_limited(self, limit: int) -> tuple[list[tuple[Any, ...]], float]:
         """The claim of a queue with FAIR, MAX_RUNNING or RATE_LIMIT; see ``queries``.
@@ -600,7 +785,7 @@ class QueueRunner:
         first = not self._outcomes
         self._outcomes.append(outcome)
         if first or self._threads.waiting() < self._low_water or self._stopping.is_set():
-            self._wake.set()
+            self._wake_dispatcher()
 
     def _settle(self, batch: list[Outcome], applied: set[uuid.UUID]) -> None:
         """Forget the attempts of ``batch``; count what was written and what was fenced off."""
@@ -642,6 +827,12 @@ class QueueRunner:
 
     def _expire_timeouts(self, now: float) -> None:
         """Fail the attempts that ran past their timeout; their handlers' threads are replaced."""
+        if not self._timed:
+            return
+        with self._lock:
+            self._expire_timeouts_locked(now)
+
+    def _expire_timeouts_locked(self, now: float) -> None:
         for key, entry in list(self._timed.items()):
             if self._running.get(key) is not entry:
                 self._timed.pop(key, None)  # its outcome was written meanwhile
@@ -696,7 +887,8 @@ class QueueRunner:
         while self._renewals:
             requests.append(self._renewals.popleft())
         held: dict[uuid.UUID, bool] = {}  # job id -> cancellation requested
-        running = [r for r in self._running.values() if not r.lease_lost]
+        with self._lock:
+            running = [r for r in self._running.values() if not r.lease_lost]
         if running:
             try:
                 with self._connection().cursor() as cursor:
@@ -751,11 +943,13 @@ class QueueRunner:
                     self.worker_id,
                 ],
             )
-        for entry in waiting:
-            self._running.pop((entry.id, entry.attempt), None)
+        with self._lock:
+            for entry in waiting:
+                self._running.pop((entry.id, entry.attempt), None)
 
     def _release_unfinished(self) -> None:
-        unfinished = list(self._running.values())
+        with self._lock:
+            unfinished = list(self._running.values())
         if not unfinished:
             return
         with self._connection().cursor() as cursor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -37,6 +38,40 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
     return number
+
+
+def _count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, not {number}")
+    return number
+
+
+#: ``--gc-threshold``'s default: the collector's first threshold in a worker process.
+GC_THRESHOLD = 20_000
+
+
+def tune_collector(threshold: int) -> None:
+    """Keep the garbage collector off the worker's hot path (``runworkers --gc-threshold``).
+
+    The objects loaded at start-up (Django, the apps, their modules) are frozen out of the
+    collector's scans, and its youngest generation is collected every ``threshold`` new objects
+    instead of every 700. A worker draining fast jobs makes a few objects per job that live
+    until the job's outcome is written, a few milliseconds: with Python's default, they were
+    scanned again and again on their way to the oldest generation, whose full collections also
+    walked every object of start-up, a fifth of the worker's time (docs/benchmarks.md). Memory
+    that reference counting frees is freed as before; only reference cycles wait a little
+    longer. ``0`` leaves the collector as Python set it.
+    """
+    if not threshold:
+        return
+    gc.collect()
+    gc.freeze()
+    _, second, third = gc.get_threshold()
+    gc.set_threshold(threshold, second, third)
 
 
 def _seconds(value: str) -> float:
@@ -106,6 +141,15 @@ class Command(BaseCommand):
             "'prometheus' extra).",
         )
         parser.add_argument(
+            "--gc-threshold",
+            type=_count,
+            default=GC_THRESHOLD,
+            metavar="N",
+            help="Collect the youngest generation of garbage every N new objects, and freeze "
+            f"the objects of start-up out of its scans (default {GC_THRESHOLD:,}; 0: leave "
+            "Python's collector as it is).",
+        )
+        parser.add_argument(
             "--database",
             default=None,
             help="Database alias holding the jobs (default: the router's choice).",
@@ -135,6 +179,7 @@ class Command(BaseCommand):
                 raise CommandError(str(error)) from error
             serve_process_metrics(options["metrics_port"])
         self._install_signal_handlers(worker)
+        tune_collector(options["gc_threshold"])
         if options["verbosity"] >= 1:
             self.stdout.write(f"Worker {worker.worker_id}: {worker.describe()}")
         try:
