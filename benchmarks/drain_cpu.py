@@ -1,7 +1,7 @@
 """One worker's drain, with the CPU time that the worker and PostgreSQL spent on it.
 
     python benchmarks/drain_cpu.py [--jobs 100000] [--concurrency 4] [--runs 3]
-        [--settings '{"QUEUES": {"default": {"PREFETCH": 2000}}}']
+        [--settings '{"QUEUES": {"default": {"PREFETCH": 2000}}}'] [--gc-threshold N]
 
 N pending no-op jobs, then one ``runworkers --burst`` process, as in ``benchmarks/worker.py``.
 Besides the rate, it prints the worker process's CPU time (``wait4``) and the CPU time of the
@@ -9,7 +9,8 @@ server's processes (their ``/proc/<pid>/stat``, sampled every 50 ms while the wo
 a backend's counters go with it when it exits), each per job and as a share of the drain's
 time: a drain where neither is near 100% waits on round trips, not on either side. Needs the
 server on this host (it reads its processes). ``--settings`` is merged into ``PGOUTBOX`` for the
-worker (``QUEUES`` per queue), for sweeps of a setting.
+worker (``QUEUES`` per queue), for sweeps of a setting; ``--gc-threshold`` goes to ``runworkers``
+(``0``: Python's own collector settings).
 """
 
 from __future__ import annotations
@@ -43,11 +44,15 @@ def _server_ticks() -> dict[str, int]:
     return ticks
 
 
-def drain(jobs: int, concurrency: int, settings: dict[str, object]) -> dict[str, float]:
+def drain(
+    jobs: int, concurrency: int, settings: dict[str, object], gc_threshold: int | None = None
+) -> dict[str, float]:
     pending_noops(jobs)
     env = {**os.environ, "PGOUTBOX_TEST_SETTINGS": json.dumps(settings), "PGOUTBOX_DEBUG": "0"}
     command = [sys.executable, str(ROOT / "manage.py"), "runworkers", "-v", "0", "--roles"]
     command += ["jobs", "--burst", "--queues", "default", "--concurrency", str(concurrency)]
+    if gc_threshold is not None:
+        command += ["--gc-threshold", str(gc_threshold)]
     before = _server_ticks()
     seen = dict(before)
     done = threading.Event()
@@ -82,11 +87,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--settings", type=json.loads, default={}, help="JSON, into PGOUTBOX")
+    parser.add_argument("--gc-threshold", type=int, help="runworkers --gc-threshold")
     args = parser.parse_args()
     setup_django()
     rates = []
     for _ in range(args.runs):
-        row = drain(args.jobs, args.concurrency, args.settings)
+        row = drain(args.jobs, args.concurrency, args.settings, args.gc_threshold)
         rates.append(row["jobs_per_second"])
         print(
             f"{row['jobs_per_second']:>9,.0f} jobs/s  worker {row['worker_cpu_us_per_job']:.1f} µs"

@@ -495,9 +495,11 @@ class QueueRunner:
         if self._sending and not self._stopping.is_set():
             for helper in self._helpers:
                 if not helper.sending:
-                    helper.wake.set()
+                    if not helper.wake.is_set():  # setting it takes its lock: once is enough
+                        helper.wake.set()
                     return
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def _help(self, helper: _Helper) -> None:
         """A helper's loop: when woken, write the outcomes and claim, on its own connection.
@@ -613,7 +615,7 @@ class QueueRunner:
         ]
         special = self.settings.fair or self.settings.limited
         claim_params: list[Any] = [self.queue, limit, self.worker_id, self.lease_seconds]
-        applied: set[uuid.UUID] = set()
+        applied: list[uuid.UUID] = []
         rows: list[tuple[Any, ...]] = []
         retry_in = math.inf
         started = time.perf_counter()
@@ -630,11 +632,11 @@ class QueueRunner:
                         if is_claim:
                             rows.append(tuple(row))
                         else:
-                            applied.add(row[0])
+                            applied.append(row[0])
                 else:
                     if batch:
                         _execute(cursor, "RECORD_OUTCOMES", outcome_params)
-                        applied = {row[0] for row in cursor.fetchall()}
+                        applied = [row[0] for row in cursor.fetchall()]
                     if limit > 0 and special:
                         rows, retry_in = self._claim_limited(limit)
                     elif limit > 0:
@@ -787,23 +789,30 @@ class QueueRunner:
         if first or self._threads.waiting() < self._low_water or self._stopping.is_set():
             self._wake_dispatcher()
 
-    def _settle(self, batch: list[Outcome], applied: set[uuid.UUID]) -> None:
-        """Forget the attempts of ``batch``; count what was written and what was fenced off."""
+    def _settle(self, batch: list[Outcome], applied: list[uuid.UUID]) -> None:
+        """Forget the attempts of ``batch``; count what was written and what was fenced off.
+
+        ``applied``: the ids the statement wrote. As many as the batch holds means every one
+        (the ids written are among the batch's, each once), the common case: no set to build.
+        """
+        written = None if len(applied) == len(batch) else set(applied)
         counts: dict[tuple[str, str, str], int] = {}
+        running, timed, abandoned = self._running, self._timed, self._abandoned
         for outcome in batch:
             job = outcome.job
             key = (job.id, job.attempt)
             late = False
             if not outcome.timed_out:
-                self._running.pop(key, None)
-                self._timed.pop(key, None)
-                if key in self._abandoned:
+                running.pop(key, None)
+                if timed:
+                    timed.pop(key, None)
+                if abandoned and key in abandoned:
                     # The handler of an attempt failed for its timeout returned at last: its
                     # thread is free again, and the replacement started meanwhile can go.
                     self._abandoned.discard(key)
                     self._threads.retire_thread()
                     late = True
-            if job.id in applied:
+            if written is None or job.id in written:
                 labels = (self.queue, job.job_type, outcome.status.value)
                 counts[labels] = counts.get(labels, 0) + 1
             else:
