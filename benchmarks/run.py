@@ -113,9 +113,21 @@ def outbox(events: int, lag_events: int) -> dict[str, Any]:
 
 
 def ceiling(jobs: int) -> dict[str, float]:
+    """The SQL-only ceiling on 1 and 2 connections, in batches of 100 (keys "1", "2") and of
+    1,000 ("1@1000", "2@1000"): a worker claims up to 2,000 at a time on two connections."""
     from benchmarks import ceiling as bench_ceiling
 
-    return {str(n): bench_ceiling.ceiling(jobs, 100, n)["jobs_per_second"] for n in (1, 2)}
+    rates = {}
+    for batch in (100, 1000):
+        for connections in (1, 2):
+            key = str(connections) if batch == 100 else f"{connections}@{batch}"
+            rates[key] = bench_ceiling.ceiling(jobs, batch, connections)["jobs_per_second"]
+    return rates
+
+
+def top_ceiling(ours: dict[str, Any]) -> float:
+    """The highest SQL-only ceiling of the run, which the drain's share is measured against."""
+    return max(float(value) for value in ours["ceiling"].values())
 
 
 def long_drain(jobs: int) -> dict[str, Any]:
@@ -260,11 +272,16 @@ def table(ours: dict[str, Any], peers: dict[str, dict[str, Any]]) -> str:
         f"{ours['outbox']['lag_ms']['p50']:.1f} / {ours['outbox']['lag_ms']['p95']:.1f} / "
         f"{ours['outbox']['lag_ms']['p99']:.1f} ms"
     )
-    one = ours["ceiling"]["1"]
+    cap = ours["ceiling"]
     lines.append(
-        f"SQL-only ceiling (batches of 100): {one:,.0f} jobs/s on 1 connection, "
-        f"{ours['ceiling']['2']:,.0f} on 2; one worker drains at "
-        f"{ours['drain']['1']['default'] / one:.0%} of the first (default settings)"
+        f"SQL-only ceiling: batches of 100 {cap['1']:,.0f} / {cap['2']:,.0f} jobs/s on 1 / 2 "
+        + (
+            f"connections, of 1,000 {cap['1@1000']:,.0f} / {cap['2@1000']:,.0f}; "
+            if "1@1000" in cap
+            else "connections; "
+        )
+        + f"one worker drains at {ours['drain']['1']['default'] / top_ceiling(ours):.0%} of "
+        "the highest (default settings)"
     )
     for name, data in peers.items():
         best = best_drain(data, "1")
@@ -303,7 +320,7 @@ def targets(ours: dict[str, Any], peers: dict[str, dict[str, Any]]) -> list[str]
                 "-" if theirs is None else f"{drain / theirs:.1f}x",
             )
         )
-    ratio = drain / ours["ceiling"]["1"]
+    ratio = drain / top_ceiling(ours)
     checks.append(("drain >= 40% of the SQL-only ceiling", ratio >= 0.4, f"{ratio:.0%}"))
     bulk = ours["enqueue"]["bulk_per_s"]
     checks.append(("enqueue_many >= 100,000 jobs/s", bulk >= 100_000, f"{bulk:,.0f}"))

@@ -60,7 +60,7 @@ def main() -> None:
                 runner._run_attempt(entry)
             batch = list(runner._outcomes)
             runner._outcomes.clear()
-            runner._settle(batch, {outcome.job.id for outcome in batch})
+            runner._settle(batch, [outcome.job.id for outcome in batch])
             totals.append((time.perf_counter() - started) / args.jobs * 1e6)
             print(f"{totals[-1]:.2f} µs per job")
     finally:
