@@ -72,6 +72,35 @@ def test_sigkill_mid_handler_loses_nothing(start_worker: Any) -> None:
     assert len(again) <= 4
 
 
+def test_sigkill_mid_drain_of_fast_jobs_loses_nothing(start_worker: Any) -> None:
+    """A backlog of fast jobs: the worker claims ahead, on both of the queue's connections, and
+    writes outcomes in batches. Killed mid-drain, every job still runs to its end, and only the
+    jobs whose leases it held ran again."""
+    total = 3000
+    jobs = enqueue_many([{"job_type": "tests.behave", "payload": {}}] * total)
+    victim = start_worker("--queues", "default", "--concurrency", "4", **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(event="end").count() >= 300, timeout=30)
+    victim.signal(signal.SIGKILL)
+    victim.wait(timeout=10)
+    held = set(Job.objects.filter(status=JobStatus.LEASED).values_list("pk", flat=True))
+    assert held, "the worker held no job when it was killed"
+
+    rescuer = start_worker("--queues", "default", "--concurrency", "4", **QUICK)
+    wait_for(lambda: statuses() == Counter({JobStatus.COMPLETED: total}), timeout=60)
+    rescuer.signal(signal.SIGTERM)
+    rescuer.wait(timeout=10)
+
+    starts, ends = events("start"), events("end")
+    assert set(ends) == {j.pk for j in jobs}
+    recovered = set(
+        Job.objects.filter(last_error_code="lease_expired").values_list("pk", flat=True)
+    )
+    assert held <= recovered  # each lease it held expired and was recovered, none was lost
+    again = {pk for pk, count in starts.items() if count > 1}
+    assert again <= held  # only a job it held ran twice, and at most twice
+    assert all(count <= 2 for count in starts.values())
+
+
 def test_sigstop_past_the_lease_cannot_overwrite_the_new_holder(start_worker: Any) -> None:
     job = enqueue("tests.behave", {"sleep": 2.0})
     stalled = start_worker("--queues", "default", "--worker-id", "stalled", **QUICK)

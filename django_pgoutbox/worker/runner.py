@@ -130,7 +130,17 @@ class _Running:
     """One claimed attempt, from its claim to its outcome's write (a slotted class: one is made
     for every job claimed)."""
 
-    __slots__ = ("_job", "attempt", "cancel", "deadline", "id", "lease_lost", "row", "worker_ids")
+    __slots__ = (
+        "_job",
+        "attempt",
+        "cancel",
+        "deadline",
+        "finished",
+        "id",
+        "lease_lost",
+        "row",
+        "worker_ids",
+    )
 
     def __init__(self, row: tuple[Any, ...], worker_ids: tuple[str, ...] | None = None) -> None:
         self.id: uuid.UUID = row[0]
@@ -147,6 +157,8 @@ class _Running:
         #: only. Set when the handler starts: a prefetched job waits without its clock running.
         self.deadline: float | None = None
         self.lease_lost = False
+        #: Its handler returned: its outcome waits to be written, or is being written.
+        self.finished = False
 
     @property
     def job(self) -> ClaimedJob:
@@ -526,7 +538,6 @@ class QueueRunner:
                 flush_at = None
                 try:
                     self._record_and_claim(claim=True, helper=helper)
-                    helper.turns += 1
                     backoff = ERROR_BACKOFF[0]
                 except CONNECTION_ERRORS as error:
                     logger.warning(
@@ -623,6 +634,7 @@ class QueueRunner:
             self._sending = True
         else:
             helper.sending = True
+            helper.turns += 1
         try:
             connection = self._connection() if helper is None else helper.connection()
             with connection.cursor() as cursor:
@@ -784,6 +796,7 @@ class QueueRunner:
             except BaseException:  # pragma: no cover - execute() catches everything it can
                 logger.exception("job %s: the worker failed to run it", job.id)
                 return  # no outcome: its lease expires and another attempt follows
+        entry.finished = True
         first = not self._outcomes
         self._outcomes.append(outcome)
         if first or self._threads.waiting() < self._low_water or self._stopping.is_set():
@@ -917,6 +930,10 @@ class QueueRunner:
                 raise
         for entry in running:
             if entry.id not in held:
+                if entry.finished:
+                    # Its outcome may have been written meanwhile, on another connection; if
+                    # the lease was really lost, that write says so (a stale outcome).
+                    continue
                 entry.lease_lost = True
                 logger.warning(
                     "job %s attempt %d: lease lost; its outcome will be discarded",
