@@ -538,7 +538,7 @@ class TestConnections:
         assert not thread.is_alive(), "the burst did not finish"
         # The helper sent statements of its own while the main dispatcher waited on its.
         assert runner._helpers[0].turns > 0
-        assert runner._helpers[0]._db is None  # closed at the end
+        assert not runner._helpers[0].connection.opened  # closed at the end
         # Every job completed, in one attempt: none was claimed twice.
         assert Job.objects.count() == 20_000
         assert Job.objects.filter(status=JobStatus.COMPLETED, attempts=1).count() == 20_000
@@ -558,7 +558,7 @@ class TestConnections:
                 assert time.monotonic() < deadline, "the job did not run"
                 time.sleep(0.05)
             time.sleep(0.5)  # a few polls
-            assert runner._helpers[0]._db is None
+            assert not runner._helpers[0].connection.opened
             assert runner._helpers[0].turns == 0
         finally:
             runner.stop()

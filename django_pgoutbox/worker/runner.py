@@ -253,6 +253,29 @@ class _HandlerThreads:
             self._run(item)
 
 
+class _Connection:
+    """A dispatcher's own psycopg connection (autocommit): opened on first use and after errors."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self._db: psycopg.Connection[Any] | None = None
+
+    @property
+    def opened(self) -> bool:
+        return self._db is not None
+
+    def get(self) -> psycopg.Connection[Any]:
+        if self._db is None or self._db.closed:
+            self._db = psycopg.connect(**dispatcher_connection_params(self.using), autocommit=True)
+        return self._db
+
+    def close(self) -> None:
+        if self._db is not None:
+            with contextlib.suppress(psycopg.Error):  # closing a broken connection
+                self._db.close()
+            self._db = None
+
+
 class _Helper:
     """One more dispatcher of a queue, with a connection of its own (``CONNECTIONS`` > 1).
 
@@ -274,7 +297,8 @@ class _Helper:
         #: Statements it sent (for tests and the curious).
         self.turns = 0
         self.thread: threading.Thread | None = None
-        self._db: psycopg.Connection[Any] | None = None
+        #: Opened the first time it sends: an idle queue has none.
+        self.connection = _Connection(runner.using)
 
     def start(self) -> None:
         self.done = False
@@ -285,20 +309,6 @@ class _Helper:
             daemon=True,
         )
         self.thread.start()
-
-    def connection(self) -> psycopg.Connection[Any]:
-        """Its connection (autocommit), opened when it first sends: an idle queue has none."""
-        if self._db is None or self._db.closed:
-            self._db = psycopg.connect(
-                **dispatcher_connection_params(self.runner.using), autocommit=True
-            )
-        return self._db
-
-    def disconnect(self) -> None:
-        if self._db is not None:
-            with contextlib.suppress(psycopg.Error):  # closing a broken connection
-                self._db.close()
-            self._db = None
 
 
 class QueueRunner:
@@ -344,7 +354,7 @@ class QueueRunner:
         self._low_water = self.concurrency
         self._pace_count = 0
         self._pace_since = time.monotonic()
-        self._db: psycopg.Connection[Any] | None = None
+        self._db = _Connection(using)
         #: Held while a dispatcher reads or changes ``_running``, ``_timed``, ``_abandoned``,
         #: ``_reserved`` or the pace: a queue with more than one connection has a dispatcher
         #: thread on each (see ``_Helper``).
@@ -548,7 +558,7 @@ class QueueRunner:
                         backoff,
                         extra={"queue": self.queue},
                     )
-                    helper.disconnect()
+                    helper.connection.close()
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, ERROR_BACKOFF[1])
         except BaseException as error:
@@ -556,7 +566,7 @@ class QueueRunner:
             self._helper_error = error
             self._wake.set()
         finally:
-            helper.disconnect()
+            helper.connection.close()
 
     def _join_helpers(self) -> None:
         """Let the helpers finish the statement they are sending, and end."""
@@ -568,16 +578,11 @@ class QueueRunner:
                 helper.thread.join()
 
     def _connection(self) -> psycopg.Connection[Any]:
-        """The dispatcher's own connection (autocommit), opened on first use and after errors."""
-        if self._db is None or self._db.closed:
-            self._db = psycopg.connect(**dispatcher_connection_params(self.using), autocommit=True)
-        return self._db
+        """The main dispatcher's connection (autocommit), opened on first use and after errors."""
+        return self._db.get()
 
     def _disconnect(self) -> None:
-        if self._db is not None:
-            with contextlib.suppress(psycopg.Error):  # closing a broken connection
-                self._db.close()
-            self._db = None
+        self._db.close()
 
     def _record_and_claim(
         self, *, claim: bool, helper: _Helper | None = None
@@ -636,7 +641,7 @@ class QueueRunner:
             helper.sending = True
             helper.turns += 1
         try:
-            connection = self._connection() if helper is None else helper.connection()
+            connection = self._connection() if helper is None else helper.connection.get()
             with connection.cursor() as cursor:
                 if batch and limit > 0 and not special:
                     _execute(cursor, "RECORD_AND_CLAIM", outcome_params + claim_params)

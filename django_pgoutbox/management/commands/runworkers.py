@@ -30,21 +30,22 @@ def _names(value: str) -> list[str]:
     return names
 
 
-def _positive_int(value: str) -> int:
+def _integer(value: str) -> int:
     try:
-        number = int(value)
+        return int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+
+
+def _positive_int(value: str) -> int:
+    number = _integer(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
     return number
 
 
 def _count(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    number = _integer(value)
     if number < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, not {number}")
     return number
