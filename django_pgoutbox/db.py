@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,6 +24,73 @@ def raw_connection_params(alias: str) -> dict[str, Any]:
     params.pop("cursor_factory", None)
     params.pop("context", None)
     return params
+
+
+class ErrorKind(enum.Enum):
+    """What a database error says about the statement that raised it (see ``classify_error``)."""
+
+    #: The connection is gone or unusable (or the server is shutting down, or refuses new
+    #: sessions for now): reconnect after a back-off and send the same work again.
+    CONNECTION = "connection"
+    #: A value of this statement cannot be stored (out of range, bad encoding, too large):
+    #: sending the same statement again fails the same way. Retry its rows one by one.
+    DATA = "data"
+    #: The transaction lost a conflict (serialization failure, deadlock): try again as is.
+    CONFLICT = "conflict"
+    #: Anything else: a bug or a schema the code does not expect. Not retried blindly.
+    OTHER = "other"
+
+
+#: SQLSTATE classes (first two characters) and codes, by what they say (PostgreSQL's appendix A).
+_SQLSTATE_KINDS: dict[str, ErrorKind] = {
+    "08": ErrorKind.CONNECTION,  # connection exception
+    "53": ErrorKind.CONNECTION,  # insufficient resources (too many connections, out of memory)
+    "57P01": ErrorKind.CONNECTION,  # admin_shutdown (pg_terminate_backend, a fast shutdown)
+    "57P02": ErrorKind.CONNECTION,  # crash_shutdown
+    "57P03": ErrorKind.CONNECTION,  # cannot_connect_now (starting up, recovering)
+    "57P05": ErrorKind.CONNECTION,  # idle_session_timeout
+    "25P03": ErrorKind.CONNECTION,  # idle_in_transaction_session_timeout
+    "22": ErrorKind.DATA,  # data exception (out of range, invalid text, NUL in text, …)
+    "54": ErrorKind.DATA,  # program limit exceeded (a value or row too large)
+    "40": ErrorKind.CONFLICT,  # transaction rollback (serialization failure, deadlock)
+}
+
+
+def classify_error(error: BaseException) -> ErrorKind:
+    """The one place that says what a failed statement's error means, by SQLSTATE.
+
+    Never by psycopg's exception classes: ``ProgramLimitExceeded`` (54000, a value too large) is
+    an ``OperationalError`` there, like a lost connection, yet retrying it can only fail again.
+    Django's wrapped errors are read through their ``__cause__``. Errors raised on the client
+    before anything is sent (a string PostgreSQL cannot hold, an integer the binary format
+    cannot carry) are ``DATA``; psycopg's own errors without a SQLSTATE are ``CONNECTION`` when
+    the connection is closed or broken, else ``OTHER``.
+    """
+    import psycopg
+
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, psycopg.Error):
+            state = current.sqlstate
+            if state:
+                return _SQLSTATE_KINDS.get(state) or _SQLSTATE_KINDS.get(state[:2], ErrorKind.OTHER)
+            if isinstance(current, psycopg.DataError | psycopg.errors.DataError):
+                return ErrorKind.DATA  # e.g. a NUL refused by the client's text dumper
+            if isinstance(current, psycopg.OperationalError | psycopg.InterfaceError):
+                return ErrorKind.CONNECTION
+            return ErrorKind.OTHER
+        if isinstance(current, UnicodeError | OverflowError | struct.error):
+            return ErrorKind.DATA
+        current = current.__cause__ or current.__context__
+    from django.db import DataError, InterfaceError, OperationalError
+
+    if isinstance(error, DataError):
+        return ErrorKind.DATA
+    if isinstance(error, OperationalError | InterfaceError):
+        return ErrorKind.CONNECTION
+    return ErrorKind.OTHER
 
 
 #: The port PgBouncer listens on by default.
