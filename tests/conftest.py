@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +11,26 @@ import psycopg
 import pytest
 
 from django_pgoutbox import db, jobs, outbox
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """With ``PGOUTBOX_TEST_SEED`` set (``./run stress`` sets one per round), run the tests in an
+    order drawn from it: modules shuffled, then the classes of each, then the tests of each. The
+    same seed gives the same order, so that a failure can be run again as it happened."""
+    seed = os.environ.get("PGOUTBOX_TEST_SEED")
+    if not seed:
+        return
+    rng = random.Random(int(seed))
+    modules: dict[str, dict[str, list[pytest.Item]]] = {}
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        group = item.cls.__qualname__ if item.cls is not None else ""  # type: ignore[attr-defined]
+        modules.setdefault(module, {}).setdefault(group, []).append(item)
+    ordered = []
+    for groups in rng.sample(list(modules.values()), len(modules)):
+        for members in rng.sample(list(groups.values()), len(groups)):
+            ordered += rng.sample(members, len(members))
+    items[:] = ordered
 
 
 @pytest.fixture

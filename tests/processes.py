@@ -1,4 +1,9 @@
-"""Real ``runworkers`` processes for tests: started on the test database, stopped at teardown."""
+"""Real ``runworkers`` processes for tests: started on the test database, stopped at teardown.
+
+Also the suite's waits. Every wait is on a condition with a deadline, and every deadline is
+scaled by ``PGOUTBOX_TEST_TIME_SCALE`` (default 1): a busy machine (CI, ``./run stress``) raises it
+instead of a test growing its own allowance.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +23,33 @@ import pytest
 from django.db import connections
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def _time_scale() -> float:
+    raw = os.environ.get("PGOUTBOX_TEST_TIME_SCALE", "1")
+    try:
+        scale = float(raw)
+    except ValueError:
+        raise RuntimeError(f"PGOUTBOX_TEST_TIME_SCALE must be a number >= 1, not {raw!r}") from None
+    if not scale >= 1:
+        raise RuntimeError(f"PGOUTBOX_TEST_TIME_SCALE must be a number >= 1, not {raw!r}")
+    return scale
+
+
+#: How much longer than on an idle machine every deadline of the suite is.
+TIME_SCALE = _time_scale()
+
+
+def test_seed(default: int) -> int:
+    """The seed of a test's random choices: ``PGOUTBOX_TEST_SEED`` if set (``./run stress`` sets
+    one per round and reports it with each failure), else the test's own ``default``."""
+    raw = os.environ.get("PGOUTBOX_TEST_SEED")
+    return int(raw) if raw else default
+
+
+def scaled(seconds: float) -> float:
+    """A deadline of ``seconds`` on an idle machine, as long as this run allows."""
+    return seconds * TIME_SCALE
 
 
 def database_url_for_tests(alias: str = "default") -> str:
@@ -41,8 +74,12 @@ class WorkerProcess:
         database_url: str | None = None,
         env: dict[str, str] | None = None,
     ) -> None:
+        #: Every connection the process opens carries this name (libpq's ``PGAPPNAME``), so that a
+        #: test can tell when the last of its backends is gone.
+        self.application_name = f"pgoutbox-test-{uuid.uuid4().hex[:12]}"
         env = {
             **os.environ,
+            "PGAPPNAME": self.application_name,
             "DATABASE_URL": database_url or database_url_for_tests(),
             "PGOUTBOX_TEST_SETTINGS": json.dumps(settings),
             "PYTHONUNBUFFERED": "1",
@@ -64,7 +101,66 @@ class WorkerProcess:
         self.process.send_signal(signum)
 
     def wait(self, timeout: float) -> int:
-        return self.process.wait(timeout=timeout)
+        """Its exit status, once it has exited (within ``timeout`` seconds, scaled)."""
+        return self.process.wait(timeout=scaled(timeout))
+
+    def kill(self) -> None:
+        """SIGKILL it, and return once its exit *and* the end of each of its backends are seen.
+
+        A backend outlives its killed client until its statement is done: an outcome write or a
+        claim in flight still commits after the process is gone. Only then is what the process
+        left in the tables final.
+        """
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=scaled(10))
+        self.wait_for_backends_to_end()
+
+    def backends(self) -> int:
+        """How many of this process's connections the server still has."""
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                [self.application_name],
+            )
+            return int(cursor.fetchone()[0])
+
+    def listening(self) -> bool:
+        """Whether one of its connections is waiting on LISTEN (its last statement)."""
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                "AND state = 'idle' AND query ILIKE 'LISTEN%%'",
+                [self.application_name],
+            )
+            return int(cursor.fetchone()[0]) > 0
+
+    def in_transaction(self) -> bool:
+        """Whether one of its connections is inside a transaction now."""
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                "AND xact_start IS NOT NULL",
+                [self.application_name],
+            )
+            return int(cursor.fetchone()[0]) > 0
+
+    def idle(self) -> bool:
+        """Whether it has connections and every one of them is idle (no statement running)."""
+        with connections["default"].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*), count(*) FILTER (WHERE state <> 'idle') FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                [self.application_name],
+            )
+            total, busy = cursor.fetchone()
+            return bool(total) and not busy
+
+    def wait_for_backends_to_end(self) -> None:
+        def backends_gone() -> bool:
+            """every backend of the killed process has ended"""
+            return self.backends() == 0
+
+        wait_for(backends_gone, timeout=30)
 
     def output(self) -> str:
         self._log.flush()
@@ -74,7 +170,7 @@ class WorkerProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
             self.process.kill()
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=scaled(10))
         self._log.close()
 
 
@@ -104,14 +200,29 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` seconds
+    (scaled by ``PGOUTBOX_TEST_TIME_SCALE``)."""
+    limit = scaled(timeout)
+    deadline = time.monotonic() + limit
+    while True:
         value = condition()
         if value:
             return value
+        if time.monotonic() >= deadline:
+            break
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s: {condition.__doc__ or condition}")
+    raise AssertionError(f"condition not met within {limit:g}s: {condition.__doc__ or condition}")
+
+
+def holds_for(condition: Callable[[], Any], seconds: float, interval: float = 0.05) -> None:
+    """Check that ``condition`` stays truthy for ``seconds`` (scaled), failing the first time it
+    is not: a wait for something *not* to happen, which a sleep before one look would miss."""
+    deadline = time.monotonic() + scaled(seconds)
+    while True:
+        assert condition(), f"no longer true: {condition.__doc__ or condition}"
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
 
 
 def other_backends(where: str, count: str = "*") -> int:

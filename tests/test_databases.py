@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -25,8 +24,8 @@ def status(job: Job, using: str) -> str:
 @pytest.mark.django_db(transaction=True, databases=["default", "secondary"])
 def test_two_databases_with_a_worker_each(start_worker: Any) -> None:
     secondary_url = database_url_for_tests("secondary")
-    start_worker("--queues", "default", "--worker-id", "primary-worker", **SLOW_POLL)
-    start_worker(
+    primary = start_worker("--queues", "default", "--worker-id", "primary-worker", **SLOW_POLL)
+    secondary = start_worker(
         "--queues",
         "default",
         "--database",
@@ -37,7 +36,7 @@ def test_two_databases_with_a_worker_each(start_worker: Any) -> None:
         env={"SECONDARY_DATABASE_URL": secondary_url},
         **SLOW_POLL,
     )
-    time.sleep(2)  # both LISTENing
+    wait_for(lambda: primary.listening() and secondary.listening())
     here = enqueue("tests.stamp", {})
     there = enqueue("tests.stamp", {}, using="secondary")
     many = enqueue_many([{"job_type": "tests.stamp", "payload": {}}] * 5, using="secondary")
@@ -73,7 +72,7 @@ def test_listen_on_a_direct_connection(start_worker: Any) -> None:
     worker = start_worker(
         "--queues", "default", LISTEN_DATABASES={"default": "direct"}, **SLOW_POLL
     )
-    time.sleep(2)
+    wait_for(worker.listening)
     with connections["default"].cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE query ILIKE 'LISTEN%%' "

@@ -27,7 +27,7 @@ from django_pgoutbox.prometheus import database_exposition, process_registry
 from django_pgoutbox.scheduler import Schedule, Scheduler
 from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.relay import Relay
-from tests.processes import wait_for
+from tests.processes import holds_for, wait_for
 
 ALLOWED_LABELS = {"queue", "job_type", "outcome", "status", "role", "event_type", "schedule"}
 
@@ -126,8 +126,7 @@ class TestMetricsMove:
 
         with psycopg.connect(**raw_connection_params) as idle_in_transaction:
             idle_in_transaction.execute("SELECT 1")  # opens a transaction and leaves it open
-            time.sleep(1.1)
-            assert gauges().oldest_transaction_age >= 1.0
+            wait_for(lambda: gauges().oldest_transaction_age >= 1.0, timeout=5)
         assert 0 <= gauges().notification_queue_usage < 1
 
 
@@ -267,8 +266,7 @@ class TestHealth:
             assert response.status_code == 200
             assert response.json()["workers"][0]["queues"] == ["default"]
             assert client.get("/pgoutbox/health").status_code == 503  # no scheduler
-            time.sleep(0.2)
-            assert not health_report(max_age=0.1, require=["jobs"]).healthy  # too old
+            wait_for(lambda: not health_report(max_age=0.1, require=["jobs"]).healthy)  # too old
         finally:
             beat.stop()
         assert client.get("/pgoutbox/health?require=jobs").status_code == 503  # row deleted
@@ -321,8 +319,7 @@ class TestHealth:
         thread.start()
         try:
             wait_for(lambda: worker.scheduler is not None and thread.is_alive())
-            time.sleep(0.3)
-            assert worker.listener is None
+            holds_for(lambda: worker.listener is None, 0.3)
         finally:
             worker.stop()
             thread.join(timeout=10)

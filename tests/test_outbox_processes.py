@@ -6,7 +6,6 @@ transaction=True throughout: the relays are other processes and see only committ
 from __future__ import annotations
 
 import signal
-import time
 import uuid
 from collections import defaultdict
 from typing import Any
@@ -74,9 +73,8 @@ def test_sigkill_mid_batch_then_restart_projects_each_event_once(start_worker: A
     bulk_publish(aggregates, 5, sleep=0.02)  # 100 events; a batch of 100 heads takes 0.4 s
     victim = start_worker("--roles", "relay", OUTBOX={"CLAIM_SECONDS": 1})
     wait_for(lambda: OutboxEvent.objects.filter(claimed_by__isnull=False).exists())
-    time.sleep(0.1)  # inside the batch's transaction, subscribers running
-    victim.signal(signal.SIGKILL)
-    victim.wait(timeout=10)
+    wait_for(victim.in_transaction)  # inside the batch's transaction, subscribers running
+    victim.kill()
     killed_with = unprocessed()
     assert killed_with > 0
 
@@ -102,7 +100,8 @@ def test_lost_listener_reconnects_and_polls_everything(settings: Any) -> None:
     try:
         assert worker.listener is not None
         assert worker.listener.connected.wait(10)
-        time.sleep(0.3)  # the start-up claims are done; the loops now wait for 30 s
+        # The start-up claims are done: the loops now wait for 30 s.
+        wait_for(lambda: other_backends("state <> 'idle'") == 0)
         failures = metrics.NOTIFICATION_FAILURES.value()
         assert _terminate_listeners() == 1
         # Sent while the listener is down: these notifications are lost.

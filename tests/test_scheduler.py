@@ -26,6 +26,7 @@ from django_pgoutbox.scheduler import (
     load_schedules,
     schedule,
 )
+from tests.processes import wait_for
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -214,18 +215,22 @@ def test_scheduler_loop_enqueues_at_each_slot() -> None:
     tick = Schedule(
         name="fast", job_type="tests.noop", every=timedelta(seconds=0.2), queue="default"
     )
+    import time
+
+    def enqueued() -> int:
+        return Job.objects.filter(idempotency_key__startswith="schedule:fast:").count()
+
     loop = Scheduler({"fast": tick}, using="default", poll_interval=5)
     thread = threading.Thread(target=loop.run)
+    started = time.monotonic()
     thread.start()
     try:
-        import time
-
-        time.sleep(1.5)
+        wait_for(lambda: enqueued() >= 5, timeout=10)  # slot after slot, with no notification
     finally:
         loop.stop()
         thread.join(timeout=10)
-    count = Job.objects.filter(idempotency_key__startswith="schedule:fast:").count()
-    assert 5 <= count <= 8  # 1.5 s of 0.2 s slots, less the first one (the cursor's start)
+    elapsed = time.monotonic() - started
+    assert enqueued() <= elapsed / 0.2  # never more than one a slot (the first slot starts it)
 
 
 @pytest.mark.django_db

@@ -6,7 +6,6 @@ transaction=True: the schedulers are other processes and see only committed rows
 from __future__ import annotations
 
 import signal
-import time
 from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any
@@ -14,7 +13,7 @@ from typing import Any
 import pytest
 
 from django_pgoutbox.models import Job, ScheduleCursor
-from tests.processes import wait_for
+from tests.processes import holds_for, scaled, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,8 +45,7 @@ def test_three_schedulers_enqueue_every_slot_exactly_once(start_worker: Any) -> 
     assert started_at is not None
 
     wait_for(lambda: len(tick_slots()) >= SLOTS // 2, timeout=60, interval=0.2)
-    schedulers[0].signal(signal.SIGKILL)  # mid-run: the other two carry on
-    schedulers[0].wait(timeout=10)
+    schedulers[0].kill()  # mid-run: the other two carry on
     wait_for(lambda: len(tick_slots()) >= SLOTS, timeout=60, interval=0.2)
     for survivor in schedulers[1:]:
         survivor.signal(signal.SIGTERM)
@@ -60,7 +58,7 @@ def test_three_schedulers_enqueue_every_slot_exactly_once(start_worker: Any) -> 
     gaps = [b - a for a, b in pairwise(times)]
     assert set(gaps) == {timedelta(seconds=1)}, gaps  # no slot missed, the kill included
     lateness = [(created - slot).total_seconds() for slot, created in slots]
-    assert max(lateness) < 1.0, max(lateness)  # enqueued on time by whichever replica
+    assert max(lateness) < scaled(1.0), max(lateness)  # enqueued on time by whichever replica
     latest_ms = max(lateness) * 1000
     print(f"\n{len(times)} slots, each once; latest enqueue {latest_ms:.0f} ms after its slot")
 
@@ -76,7 +74,8 @@ def test_scheduler_down_catches_up_by_its_policy(start_worker: Any) -> None:
     wait_for(lambda: len(tick_slots()) >= 2, timeout=30, interval=0.2)
     first.signal(signal.SIGTERM)
     assert first.wait(timeout=15) == 0
-    time.sleep(10)  # ten slots pass with no scheduler running
+    enqueued = len(tick_slots())
+    holds_for(lambda: len(tick_slots()) == enqueued, 10)  # ten slots pass, no scheduler running
     second = start_worker("--roles", "scheduler", **settings)
     wait_for(lambda: len(tick_slots()) >= 14, timeout=30, interval=0.2)
     second.signal(signal.SIGTERM)

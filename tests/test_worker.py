@@ -22,6 +22,7 @@ from django_pgoutbox.retry import MAX_SUMMARY_LENGTH
 from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.runner import QueueRunner
 from testproject.testjobs.models import SideEffect
+from tests.processes import holds_for, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -553,13 +554,9 @@ class TestConnections:
         thread.start()
         try:
             job = enqueue("tests.noop", {})
-            deadline = time.monotonic() + 10
-            while Job.objects.get(pk=job.pk).status != JobStatus.COMPLETED:
-                assert time.monotonic() < deadline, "the job did not run"
-                time.sleep(0.05)
-            time.sleep(0.5)  # a few polls
-            assert not runner._helpers[0].connection.opened
-            assert runner._helpers[0].turns == 0
+            wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.COMPLETED, timeout=10)
+            helper = runner._helpers[0]
+            holds_for(lambda: not helper.connection.opened and helper.turns == 0, 0.5)  # polls
         finally:
             runner.stop()
             thread.join(timeout=10)

@@ -20,7 +20,7 @@ from django.db import transaction
 from django_pgoutbox import enqueue_many, publish
 from django_pgoutbox.models import Job, JobStatus, OutboxEvent
 from testproject.testjobs.models import Projection, SideEffect
-from tests.processes import other_backends, wait_for
+from tests.processes import other_backends, test_seed, wait_for
 from tests.reliability.checker import check
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,7 +37,8 @@ def _terminate_worker_connections() -> int:
 
 
 def test_drain_under_faults_loses_nothing(start_worker: Any, raw_connection_params: Any) -> None:
-    rng = random.Random(20261129)
+    seed = test_seed(20261129)
+    rng = random.Random(seed)
     jobs = enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.05}}] * JOBS)
     with transaction.atomic():
         events = [
@@ -87,8 +88,7 @@ def test_drain_under_faults_loses_nothing(start_worker: Any, raw_connection_para
                 time.sleep(3)
             faults.append("transaction held open 3 s")
         else:
-            workers[victim].signal(signal.SIGKILL)
-            workers[victim].wait(timeout=10)
+            workers[victim].kill()
             workers[victim] = spawn(100 + step)
             kills += 1
             faults.append("SIGKILL + restart")
@@ -111,7 +111,8 @@ def test_drain_under_faults_loses_nothing(start_worker: Any, raw_connection_para
     )
     projections = Projection.objects.count()
     print(
-        f"\nfaults: {faults}\njobs: {verdict}\nevents: {EVENTS} published, {projections} projected"
+        f"\nseed {seed}, faults: {faults}\njobs: {verdict}\n"
+        f"events: {EVENTS} published, {projections} projected"
     )
     assert verdict.lost == 0
     assert verdict.unexpected == 0
