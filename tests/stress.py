@@ -43,6 +43,7 @@ STRESSED = [
     "tests/test_scheduler_processes.py",
     "tests/test_control.py",
     "tests/test_databases.py",
+    "tests/test_limits.py",
     "tests/test_worker.py",
     "tests/reliability",
 ]

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from django_pgoutbox import enqueue, publish
 from django_pgoutbox.models import Job, JobStatus, OutboxEvent
+from tests.processes import scaled
 
 pytestmark = pytest.mark.django_db
 
@@ -130,7 +131,7 @@ class TestPages:
             and 'FROM "jobs"' in q["sql"]
             and "LIMIT" not in q["sql"].upper()
         ]
-        assert elapsed < 2.0, elapsed
+        assert elapsed < scaled(2.0), elapsed
 
 
 class TestActions:
