@@ -40,7 +40,7 @@ def _time_scale() -> float:
 TIME_SCALE = _time_scale()
 
 
-def test_seed(default: int) -> int:
+def seed_or(default: int) -> int:
     """The seed of a test's random choices: ``PGOUTBOX_TEST_SEED`` if set (``./run stress`` sets
     one per round and reports it with each failure), else the test's own ``default``."""
     raw = os.environ.get("PGOUTBOX_TEST_SEED")
@@ -197,6 +197,10 @@ def start_worker(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for worker in started:
         worker.stop()
+        # Shown by pytest only when the test failed: what each process said, last lines first.
+        lines = worker.log_path.read_text(errors="replace").splitlines()
+        print(f"--- {worker.log_path.name} (pid {worker.pid}), last 40 of {len(lines)} lines:")
+        print("\n".join(lines[-40:]))
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
@@ -211,7 +215,10 @@ def wait_for(condition: Callable[[], Any], timeout: float = 20.0, interval: floa
         if time.monotonic() >= deadline:
             break
         time.sleep(interval)
-    raise AssertionError(f"condition not met within {limit:g}s: {condition.__doc__ or condition}")
+    raise AssertionError(
+        f"condition not met within {limit:g}s (last value {value!r}): "
+        f"{condition.__doc__ or condition}"
+    )
 
 
 def holds_for(condition: Callable[[], Any], seconds: float, interval: float = 0.05) -> None:

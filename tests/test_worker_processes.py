@@ -209,11 +209,24 @@ def test_runworkers_rejects_unknown_queues(start_worker: Any) -> None:
 
 
 def test_sigterm_gives_back_prefetched_jobs_unstarted(start_worker: Any) -> None:
-    enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.005}}] * 3000)
+    """Fast jobs set the queue's pace, so the worker claims ahead of its two threads; two slow
+    jobs then hold both threads, and the jobs claimed behind them wait, unstarted, whatever the
+    machine's speed, until SIGTERM gives them back."""
+    fast = [{"job_type": "tests.behave", "payload": {"sleep": 0.005}}]
+    enqueue_many(fast * 1000)
+    slow = enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": scaled(3)}}] * 2)
+    enqueue_many(fast * 1998)
     worker = start_worker("--queues", "default", "--concurrency", "2", **QUICK)
-    # Fast jobs: the worker claims ahead of its two threads.
-    wait_for(lambda: statuses()[JobStatus.LEASED] > 10, timeout=20)
-    held = set(Job.objects.filter(status=JobStatus.LEASED).values_list("pk", flat=True))
+
+    def waiting_behind_the_slow_jobs() -> set[Any]:
+        """both slow jobs run, and jobs claimed behind them wait unstarted"""
+        running = SideEffect.objects.filter(job_id__in=[j.pk for j in slow], event="start")
+        if running.count() < 2:
+            return set()
+        leased = set(Job.objects.filter(status=JobStatus.LEASED).values_list("pk", flat=True))
+        return leased - set(events("start"))
+
+    held = wait_for(waiting_behind_the_slow_jobs, timeout=30)
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0
     counts = statuses()
@@ -226,8 +239,8 @@ def test_sigterm_gives_back_prefetched_jobs_unstarted(start_worker: Any) -> None
     assert not pending.filter(pk__in=started).exists()
     assert set(pending.values_list("attempts", flat=True)) == {0}
     assert all(ids == [] for ids in pending.values_list("worker_ids", flat=True))
-    # Some of what it held when told to stop was given back rather than run in the grace period.
-    assert pending.filter(pk__in=held).exists()
+    # What it held unstarted when told to stop was given back, not run in the grace period.
+    assert set(pending.filter(pk__in=held).values_list("pk", flat=True)) == held
 
 
 def test_grace_period_over_on_the_last_attempt_is_dead(start_worker: Any) -> None:

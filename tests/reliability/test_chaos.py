@@ -20,7 +20,7 @@ from django.db import transaction
 from django_pgoutbox import enqueue_many, publish
 from django_pgoutbox.models import Job, JobStatus, OutboxEvent
 from testproject.testjobs.models import Projection, SideEffect
-from tests.processes import other_backends, test_seed, wait_for
+from tests.processes import other_backends, seed_or, wait_for
 from tests.reliability.checker import check
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,7 +37,7 @@ def _terminate_worker_connections() -> int:
 
 
 def test_drain_under_faults_loses_nothing(start_worker: Any, raw_connection_params: Any) -> None:
-    seed = test_seed(20261129)
+    seed = seed_or(20261129)
     rng = random.Random(seed)
     jobs = enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.05}}] * JOBS)
     with transaction.atomic():

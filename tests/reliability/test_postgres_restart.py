@@ -10,13 +10,17 @@ import contextlib
 import json
 import os
 import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from tests.processes import ROOT, wait_for
 from tests.reliability.checker import check
@@ -43,10 +47,23 @@ def _pg_ctl(pgdata: Path, *args: str) -> None:
     )
 
 
-def test_workers_survive_a_postgres_crash(tmp_path: Path, start_worker: Any) -> None:
+@pytest.fixture
+def cluster_directory() -> Iterator[Path]:
+    """A directory for the cluster outside pytest's temporary tree.
+
+    As root, pgserver runs the server as its own user and opens the path's folders to it; pytest
+    closes ``/tmp/pytest-of-root`` again (mode 700) whenever another session starts, which took
+    the data directory from the running server (found by ``./run stress``).
+    """
+    directory = Path(tempfile.mkdtemp(prefix="pgoutbox-crash-"))
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_workers_survive_a_postgres_crash(cluster_directory: Path, start_worker: Any) -> None:
     from pgserver import get_server  # type: ignore[attr-defined]
 
-    pgdata = tmp_path / "pgdata"
+    pgdata = cluster_directory / "pgdata"
     server = get_server(pgdata, cleanup_mode="delete")
     try:
         server.psql("CREATE DATABASE crash;")
