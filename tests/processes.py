@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,6 +66,12 @@ def database_url_for_tests(alias: str = "default") -> str:
     return f"postgres://{auth}@{host or 'localhost'}{port}/{quote(s['NAME'])}"
 
 
+#: Run before the worker (it execs it, keeping the pid): SIGKILL the worker when the test process
+#: dies, so that a run cut short (Ctrl-C twice, ``./run stress`` stopped) leaves no worker behind
+#: on the test database. util-linux's ``setpriv``, where there is one.
+_DIE_WITH_THE_TEST = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
+
+
 class WorkerProcess:
     def __init__(
         self,
@@ -88,7 +95,7 @@ class WorkerProcess:
         self.log_path = log
         self._log = log.open("w")
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runworkers", *args],
+            [*_DIE_WITH_THE_TEST, sys.executable, str(ROOT / "manage.py"), "runworkers", *args],
             cwd=ROOT,
             env=env,
             stdout=self._log,

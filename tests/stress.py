@@ -79,6 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("pytest_args", nargs="*", help="tests and pytest options (after --)")
     options = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    # Started in the background by a shell without job control, SIGINT is ignored, and so it
+    # would be in each round's pytest, which could then not be stopped through its teardown.
+    # A handler (unlike "ignored") is reset to the default when a child starts.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     tests = options.pytest_args or STRESSED
     first_seed = options.seed if options.seed is not None else random.randrange(1, 10**6)
@@ -120,11 +125,25 @@ def run_round(number: int, seed: int, tests: list[str], time_scale: str) -> list
             "PGOUTBOX_TEST_TIME_SCALE": time_scale,
         }
         with log.open("w") as output:
-            code = subprocess.call(
+            pytest = subprocess.Popen(
                 [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                  f"--junitxml={report}", *tests],
                 cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT,
+                start_new_session=True,
             )  # fmt: skip
+            try:
+                code = pytest.wait()
+            finally:
+                # Stopped early (Ctrl-C, SIGTERM): the round's pytest goes too, through its
+                # teardown (SIGINT), which stops the worker processes it started; else they
+                # would go on using the round's database.
+                if pytest.poll() is None:
+                    os.killpg(pytest.pid, signal.SIGINT)
+                    try:
+                        pytest.wait(timeout=60)
+                    except subprocess.TimeoutExpired:
+                        os.killpg(pytest.pid, signal.SIGKILL)
+                        pytest.wait()
         failures = list(failed_tests(report, number, seed)) if report.exists() else []
         if code not in (0, 1) or (code == 1 and not failures):
             tail = log.read_text().strip().splitlines()[-15:]
