@@ -213,9 +213,9 @@ def test_sigterm_gives_back_prefetched_jobs_unstarted(start_worker: Any) -> None
     jobs then hold both threads, and the jobs claimed behind them wait, unstarted, whatever the
     machine's speed, until SIGTERM gives them back."""
     fast = [{"job_type": "tests.behave", "payload": {"sleep": 0.005}}]
-    enqueue_many(fast * 1000)
+    enqueue_many(fast * 300)
     slow = enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": scaled(3)}}] * 2)
-    enqueue_many(fast * 1998)
+    enqueue_many(fast * 2698)
     worker = start_worker("--queues", "default", "--concurrency", "2", **QUICK)
 
     def waiting_behind_the_slow_jobs() -> set[Any]:
@@ -226,7 +226,7 @@ def test_sigterm_gives_back_prefetched_jobs_unstarted(start_worker: Any) -> None
         leased = set(Job.objects.filter(status=JobStatus.LEASED).values_list("pk", flat=True))
         return leased - set(events("start"))
 
-    held = wait_for(waiting_behind_the_slow_jobs, timeout=30)
+    held = wait_for(waiting_behind_the_slow_jobs, timeout=60)
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0
     counts = statuses()
