@@ -23,6 +23,7 @@ from django_pgoutbox.backend import PgOutboxBackend
 from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.worker import Worker
 from testproject.testjobs import tasks
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker threads see only commits
 
@@ -168,13 +169,13 @@ class TestRunning:
     def test_context_sees_the_attempt(self, settings: Any) -> None:
         settings.PGOUTBOX = {**settings.PGOUTBOX, **FAST_RETRY}
         result = tasks.flaky.enqueue(fail_until=3)
-        for _ in range(3):
-            run_worker()
-            import time
 
-            time.sleep(0.05)
+        def succeeded() -> bool:
+            run_worker()  # runs the attempt whose delay is over
+            return bool(tasks.flaky.get_result(result.id).status == TaskResultStatus.SUCCESSFUL)
+
+        wait_for(succeeded, timeout=30)
         fetched = tasks.flaky.get_result(result.id)
-        assert fetched.status == TaskResultStatus.SUCCESSFUL
         assert fetched.return_value == {"attempt": 3, "workers": 3}
         assert fetched.attempts == 3
 

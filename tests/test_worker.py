@@ -7,7 +7,6 @@ the jobs the test committed.
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -42,6 +41,17 @@ def drain(**options: Any) -> Worker:
     thread.join(timeout=60)
     assert not thread.is_alive(), "the burst worker did not finish"
     return worker
+
+
+def drain_until(job: Job, status: str) -> None:
+    """Burst after burst (each runs what is due) until ``job`` reaches ``status``."""
+
+    def reached() -> bool:
+        drain()
+        job.refresh_from_db()
+        return bool(job.status == status)
+
+    wait_for(reached, timeout=30)
 
 
 def behave(**payload: Any) -> Job:
@@ -90,10 +100,7 @@ class TestOutcomes:
             "RETRY": {"BASE_DELAY": 0.01, "MAX_DELAY": 0.01, "JITTER": 0},
         }
         job = behave(fail="unknown")
-        for _ in range(4):
-            time.sleep(0.05)
-            drain()
-        job.refresh_from_db()
+        drain_until(job, JobStatus.DEAD)  # each burst runs the attempts whose delay is over
         assert (job.status, job.attempts, job.last_error_code) == (JobStatus.DEAD, 4, "KeyError")
 
     def test_exhausted_budget_is_dead(self, fast: Any, settings: Any, registry: None) -> None:
@@ -107,10 +114,7 @@ class TestOutcomes:
         declare("tests.limited", max_attempts=2)(handler.func)
         job = enqueue("tests.limited", {"fail": "transient"})
         assert job.max_attempts == 2
-        for _ in range(3):
-            time.sleep(0.05)
-            drain()
-        job.refresh_from_db()
+        drain_until(job, JobStatus.DEAD)
         assert (job.status, job.attempts) == (JobStatus.DEAD, 2)
         assert (job.last_error_summary or "").startswith("attempts exhausted (2/2)")
 
@@ -344,10 +348,7 @@ class TestLeases:
         worker = Worker(roles=["jobs"], queues=["default"], burst=True)
         thread = threading.Thread(target=worker.run)
         thread.start()
-        for _ in range(100):
-            if SideEffect.objects.filter(job_id=job.pk).exists():
-                break
-            time.sleep(0.02)
+        wait_for(lambda: SideEffect.objects.filter(job_id=job.pk).exists())
         # Someone else takes the job over while the handler sleeps.
         Job.objects.filter(pk=job.pk).update(attempts=5, locked_by="thief")
         with caplog.at_level("WARNING", logger="django_pgoutbox.worker"):
