@@ -216,7 +216,7 @@ def test_ctrl_c_lets_an_isolated_attempt_finish(start_worker: Any) -> None:
     import os
     import signal
 
-    job = enqueue("tests.isolated", {"sleep": 0.8})
+    job = enqueue("tests.isolated_untimed", {"sleep": 0.8})
     worker = start_worker("--queues", "default", "--grace-period", "10", **LONG_LEASE)
     wait_for(lambda: effects(job) == [(1, "start")])
     os.killpg(worker.pid, signal.SIGINT)
@@ -230,7 +230,7 @@ def test_an_isolated_attempt_past_the_grace_period_is_killed(start_worker: Any) 
     """Its job is released for another worker: the old attempt must not run on beside the next."""
     import signal
 
-    job = enqueue("tests.isolated", {"sleep": 0.9})
+    job = enqueue("tests.isolated_untimed", {"sleep": 0.9})
     worker = start_worker("--queues", "default", "--grace-period", "0.2", **LONG_LEASE)
     wait_for(lambda: effects(job) == [(1, "start")])
     worker.signal(signal.SIGTERM)

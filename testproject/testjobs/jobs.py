@@ -148,3 +148,8 @@ def isolated(payload: dict[str, Any], ctx: JobContext) -> Any:
         os._exit(3)
     record(ctx, "end")
     return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+#: The same in its own process, without a timeout: for tests of shutdown, where a timeout of a
+#: second would race the grace period on a busy machine.
+isolated_untimed = job("tests.isolated_untimed", max_attempts=2, isolation="process")(isolated.func)
