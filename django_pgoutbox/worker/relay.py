@@ -136,6 +136,7 @@ class Relay:
             "occurred_at",
             "available_at",
             "attempts",
+            "claimed_at",
         ]
         events = []
         for row in rows:
@@ -217,7 +218,7 @@ class Relay:
         with server_side_cursor(self.using) as cursor:
             cursor.execute(
                 queries.LOCK_CLAIMED_EVENTS,
-                [[e.id for e in events], [e.attempts for e in events], self.relay_id],
+                [[e.id for e in events], [e.claimed_at for e in events], self.relay_id],
             )
             return {row[0] for row in cursor.fetchall()}
 
@@ -245,7 +246,7 @@ class Relay:
         extra = {
             "event_id": str(event.id),
             "event_type": event.event_type,
-            "attempt": event.attempts,
+            "attempt": event.attempts + 1,
         }
         refused = self._check_versions(event)
         if refused is not None:
@@ -255,13 +256,14 @@ class Relay:
                 for projection in subscribers_for(event.event_type):
                     projection(event)
         except Exception as error:
-            dead = event.attempts >= self.settings.max_attempts
-            delay = 0.0 if dead else backoff(event.attempts, self.policy)
+            attempt = event.attempts + 1  # ``attempts`` counts the failures before this one
+            dead = attempt >= self.settings.max_attempts
+            delay = 0.0 if dead else backoff(attempt, self.policy)
             logger.error(
                 "event %s (%s) attempt %d/%d: %s -> %s",
                 event.id,
                 event.event_type,
-                event.attempts,
+                attempt,
                 self.settings.max_attempts,
                 summarize(error),
                 "dead" if dead else f"retry in {delay:.1f}s",
