@@ -148,3 +148,12 @@ def isolated(payload: dict[str, Any], ctx: JobContext) -> Any:
         os._exit(3)
     record(ctx, "end")
     return {"attempt": ctx.attempt, "pid": os.getpid()}
+
+
+# -- Poison jobs of the outbox relay (tests/reliability/test_poison_relay.py) --------------------
+
+
+@job("tests.poison_relay_priority", priority=2**40)
+def poison_relay_priority(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Never runs: a priority no ``integer`` column holds, enqueued by a subscriber."""
+    return None
