@@ -34,6 +34,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connections, transaction
 
@@ -56,6 +57,9 @@ SAME_FAILURE_LIMIT = 5
 #: ``last_error_code`` of an event whose subscribers enqueued a job that cannot be written.
 UNWRITABLE_JOB = "unwritable_job"
 
+#: ``last_error_code`` of an event whose subscriber closed the relay's connection.
+CLOSED_RELAY_CONNECTION = "closed_relay_connection"
+
 
 class _SubscriberFailed(Exception):
     """A subscriber raised while the batch ran without savepoints, or (``unwritable``) the
@@ -68,6 +72,19 @@ class _SubscriberFailed(Exception):
 
 class _ConnectionLost(Exception):
     """The relay's connection broke during a batch: the batch is abandoned, nothing recorded."""
+
+
+class _ClosedBySubscriber(Exception):
+    """A subscriber closed the relay's connection (``connection.close()``,
+    ``close_old_connections()``): the batch's transaction is gone, through that event's fault."""
+
+    def __init__(self, event: OutboxEvent) -> None:
+        super().__init__(
+            f"a subscriber of {event.event_type!r} closed the relay's database connection "
+            "inside the batch's transaction (connection.close(), close_old_connections()); "
+            "nothing the event's subscribers wrote was kept"
+        )
+        self.event = event
 
 
 class _Raised(Exception):
@@ -220,6 +237,27 @@ class Relay:
 
     def _project(self, events: Sequence[OutboxEvent]) -> None:
         started = time.perf_counter()
+        while events:
+            try:
+                self._project_passes(events)
+                break
+            except _ClosedBySubscriber as closed:
+                # The batch's transaction died with the connection. That event's failure is
+                # recorded apart, and the rest of the batch projected again without it.
+                self._record_apart(closed.event, closed)
+                events = self._batch = [e for e in events if e is not closed.event]
+        metrics.BATCH_DB_DURATION.observe(time.perf_counter() - started, role="relay")
+
+    def _record_apart(self, event: OutboxEvent, error: BaseException) -> None:
+        """Record ``event``'s failure in a transaction of its own, if its claim is still held."""
+        failure = self._failure(event, error, CLOSED_RELAY_CONNECTION)
+        with transaction.atomic(using=self.using):
+            if self._lock([event]):
+                with server_side_cursor(self.using) as cursor:
+                    self._record_failures(cursor, [failure])
+        self._count([], [failure], {event.id: event.event_type})
+
+    def _project_passes(self, events: Sequence[OutboxEvent]) -> None:
         unwritable = self._try_batch(events, isolate=False, flush_each=False)
         if unwritable is not None:
             # Rolled back whole: nothing of the batch was written. Again, event by event; and
@@ -228,7 +266,6 @@ class Relay:
             again = self._try_batch(events, isolate=True, flush_each=unwritable)
             if again is not None:
                 self._project_batch(events, isolate=True, flush_each=True)
-        metrics.BATCH_DB_DURATION.observe(time.perf_counter() - started, role="relay")
 
     def _try_batch(
         self, events: Sequence[OutboxEvent], *, isolate: bool, flush_each: bool
@@ -265,7 +302,7 @@ class Relay:
                     failure = self._check_versions(event)
                     if failure is None:
                         try:
-                            _run_subscribers(event)
+                            self._run_subscribers(event)
                         except _Raised as raised:
                             if self._connection_lost():
                                 raise _ConnectionLost from raised.error
@@ -285,18 +322,28 @@ class Relay:
                 if processed:
                     cursor.execute(queries.MARK_EVENTS_PROCESSED, [processed])
                 if failures:
-                    cursor.execute(
-                        queries.RECORD_EVENT_FAILURES,
-                        [
-                            [f.event_id for f in failures],
-                            [f.dead for f in failures],
-                            [f.delay for f in failures],
-                            [f.code for f in failures],
-                            [f.error for f in failures],
-                        ],
-                    )
+                    self._record_failures(cursor, failures)
         # Counted once committed: a batch abandoned (its connection lost) is projected again.
-        types = {event.id: event.event_type for event in events}
+        self._count(processed, failures, {event.id: event.event_type for event in events})
+
+    def _record_failures(self, cursor: Any, failures: Sequence[_Failure]) -> None:
+        cursor.execute(
+            queries.RECORD_EVENT_FAILURES,
+            [
+                [f.event_id for f in failures],
+                [f.dead for f in failures],
+                [f.delay for f in failures],
+                [f.code for f in failures],
+                [f.error for f in failures],
+            ],
+        )
+
+    def _count(
+        self,
+        processed: Sequence[uuid.UUID],
+        failures: Sequence[_Failure],
+        types: dict[uuid.UUID, str],
+    ) -> None:
         for event_id in processed:
             metrics.EVENTS_PROJECTED.inc(event_type=types[event_id], outcome="processed")
         for failure in failures:
@@ -347,11 +394,13 @@ class Relay:
         mark = jobs.mark()
         try:
             with transaction.atomic(using=self.using):  # a savepoint: this event only
-                _run_subscribers(event)
+                self._run_subscribers(event)
                 if flush:
                     jobs.flush()
         except Exception as error:
             jobs.discard_from(mark)
+            if isinstance(error, _ClosedBySubscriber):
+                raise
             cause = error.error if isinstance(error, _Raised) else error
             if self._connection_lost():
                 raise _ConnectionLost from cause
@@ -362,6 +411,24 @@ class Relay:
             raise
         return None
 
+    def _run_subscribers(self, event: OutboxEvent) -> None:
+        """Run ``event``'s subscribers; whatever one raises (``KeyboardInterrupt`` aside) comes
+        out as ``_Raised``, so that it is told apart from the relay's own statements, and a
+        connection closed by one of them as ``_ClosedBySubscriber``."""
+        wrapper = connections[self.using]
+        try:
+            for projection in subscribers_for(event.event_type):
+                projection(event)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # SystemExit too: a subscriber's, not the process's
+            if wrapper.closed_in_transaction:
+                raise _ClosedBySubscriber(event) from error
+            raise _Raised(error) from error
+        # Set by Django's close() alone, never by a connection the server dropped.
+        if wrapper.closed_in_transaction:
+            raise _ClosedBySubscriber(event)
+
     def _failure(self, event: OutboxEvent, error: BaseException, code: str) -> _Failure:
         attempt = event.attempts + 1  # ``attempts`` counts the failures before this one
         dead = attempt >= self.settings.max_attempts
@@ -369,6 +436,8 @@ class Relay:
         summary = _describe(error)
         if code == UNWRITABLE_JOB:
             summary = bound(f"a job it enqueued cannot be written: {summary}")
+        elif code == CLOSED_RELAY_CONNECTION:
+            summary = bound(str(error))
         logger.error(
             "event %s (%s) attempt %d/%d: %s -> %s",
             event.id,
@@ -381,18 +450,6 @@ class Relay:
             extra={"event_id": str(event.id), "event_type": event.event_type, "attempt": attempt},
         )
         return _Failure(event.id, dead, delay, code, summary)
-
-
-def _run_subscribers(event: OutboxEvent) -> None:
-    """Run ``event``'s subscribers; whatever one raises (``KeyboardInterrupt`` aside) comes out
-    as ``_Raised``, so that it is told apart from the relay's own statements."""
-    try:
-        for projection in subscribers_for(event.event_type):
-            projection(event)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as error:  # SystemExit too: a subscriber's, not the process's
-        raise _Raised(error) from error
 
 
 def _code(error: BaseException) -> str:

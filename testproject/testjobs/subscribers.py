@@ -6,7 +6,7 @@ import os
 import time
 from datetime import timedelta
 
-from django.db import connection
+from django.db import close_old_connections, connection
 
 from django_pgoutbox import enqueue, subscriber
 from django_pgoutbox.models import OutboxEvent
@@ -88,3 +88,10 @@ def poison_terminate_once(event: OutboxEvent) -> None:
         return
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+@subscriber("poison.close_connection")
+def poison_close_connection(event: OutboxEvent) -> None:
+    """Close the relay's connection, as code written for threads may (inside an atomic block,
+    ``close_old_connections()`` always closes it)."""
+    close_old_connections()

@@ -189,6 +189,19 @@ def test_the_relay_connection_lost_in_the_event_by_event_rerun_retries_the_batch
     assert_dead(raising, "ValueError")
 
 
+def test_a_subscriber_closing_the_relay_connection_fails_its_event_only(
+    start_worker: Any,
+) -> None:
+    """``close_old_connections()`` in a subscriber ends the batch's transaction: that event's
+    failure is recorded apart, and the rest of the batch is projected again without it."""
+    innocents, [poison] = publish_batch(("poison.close_connection", {}))
+    worker = relay(start_worker)
+    wait_until_dead(poison, worker)
+    assert_innocents_projected_once(innocents)
+    stored = assert_dead(poison, "closed_relay_connection")
+    assert "close_old_connections()" in (stored.last_error or "")
+
+
 def test_a_relay_killed_holding_a_batch_counts_no_attempt(start_worker: Any) -> None:
     with transaction.atomic():
         events = [
