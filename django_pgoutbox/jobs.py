@@ -389,6 +389,7 @@ class _Deferred:
         self._rows: list[tuple[_Row, Job]] = []
 
     def add(self, row: _Row) -> Job:
+        _check_writable(row)
         job = _job_from(self.using, row, None, None)
         self._rows.append((row, job))
         return job
@@ -401,7 +402,9 @@ class _Deferred:
         del self._rows[mark:]
 
     def flush(self) -> None:
-        """Insert every job added so far, and fill in the times the database gave them."""
+        """Insert every job added since the last flush, and fill in the times the database gave
+        them. Those rows are forgotten even if the statement fails: the caller rolls back (to a
+        savepoint) what it wrote."""
         rows, self._rows = self._rows, []
         written = [row for row, _ in rows]
         if _copyable(written):
@@ -415,6 +418,33 @@ class _Deferred:
                 chunk, _insert(self.using, [r for r, _ in chunk]), strict=True
             ):
                 job.run_at, job.created_at = job_written.run_at, job_written.created_at
+
+
+#: The latest ``run_at`` a deferred job may have: a day short of Python's last date, so that the
+#: row reads back as a ``datetime`` whatever its time zone (PostgreSQL would store later ones).
+_LAST_RUN_AT = datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
+
+
+def _check_writable(row: _Row) -> None:
+    """Refuse, inside the subscriber that enqueues it, a job that the batch's flush cannot write.
+
+    ``enqueue()``'s checks let through a ``run_at`` of ``timedelta(days=3_000_000)`` (the date
+    is only computed when the row is written) and a priority that comes from a ``@job``
+    declaration. Raised here, in the subscriber, the error is that event's failure, rather than
+    the failure of the statement that writes the jobs of every event of the batch.
+    """
+    try:
+        late = _run_at(row, datetime.now(UTC)) > _LAST_RUN_AT
+    except OverflowError:
+        late = True
+    if late:
+        scheduled = row.run_at or f"now + {row.delay:g} seconds"
+        raise EnqueueError(
+            "run_at", f"{scheduled} is outside the dates a job can have (up to {_LAST_RUN_AT:%Y})"
+        )
+    for name, value in (("priority", row.priority), ("max_attempts", row.max_attempts)):
+        if not _INT32[0] <= value <= _INT32[1]:
+            raise EnqueueError(name, f"{value} is outside the 32-bit integer range")
 
 
 @contextmanager

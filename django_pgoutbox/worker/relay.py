@@ -9,12 +9,20 @@ One loop, one thread, one database connection. Each turn:
 2. opens one transaction for the batch and locks the events it still holds (the fence);
 3. runs each event's subscribers (what they enqueue or write joins the transaction; the jobs
    they enqueue without an idempotency key are written together, in one statement) and marks
-   the events processed. A subscriber that raises rolls back that event's work only: the
-   batch is first tried without savepoints (two round trips fewer per event); if anything
-   raises, that attempt is rolled back whole and the batch runs again with a savepoint per
-   event. The failing event is retried later with backoff, or dead after ``MAX_ATTEMPTS``;
+   the events processed. A subscriber that raises (anything but ``KeyboardInterrupt``:
+   ``SystemExit`` too), or a job of the batch that cannot be written, rolls back that event's
+   work only: the batch is first tried without savepoints (two round trips fewer per event);
+   if anything fails, that attempt is rolled back whole and the batch runs again with a
+   savepoint per event, each event's jobs written in it. The failing event is retried later
+   with backoff, or dead after ``MAX_ATTEMPTS`` failures;
 4. commits: the subscribers' jobs and the ``processed_at`` marks land together. A relay killed
    at any line leaves each event either unprocessed with no jobs, or processed with its jobs.
+
+The relay's own connection lost anywhere in a turn abandons the batch (rolled back, no failure
+recorded: ``attempts`` counts failures, not claims); the loop reconnects after a back-off and
+projects the same batch again. Any other error that escapes a turn is logged and retried after
+a back-off too; only the same error ``SAME_FAILURE_LIMIT`` times in a row (a table gone, say)
+stops the loop, and with it the worker, so that its supervisor sees it.
 """
 
 from __future__ import annotations
@@ -26,13 +34,14 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import connections, transaction
 
 from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
-from django_pgoutbox.db import server_side_cursor
-from django_pgoutbox.jobs import deferred_enqueues
+from django_pgoutbox.db import ErrorKind, classify_error, server_side_cursor
+from django_pgoutbox.jobs import _Deferred, deferred_enqueues
 from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.outbox import subscribers_for
 from django_pgoutbox.retry import backoff, bound, error_code, summarize
@@ -41,9 +50,50 @@ logger = logging.getLogger("django_pgoutbox.relay")
 
 ERROR_BACKOFF = (0.2, 10.0)
 
+#: A turn that fails with the same unexpected error this many times in a row stops the relay
+#: (about 6 s of back-off): a schema gone, not a passing fault. Lost connections never do.
+SAME_FAILURE_LIMIT = 5
+
+#: ``last_error_code`` of an event whose subscribers enqueued a job that cannot be written.
+UNWRITABLE_JOB = "unwritable_job"
+
+#: ``last_error_code`` of an event whose subscriber closed the relay's connection.
+CLOSED_RELAY_CONNECTION = "closed_relay_connection"
+
 
 class _SubscriberFailed(Exception):
-    """A subscriber raised while the batch ran without savepoints."""
+    """A subscriber raised while the batch ran without savepoints, or (``unwritable``) the
+    jobs of the batch, written together, could not be written."""
+
+    def __init__(self, *, unwritable: bool = False) -> None:
+        super().__init__()
+        self.unwritable = unwritable
+
+
+class _ConnectionLost(Exception):
+    """The relay's connection broke during a batch: the batch is abandoned, nothing recorded."""
+
+
+class _ClosedBySubscriber(Exception):
+    """A subscriber closed the relay's connection (``connection.close()``,
+    ``close_old_connections()``): the batch's transaction is gone, through that event's fault."""
+
+    def __init__(self, event: OutboxEvent) -> None:
+        super().__init__(
+            f"a subscriber of {event.event_type!r} closed the relay's database connection "
+            "inside the batch's transaction (connection.close(), close_old_connections()); "
+            "nothing the event's subscribers wrote was kept"
+        )
+        self.event = event
+
+
+class _Raised(Exception):
+    """What a subscriber raised (any ``BaseException``), carried apart from the relay's own
+    statements."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__()
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -75,6 +125,10 @@ class Relay:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self.finished = threading.Event()
+        #: The events claimed and not yet projected: a turn that failed (its connection lost)
+        #: projects them again, rather than leave them claimed until ``CLAIM_SECONDS``. Read and
+        #: written by the loop's thread only.
+        self._batch: list[OutboxEvent] = []
 
     def wake(self, _payload: str = "") -> None:
         self._wake.set()
@@ -85,17 +139,37 @@ class Relay:
 
     def run(self) -> None:
         pause = ERROR_BACKOFF[0]
+        last_failure, repeats = "", 0
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
                 try:
                     claimed = self.run_once()
                     pause = ERROR_BACKOFF[0]
-                except (OperationalError, InterfaceError) as error:
-                    logger.warning(
-                        "relay: database unavailable (%s); retrying in %.1fs", error, pause
-                    )
-                    connections[self.using].close()
+                    last_failure, repeats = "", 0
+                except Exception as error:
+                    self._close_quietly()
+                    if isinstance(error, _ConnectionLost) or (
+                        classify_error(error) is ErrorKind.CONNECTION
+                    ):
+                        logger.warning(
+                            "relay: database unavailable (%s); retrying in %.1fs",
+                            _describe(error.__cause__ or error),
+                            pause,
+                        )
+                    else:
+                        failure = _describe(error)
+                        repeats = repeats + 1 if failure == last_failure else 1
+                        last_failure = failure
+                        if repeats >= SAME_FAILURE_LIMIT:
+                            raise
+                        logger.error(
+                            "relay: turn failed (%s, %d time(s) in a row); retrying in %.1fs",
+                            failure,
+                            repeats,
+                            pause,
+                            exc_info=error,
+                        )
                     self._stopping.wait(pause)
                     pause = min(pause * 2, ERROR_BACKOFF[1])
                     continue
@@ -107,14 +181,27 @@ class Relay:
                     return
                 self._wake.wait(self.settings.poll_interval)
         finally:
-            connections[self.using].close()
+            self._close_quietly()
             self.finished.set()
 
+    def _close_quietly(self) -> None:
+        """Close the connection, which may be broken already, so that the next turn opens one."""
+        try:
+            connections[self.using].close()
+        except Exception:
+            logger.debug("relay: closing a broken connection failed", exc_info=True)
+
+    def _connection_lost(self) -> bool:
+        """Whether the relay's own connection broke (no round trip: psycopg's flags)."""
+        raw = connections[self.using].connection
+        return raw is None or bool(raw.closed) or bool(raw.broken)
+
     def run_once(self) -> int:
-        """Claim and project one batch; return how many events were claimed."""
-        events = self._claim()
+        """Claim and project one batch (the last one again, if it failed); return its size."""
+        events = self._batch = self._batch or self._claim()
         if events:
             self._project(events)
+        self._batch = []
         return len(events)
 
     def _claim(self) -> list[OutboxEvent]:
@@ -136,6 +223,7 @@ class Relay:
             "occurred_at",
             "available_at",
             "attempts",
+            "claimed_at",
         ]
         events = []
         for row in rows:
@@ -149,14 +237,50 @@ class Relay:
 
     def _project(self, events: Sequence[OutboxEvent]) -> None:
         started = time.perf_counter()
-        try:
-            self._project_batch(events, isolate=False)
-        except _SubscriberFailed:
-            # Rolled back whole: nothing of the batch was written. Again, event by event.
-            self._project_batch(events, isolate=True)
+        while events:
+            try:
+                self._project_passes(events)
+                break
+            except _ClosedBySubscriber as closed:
+                # The batch's transaction died with the connection. That event's failure is
+                # recorded apart, and the rest of the batch projected again without it.
+                self._record_apart(closed.event, closed)
+                events = self._batch = [e for e in events if e is not closed.event]
         metrics.BATCH_DB_DURATION.observe(time.perf_counter() - started, role="relay")
 
-    def _project_batch(self, events: Sequence[OutboxEvent], *, isolate: bool) -> None:
+    def _record_apart(self, event: OutboxEvent, error: BaseException) -> None:
+        """Record ``event``'s failure in a transaction of its own, if its claim is still held."""
+        failure = self._failure(event, error, CLOSED_RELAY_CONNECTION)
+        with transaction.atomic(using=self.using):
+            if self._lock([event]):
+                with server_side_cursor(self.using) as cursor:
+                    self._record_failures(cursor, [failure])
+        self._count([], [failure], {event.id: event.event_type})
+
+    def _project_passes(self, events: Sequence[OutboxEvent]) -> None:
+        unwritable = self._try_batch(events, isolate=False, flush_each=False)
+        if unwritable is not None:
+            # Rolled back whole: nothing of the batch was written. Again, event by event; and
+            # when it was a job that cannot be written, with each event's jobs written in its
+            # own savepoint, so that the failing statement is that event's alone.
+            again = self._try_batch(events, isolate=True, flush_each=unwritable)
+            if again is not None:
+                self._project_batch(events, isolate=True, flush_each=True)
+
+    def _try_batch(
+        self, events: Sequence[OutboxEvent], *, isolate: bool, flush_each: bool
+    ) -> bool | None:
+        """One pass over the batch: None if it committed, else whether the pass failed on a job
+        that cannot be written (rather than on a subscriber), the batch rolled back."""
+        try:
+            self._project_batch(events, isolate=isolate, flush_each=flush_each)
+        except _SubscriberFailed as failed:
+            return failed.unwritable
+        return None
+
+    def _project_batch(
+        self, events: Sequence[OutboxEvent], *, isolate: bool, flush_each: bool
+    ) -> None:
         processed: list[uuid.UUID] = []
         failures: list[_Failure] = []
         with (
@@ -173,51 +297,66 @@ class Relay:
                     )
                     continue
                 if isolate:
-                    mark = jobs.mark()
-                    failure = self._project_one(event)
-                    if failure is not None:
-                        jobs.discard_from(mark)
+                    failure = self._project_one(event, jobs, flush=flush_each)
                 else:
                     failure = self._check_versions(event)
                     if failure is None:
                         try:
-                            for projection in subscribers_for(event.event_type):
-                                projection(event)
-                        except Exception as error:
-                            raise _SubscriberFailed from error
+                            self._run_subscribers(event)
+                        except _Raised as raised:
+                            if self._connection_lost():
+                                raise _ConnectionLost from raised.error
+                            raise _SubscriberFailed from raised.error
                 if failure is None:
                     processed.append(event.id)
                 else:
                     failures.append(failure)
-            jobs.flush()  # the jobs the subscribers enqueued: one statement for the batch
-            types = {event.id: event.event_type for event in events}
-            for event_id in processed:
-                metrics.EVENTS_PROJECTED.inc(event_type=types[event_id], outcome="processed")
-            for failure in failures:
-                metrics.EVENTS_PROJECTED.inc(
-                    event_type=types[failure.event_id],
-                    outcome="dead" if failure.dead else "retrying",
-                )
+            if not flush_each:
+                try:
+                    jobs.flush()  # the jobs the subscribers enqueued: one statement for the batch
+                except Exception as error:
+                    if classify_error(error) is ErrorKind.DATA and not self._connection_lost():
+                        raise _SubscriberFailed(unwritable=True) from error
+                    raise
             with server_side_cursor(self.using) as cursor:
                 if processed:
                     cursor.execute(queries.MARK_EVENTS_PROCESSED, [processed])
                 if failures:
-                    cursor.execute(
-                        queries.RECORD_EVENT_FAILURES,
-                        [
-                            [f.event_id for f in failures],
-                            [f.dead for f in failures],
-                            [f.delay for f in failures],
-                            [f.code for f in failures],
-                            [f.error for f in failures],
-                        ],
-                    )
+                    self._record_failures(cursor, failures)
+        # Counted once committed: a batch abandoned (its connection lost) is projected again.
+        self._count(processed, failures, {event.id: event.event_type for event in events})
+
+    def _record_failures(self, cursor: Any, failures: Sequence[_Failure]) -> None:
+        cursor.execute(
+            queries.RECORD_EVENT_FAILURES,
+            [
+                [f.event_id for f in failures],
+                [f.dead for f in failures],
+                [f.delay for f in failures],
+                [f.code for f in failures],
+                [f.error for f in failures],
+            ],
+        )
+
+    def _count(
+        self,
+        processed: Sequence[uuid.UUID],
+        failures: Sequence[_Failure],
+        types: dict[uuid.UUID, str],
+    ) -> None:
+        for event_id in processed:
+            metrics.EVENTS_PROJECTED.inc(event_type=types[event_id], outcome="processed")
+        for failure in failures:
+            metrics.EVENTS_PROJECTED.inc(
+                event_type=types[failure.event_id],
+                outcome="dead" if failure.dead else "retrying",
+            )
 
     def _lock(self, events: Sequence[OutboxEvent]) -> set[uuid.UUID]:
         with server_side_cursor(self.using) as cursor:
             cursor.execute(
                 queries.LOCK_CLAIMED_EVENTS,
-                [[e.id for e in events], [e.attempts for e in events], self.relay_id],
+                [[e.id for e in events], [e.claimed_at for e in events], self.relay_id],
             )
             return {row[0] for row in cursor.fetchall()}
 
@@ -241,32 +380,89 @@ class Relay:
         )
         return _Failure(event.id, True, 0.0, "unsupported_schema_version", bound(message))
 
-    def _project_one(self, event: OutboxEvent) -> _Failure | None:
-        extra = {
-            "event_id": str(event.id),
-            "event_type": event.event_type,
-            "attempt": event.attempts,
-        }
+    def _project_one(self, event: OutboxEvent, jobs: _Deferred, *, flush: bool) -> _Failure | None:
+        """Project ``event`` in a savepoint (and, with ``flush``, write the jobs it enqueued
+        there); its failure, if any.
+
+        What its subscribers raise, and a job of theirs that cannot be written (a data error),
+        are its failure. A broken connection is nobody's: ``_ConnectionLost`` abandons the batch.
+        Any other error of the relay's own statements leaves the turn.
+        """
         refused = self._check_versions(event)
         if refused is not None:
             return refused
+        mark = jobs.mark()
         try:
             with transaction.atomic(using=self.using):  # a savepoint: this event only
-                for projection in subscribers_for(event.event_type):
-                    projection(event)
+                self._run_subscribers(event)
+                if flush:
+                    jobs.flush()
         except Exception as error:
-            dead = event.attempts >= self.settings.max_attempts
-            delay = 0.0 if dead else backoff(event.attempts, self.policy)
-            logger.error(
-                "event %s (%s) attempt %d/%d: %s -> %s",
-                event.id,
-                event.event_type,
-                event.attempts,
-                self.settings.max_attempts,
-                summarize(error),
-                "dead" if dead else f"retry in {delay:.1f}s",
-                exc_info=error,
-                extra=extra,
-            )
-            return _Failure(event.id, dead, delay, bound(error_code(error), 200), summarize(error))
+            jobs.discard_from(mark)
+            if isinstance(error, _ClosedBySubscriber):
+                raise
+            cause = error.error if isinstance(error, _Raised) else error
+            if self._connection_lost():
+                raise _ConnectionLost from cause
+            if isinstance(error, _Raised):
+                return self._failure(event, cause, _code(cause))
+            if classify_error(error) is ErrorKind.DATA:
+                return self._failure(event, error, UNWRITABLE_JOB)
+            raise
         return None
+
+    def _run_subscribers(self, event: OutboxEvent) -> None:
+        """Run ``event``'s subscribers; whatever one raises (``KeyboardInterrupt`` aside) comes
+        out as ``_Raised``, so that it is told apart from the relay's own statements, and a
+        connection closed by one of them as ``_ClosedBySubscriber``."""
+        wrapper = connections[self.using]
+        try:
+            for projection in subscribers_for(event.event_type):
+                projection(event)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as error:  # SystemExit too: a subscriber's, not the process's
+            if wrapper.closed_in_transaction:
+                raise _ClosedBySubscriber(event) from error
+            raise _Raised(error) from error
+        # Set by Django's close() alone, never by a connection the server dropped.
+        if wrapper.closed_in_transaction:
+            raise _ClosedBySubscriber(event)
+
+    def _failure(self, event: OutboxEvent, error: BaseException, code: str) -> _Failure:
+        attempt = event.attempts + 1  # ``attempts`` counts the failures before this one
+        dead = attempt >= self.settings.max_attempts
+        delay = 0.0 if dead else backoff(attempt, self.policy)
+        summary = _describe(error)
+        if code == UNWRITABLE_JOB:
+            summary = bound(f"a job it enqueued cannot be written: {summary}")
+        elif code == CLOSED_RELAY_CONNECTION:
+            summary = bound(str(error))
+        logger.error(
+            "event %s (%s) attempt %d/%d: %s -> %s",
+            event.id,
+            event.event_type,
+            attempt,
+            self.settings.max_attempts,
+            summary,
+            "dead" if dead else f"retry in {delay:.1f}s",
+            exc_info=error,
+            extra={"event_id": str(event.id), "event_type": event.event_type, "attempt": attempt},
+        )
+        return _Failure(event.id, dead, delay, code, summary)
+
+
+def _code(error: BaseException) -> str:
+    """``error_code(error)``, bounded; the class name when its ``code`` is not text."""
+    try:
+        return bound(error_code(error), 200)
+    except Exception:
+        return bound(type(error).__name__, 200)
+
+
+def _describe(error: BaseException) -> str:
+    """``summarize(error)``, or its class name when even printing it fails."""
+    try:
+        return summarize(error)
+    except Exception:
+        return bound(f"{type(error).__name__} (its message cannot be printed)")

@@ -153,3 +153,12 @@ def isolated(payload: dict[str, Any], ctx: JobContext) -> Any:
 #: The same in its own process, without a timeout: for tests of shutdown, where a timeout of a
 #: second would race the grace period on a busy machine.
 isolated_untimed = job("tests.isolated_untimed", max_attempts=2, isolation="process")(isolated.func)
+
+
+# -- Poison jobs of the outbox relay (tests/reliability/test_poison_relay.py) --------------------
+
+
+@job("tests.poison_relay_priority", priority=2**40)
+def poison_relay_priority(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Never runs: a priority no ``integer`` column holds, enqueued by a subscriber."""
+    return None

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import time
+from datetime import timedelta
+
+from django.db import close_old_connections, connection
 
 from django_pgoutbox import enqueue, subscriber
 from django_pgoutbox.models import OutboxEvent
@@ -39,3 +43,55 @@ def stamp(event: OutboxEvent) -> None:
 def to_job(event: OutboxEvent) -> None:
     """Project the event into one job, and nothing else: the outbox benchmark's projection."""
     enqueue("tests.noop", {"event": str(event.id)})
+
+
+# -- Poison subscribers of the outbox relay (tests/reliability/test_poison_relay.py) -------------
+# Each misbehaves in one way; the relay must make it that event's failure alone.
+
+
+@subscriber("poison.exit")
+def poison_exit(event: OutboxEvent) -> None:
+    raise SystemExit(2)
+
+
+@subscriber("poison.raise")
+def poison_raise(event: OutboxEvent) -> None:
+    raise ValueError(f"poison event {event.id}")
+
+
+@subscriber("poison.far_run_at")
+def poison_far_run_at(event: OutboxEvent) -> None:
+    """A delay of 3,000,000 days: ``enqueue()`` takes it, no date can hold it."""
+    enqueue("tests.noop", {"event": str(event.id)}, run_at=timedelta(days=3_000_000))
+
+
+@subscriber("poison.priority")
+def poison_priority(event: OutboxEvent) -> None:
+    """A job whose ``@job`` declaration gives it a priority of 2**40."""
+    enqueue("tests.poison_relay_priority", {"event": str(event.id)})
+
+
+@subscriber("poison.unwritable")
+def poison_unwritable(event: OutboxEvent) -> None:
+    """A job that the test's trigger on ``jobs`` refuses with a data error when it is written."""
+    enqueue("tests.noop", {"event": str(event.id), "unwritable": True})
+
+
+@subscriber("poison.terminate_once")
+def poison_terminate_once(event: OutboxEvent) -> None:
+    """Terminate the relay's own backend the first time (``marker``, a file, says it was done:
+    a row would be rolled back with the batch); afterwards, project as ``tests.projected``."""
+    try:
+        os.close(os.open(event.payload["marker"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        project(event)
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+@subscriber("poison.close_connection")
+def poison_close_connection(event: OutboxEvent) -> None:
+    """Close the relay's connection, as code written for threads may (inside an atomic block,
+    ``close_old_connections()`` always closes it)."""
+    close_old_connections()

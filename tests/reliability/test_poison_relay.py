@@ -1,0 +1,266 @@
+"""Poison events: whatever a subscriber does is that event's outcome, never the relay's.
+
+Each case runs a real ``runworkers --roles relay`` process over one batch that holds the poison
+event beside innocent events of other aggregates (``tests.projected``: a projection row and one
+``tests.noop`` job each). The relay must still run at the end; each innocent event is projected
+once, with its job enqueued once, and no failure counted against it; the poison event fails on
+its own, with a searchable ``last_error_code``, its ``attempts`` counting its real failures.
+The subscribers are at the end of ``testproject/testjobs/subscribers.py``.
+
+transaction=True: the relay is another process and sees only committed rows.
+"""
+
+from __future__ import annotations
+
+import signal
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from django_pgoutbox import publish
+from django_pgoutbox.models import Job, OutboxEvent
+from testproject.testjobs.models import Projection
+from tests.processes import WorkerProcess, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MAX_ATTEMPTS = 3
+#: Quick retries (0.1 s, then 0.2 s), three attempts, and a claim that outlives the test.
+SETTINGS: dict[str, Any] = {
+    "POLL_INTERVAL": 0.2,
+    "OUTBOX": {"MAX_ATTEMPTS": MAX_ATTEMPTS, "CLAIM_SECONDS": 30},
+    "RETRY": {"BASE_DELAY": 0.05, "JITTER": 0},
+}
+INNOCENTS = 6
+
+
+def publish_batch(*poisons: tuple[str, dict[str, Any]]) -> tuple[list[OutboxEvent], list[Any]]:
+    """Innocent events around the poison ones, each of its own aggregate, in one transaction
+    (so that one claim takes them all, in this order)."""
+    with transaction.atomic():
+        innocents = [innocent(n) for n in range(INNOCENTS // 2)]
+        poisoned = [
+            publish(
+                event_type,
+                aggregate_type="poison",
+                aggregate_id=uuid.uuid4(),
+                payload=payload,
+            )
+            for event_type, payload in poisons
+        ]
+        innocents += [innocent(n) for n in range(INNOCENTS // 2, INNOCENTS)]
+    return innocents, poisoned
+
+
+def innocent(sequence: int) -> OutboxEvent:
+    return publish(
+        "tests.projected",
+        aggregate_type="innocent",
+        aggregate_id=uuid.uuid4(),
+        payload={"sequence": sequence},
+    )
+
+
+def relay(start_worker: Any) -> WorkerProcess:
+    return start_worker("--roles", "relay", **SETTINGS)  # type: ignore[no-any-return]
+
+
+def dead(event: OutboxEvent) -> bool:
+    return OutboxEvent.objects.filter(pk=event.pk, dead_at__isnull=False).exists()
+
+
+def wait_until_dead(event: OutboxEvent, worker: WorkerProcess) -> None:
+    """Until ``event`` is dead, or the relay exited (the failure this module is about)."""
+    wait_for(lambda: dead(event) or worker.process.poll() is not None, timeout=30)
+    assert worker.process.poll() is None, worker.output()
+
+
+def assert_innocents_projected_once(innocents: list[OutboxEvent]) -> None:
+    ids = {event.pk for event in innocents}
+    for event in OutboxEvent.objects.filter(pk__in=ids):
+        assert event.processed_at is not None, event
+        assert (event.attempts, event.last_error_code) == (0, None), event
+    assert set(Projection.objects.values_list("event_id", flat=True)) >= ids
+    jobs = Counter(
+        Job.objects.filter(job_type="tests.noop").values_list("payload__event", flat=True)
+    )
+    assert all(jobs[str(event_id)] == 1 for event_id in ids), jobs
+
+
+def assert_dead(event: OutboxEvent, code: str) -> OutboxEvent:
+    """Dead after its own failures, one per attempt, and none of its jobs written."""
+    stored = OutboxEvent.objects.get(pk=event.pk)
+    assert (stored.processed_at, stored.claimed_at) == (None, None)
+    assert (stored.attempts, stored.last_error_code) == (MAX_ATTEMPTS, code), stored.last_error
+    assert not Job.objects.filter(payload__event=str(event.pk)).exists()
+    return stored
+
+
+def test_a_subscriber_raising_system_exit_fails_its_event_only(start_worker: Any) -> None:
+    innocents, [poison] = publish_batch(("poison.exit", {}))
+    worker = relay(start_worker)
+    wait_until_dead(poison, worker)
+    assert_innocents_projected_once(innocents)
+    assert "SystemExit" in (assert_dead(poison, "SystemExit").last_error or "")
+
+
+def test_a_job_dated_past_any_calendar_fails_the_event_that_enqueued_it(
+    start_worker: Any,
+) -> None:
+    innocents, [poison] = publish_batch(("poison.far_run_at", {}))
+    worker = relay(start_worker)
+    wait_until_dead(poison, worker)
+    assert_innocents_projected_once(innocents)
+    assert "run_at" in (assert_dead(poison, "EnqueueError").last_error or "")
+
+
+def test_a_job_of_priority_2_to_the_40_fails_the_event_that_enqueued_it(
+    start_worker: Any,
+) -> None:
+    innocents, [poison] = publish_batch(("poison.priority", {}))
+    worker = relay(start_worker)
+    wait_until_dead(poison, worker)
+    assert_innocents_projected_once(innocents)
+    assert "priority" in (assert_dead(poison, "EnqueueError").last_error or "")
+
+
+@pytest.fixture
+def jobs_refusing_unwritable() -> Iterator[None]:
+    """A trigger on ``jobs`` that refuses, with a data error (SQLSTATE 22003), a job whose
+    payload has ``unwritable``: a job that passes every check of ``enqueue()`` and still cannot
+    be written when the relay's batch writes its jobs."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE FUNCTION poison_refuse_unwritable() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NEW.payload ? 'unwritable' THEN
+                    RAISE EXCEPTION 'job % cannot be written', NEW.id
+                        USING ERRCODE = 'numeric_value_out_of_range';
+                END IF;
+                RETURN NEW;
+            END $$;
+            CREATE TRIGGER poison_refuse_unwritable BEFORE INSERT ON jobs
+                FOR EACH ROW EXECUTE FUNCTION poison_refuse_unwritable();
+            """
+        )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "DROP TRIGGER poison_refuse_unwritable ON jobs;"
+                "DROP FUNCTION poison_refuse_unwritable();"
+            )
+
+
+@pytest.mark.usefixtures("jobs_refusing_unwritable")
+def test_a_job_refused_when_the_batch_is_written_fails_the_event_that_enqueued_it(
+    start_worker: Any,
+) -> None:
+    innocents, [poison] = publish_batch(("poison.unwritable", {}))
+    worker = relay(start_worker)
+    wait_until_dead(poison, worker)
+    assert_innocents_projected_once(innocents)
+    stored = assert_dead(poison, "unwritable_job")
+    assert "cannot be written" in (stored.last_error or "")
+
+
+def test_the_relay_connection_lost_in_the_event_by_event_rerun_retries_the_batch(
+    start_worker: Any, tmp_path: Path
+) -> None:
+    """The first poison always raises, so the batch is run again event by event; there, the
+    second terminates the relay's own backend, once. The batch is abandoned and run again
+    on a new connection, and the lost connection counts against no event."""
+    marker = tmp_path / "terminated"
+    innocents, [raising, terminating] = publish_batch(
+        ("poison.raise", {}), ("poison.terminate_once", {"marker": str(marker)})
+    )
+    worker = relay(start_worker)
+    wait_until_dead(raising, worker)
+    assert marker.exists()  # the connection was terminated
+    assert "database unavailable" in worker.output()
+    assert_innocents_projected_once([*innocents, terminating])
+    assert_dead(raising, "ValueError")
+
+
+def test_a_subscriber_closing_the_relay_connection_fails_its_event_only(
+    start_worker: Any,
+) -> None:
+    """``close_old_connections()`` in a subscriber ends the batch's transaction: that event's
+    failure is recorded apart, and the rest of the batch is projected again without it."""
+    innocents, [poison] = publish_batch(("poison.close_connection", {}))
+    worker = relay(start_worker)
+    wait_until_dead(poison, worker)
+    assert_innocents_projected_once(innocents)
+    stored = assert_dead(poison, "closed_relay_connection")
+    assert "close_old_connections()" in (stored.last_error or "")
+
+
+def test_a_relay_killed_holding_a_batch_counts_no_attempt(start_worker: Any) -> None:
+    with transaction.atomic():
+        events = [
+            publish(
+                "tests.projected",
+                aggregate_type="innocent",
+                aggregate_id=uuid.uuid4(),
+                payload={"sequence": n, "sleep": 0.2},
+            )
+            for n in range(20)
+        ]
+    # Killed inside its batch (4 s of subscribers) three times.
+    for _ in range(3):
+        victim = start_worker("--roles", "relay", **SETTINGS)
+        wait_for(lambda: OutboxEvent.objects.filter(claimed_by__isnull=False).exists())
+        victim.signal(signal.SIGKILL)
+        victim.wait(timeout=10)
+        # Released at once (as maintenance releases expired claims), for the next relay to claim.
+        OutboxEvent.objects.update(claimed_at=None, claimed_by=None)
+    assert not OutboxEvent.objects.filter(processed_at__isnull=False).exists()
+    worker = relay(start_worker)
+    wait_for(lambda: not OutboxEvent.objects.filter(processed_at__isnull=True).exists())
+    assert worker.process.poll() is None, worker.output()
+    assert_innocents_projected_once(events)
+
+
+def test_a_relay_whose_table_is_gone_stops_after_repeated_failures(start_worker: Any) -> None:
+    """A turn failing the same unexpected way again and again (a schema gone) is logged and
+    retried, and after five in a row stops the process, like the job dispatcher's loop."""
+    worker = relay(start_worker)
+    wait_for(lambda: "Worker " in worker.output())
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE outbox_events RENAME TO outbox_events_elsewhere")
+        assert worker.wait(timeout=30) == 1
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE outbox_events_elsewhere RENAME TO outbox_events")
+    output = worker.output()
+    assert "4 time(s) in a row" in output
+    assert "pgoutbox-relay failed; stopping this worker" in output
+
+
+def test_a_relay_turn_failing_a_few_times_is_retried_not_fatal(start_worker: Any) -> None:
+    worker = relay(start_worker)
+    wait_for(lambda: "Worker " in worker.output())
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE outbox_events RENAME TO outbox_events_elsewhere")
+        wait_for(
+            lambda: "relay: turn failed" in worker.output() or worker.process.poll() is not None,
+            timeout=10,
+        )
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE outbox_events_elsewhere RENAME TO outbox_events")
+    event = innocent(0)
+    wait_for(
+        lambda: OutboxEvent.objects.filter(pk=event.pk, processed_at__isnull=False).exists(),
+        timeout=15,
+    )
+    assert worker.process.poll() is None, worker.output()
