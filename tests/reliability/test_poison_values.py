@@ -243,7 +243,12 @@ def test_a_schedule_that_fails_is_skipped_and_the_others_run(
     }
     worker = start_worker("--roles", "scheduler", SCHEDULES=schedules, **QUICK)
     # The first turn only places the cursors; each later second is a slot of both schedules.
-    wait_for(lambda: Job.objects.filter(job_type="tests.noop").count() >= 3, timeout=20)
+    try:
+        wait_for(lambda: Job.objects.filter(job_type="tests.noop").count() >= 3, timeout=20)
+    except AssertionError:
+        raise AssertionError(
+            f"exit code {worker.process.poll()}\n{worker.output()[-3000:]}"
+        ) from None
     assert worker.process.poll() is None, worker.output()[-3000:]
     assert not Job.objects.filter(job_type="tests.poison_schedule").exists()
     output = worker.output()
