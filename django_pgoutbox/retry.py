@@ -175,7 +175,10 @@ def decide(
         exhausted = f"attempts exhausted ({attempt}/{max_attempts}): {summary}"
         return Decision(Action.DEAD, code, bound(exhausted))
     if isinstance(error, RateLimited):
-        hint = getattr(error, "retry_after", None)
+        try:
+            hint = error.retry_after
+        except Exception:  # a subclass's property: the backoff instead
+            hint = None
         if hint is not None:
             return Decision(Action.RETRY, code, summary, clamp_delay(hint, policy.max_delay))
         return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))

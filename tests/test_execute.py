@@ -107,3 +107,10 @@ class TestExecuteNeverRaises:
 
     def test_a_receiver_that_exits_after_a_failure(self, hostile: None) -> None:
         assert run("tests.unit_fails").status == JobStatus.RETRYING
+
+    def test_a_failure_around_the_handler_is_the_attempts_outcome(self, hostile: None) -> None:
+        """Even a failure of the worker's own steps (here: the start delay metric, given a
+        claimed job it cannot read) ends in an outcome decided by the policy."""
+        broken = claimed_job("tests.unit_fails", waited="not a number")
+        outcome = execute(broken, policy=POLICY, renew=lambda: None)
+        assert (outcome.status, outcome.code) == (JobStatus.RETRYING, "TypeError")

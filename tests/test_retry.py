@@ -198,6 +198,13 @@ class _CodeRaises(PermanentError):
         return super().__getattribute__(name)
 
 
+class _HintRaises(RateLimited):
+    def __getattribute__(self, name: str) -> Any:
+        if name == "retry_after":
+            raise RuntimeError("no hint")
+        return super().__getattribute__(name)
+
+
 class _NulCode(TransientError):
     code = "bad\x00code\udc80"
 
@@ -237,6 +244,7 @@ class TestHostileErrors:
             (_CodeRaises("x"), Action.DEAD, "_CodeRaises"),
             (_StrSubclassMessage(), Action.RETRY, "_StrSubclassMessage"),
             (SystemExit(2), Action.RETRY, "SystemExit"),
+            (_HintRaises(5), Action.RETRY, "_HintRaises"),
         ],
     )
     def test_decide_never_raises(self, error: BaseException, action: Action, code: str) -> None:
