@@ -12,11 +12,13 @@ metrics and the admin apply to tasks as to any job. On Django 5.2 the same works
 from __future__ import annotations
 
 import json
+import sys
 import traceback
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from django.apps import apps
 from django.db import router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -36,10 +38,10 @@ from django_pgoutbox._tasks import (
     task_started,
 )
 from django_pgoutbox.conf import get_settings
-from django_pgoutbox.errors import EnqueueError
+from django_pgoutbox.errors import EnqueueError, PermanentError
 from django_pgoutbox.jobs import JobContext, JobDefinition, enqueue, prepare_job
 from django_pgoutbox.models import Job, JobStatus
-from django_pgoutbox.retry import MAX_SUMMARY_LENGTH
+from django_pgoutbox.retry import MAX_CODE_LENGTH, bound, summarize
 
 #: Our six states, as Django's four task statuses.
 STATUS = {
@@ -131,13 +133,46 @@ def _is_task(payload: Any) -> bool:
     return isinstance(payload, dict) and isinstance(payload.get("task"), dict)
 
 
+class InvalidTaskJob(PermanentError):
+    """A job stored as a task names something that is not a task this worker may run."""
+
+    code = "invalid_task"
+
+
 def _task(job_type: str, job: Job | None = None) -> Task:
-    found = import_string(job_type)
+    """The task a job's type names: ``ImportError`` if its module is not deployed here,
+    ``InvalidTaskJob`` if the name may not be imported or is not a ``Task``.
+
+    A job's type is data: only a module already imported, or one of an installed app's
+    packages, is imported for it, so that a row can never make a worker import (and run the
+    top level of) any module of its choosing.
+    """
+    module, _, name = job_type.rpartition(".")
+    if not module or not name:
+        raise InvalidTaskJob(f"{job_type!r} is not the module path of a task")
+    if module not in sys.modules and not _in_installed_app(module):
+        raise InvalidTaskJob(
+            f"{job_type!r} is not in an installed app nor in a module this worker imported; "
+            "tasks are imported only from those (see docs/tasks.md)"
+        )
+    try:
+        found = import_string(job_type)
+    except ImportError:
+        raise
+    except Exception as error:
+        raise InvalidTaskJob(f"importing {job_type!r} failed: {summarize(error)}") from error
     if not isinstance(found, Task):
-        raise TypeError(f"{job_type!r} is not a django.tasks Task")
+        raise InvalidTaskJob(f"{job_type!r} is a {type(found).__name__}, not a django.tasks Task")
     if job is None:
         return found
     return found.using(priority=job.priority, queue_name=job.queue)
+
+
+def _in_installed_app(module: str) -> bool:
+    return any(
+        module == config.name or module.startswith(config.name + ".")
+        for config in apps.get_app_configs()
+    )
 
 
 def task_result(job: Job, *, backend: str, status: Any = None) -> TaskResult:
@@ -177,13 +212,15 @@ def task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | N
     """A handler that runs the task stored in a job, or None if the job is not a task.
 
     An import error (the task's code is not deployed here) also gives None: the worker then
-    dead-letters the job as ``unknown_job_type``, payload intact, retryable once deployed.
+    dead-letters the job as ``unknown_job_type``, payload intact, retryable once deployed. A
+    name that may not be imported, or is not a ``Task``, raises ``InvalidTaskJob``: the worker
+    dead-letters the job as ``invalid_task``.
     """
     if not _is_task(payload):
         return None
     try:
         task = _task(job_type)
-    except (ImportError, TypeError):
+    except ImportError:
         return None
 
     def run(payload: dict[str, Any], ctx: JobContext) -> Any:
@@ -221,19 +258,22 @@ def _running_result(ctx: JobContext, task: Task, payload: dict[str, Any]) -> Tas
 
 
 def _error_details(error: BaseException) -> tuple[str, str]:
-    """For tasks: the exception's class path, and the end of its traceback (bounded)."""
+    """For tasks: the exception's class path, and the end of its traceback, through ``bound()``
+    as every stored code and summary (no NUL, no lone surrogate, at most 1,000 characters)."""
     kind = type(error)
-    text = "".join(traceback.format_exception(error))
-    if len(text) > MAX_SUMMARY_LENGTH:
-        text = "..." + text[-(MAX_SUMMARY_LENGTH - 3) :]
-    return f"{kind.__module__}.{kind.__qualname__}", text
+    code = bound(f"{kind.__module__}.{kind.__qualname__}", MAX_CODE_LENGTH)
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception:  # traceback prints what it can of odd exceptions; this is the rest
+        text = summarize(error)
+    return code, bound(text, keep="tail")
 
 
 def _claimed_result(claimed: Any, status: Any, detail: Any = None) -> TaskResult | None:
     """A ``TaskResult`` of an attempt as the worker sees it (its outcome is not written yet)."""
     try:
         task = _task(claimed.job_type).using(priority=claimed.priority, queue_name=claimed.queue)
-    except (ImportError, TypeError):
+    except (ImportError, InvalidTaskJob):
         return None
     now = timezone.now()
     finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)

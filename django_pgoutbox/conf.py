@@ -36,6 +36,17 @@ OUTBOX_CHANNEL = "outbox_ready"
 #: Queue names travel in NOTIFY payloads, metric labels and command-line flags: keep them plain.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
 
+#: The longest duration any setting, retry or snooze may ask for (365 days), in seconds. Every
+#: delay is refused when it is not a finite number >= 0 and cut to this ceiling where it is made,
+#: so that ``now() + delay`` (PostgreSQL) and ``Event.wait(delay)`` (Python) always accept it.
+MAX_DELAY_CEILING = 365 * 24 * 3600.0
+
+#: The longest retention a setting may keep finished rows for (100 years), in seconds.
+MAX_RETENTION = 100 * 365 * 24 * 3600.0
+
+#: ``attempts`` and ``max_attempts`` are 32-bit integer columns.
+MAX_INT32 = 2**31 - 1
+
 #: Keys a queue may override; each defaults to the top-level key of the same name.
 QUEUE_KEYS = ("CONCURRENCY", "LEASE_SECONDS", "POLL_INTERVAL")
 
@@ -211,14 +222,26 @@ class _Parser:
         hint = f"Did you mean {close[0]!r}?" if close else f"Known keys: {', '.join(known)}."
         self.problem(key, "is not a setting of django-pgoutbox.", hint, "pgoutbox.E003")
 
-    def positive_int(self, value: Any, key: str, *, minimum: int = 1) -> int:
+    def positive_int(
+        self, value: Any, key: str, *, minimum: int = 1, maximum: int = MAX_INT32
+    ) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             self.problem(key, f"must be an integer >= {minimum}, not {value!r}.")
             return minimum
+        if value > maximum:
+            self.problem(key, f"must be an integer <= {maximum}, not {value!r}.")
+            return maximum
         return value
 
-    def seconds(self, value: Any, key: str, *, allow_zero: bool = False) -> float:
-        """A duration as a number of seconds or a ``timedelta``."""
+    def seconds(
+        self,
+        value: Any,
+        key: str,
+        *,
+        allow_zero: bool = False,
+        maximum: float = MAX_DELAY_CEILING,
+    ) -> float:
+        """A duration as a number of seconds or a ``timedelta``, at most ``maximum``."""
         if isinstance(value, timedelta):
             number = value.total_seconds()
         elif isinstance(value, int | float) and not isinstance(value, bool):
@@ -230,6 +253,13 @@ class _Parser:
             bound = ">= 0" if allow_zero else "> 0"
             self.problem(key, f"must be {bound} seconds, not {value!r}.")
             return 1.0
+        if number > maximum:
+            self.problem(
+                key,
+                f"must be at most {maximum:.0f} seconds ({maximum / 86400:.0f} days), "
+                f"not {value!r}.",
+            )
+            return maximum
         return number
 
     def fraction(self, value: Any, key: str) -> float:
@@ -241,7 +271,7 @@ class _Parser:
     def age(self, value: Any, key: str) -> timedelta | None:
         if value is None:
             return None
-        return timedelta(seconds=self.seconds(value, key))
+        return timedelta(seconds=self.seconds(value, key, maximum=MAX_RETENTION))
 
 
 def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:

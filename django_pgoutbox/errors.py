@@ -6,7 +6,10 @@ exception is *unknown* and gets a few retries before it is dead-lettered (see do
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+from django_pgoutbox.conf import MAX_DELAY_CEILING
 
 
 class PgOutboxError(Exception):
@@ -34,21 +37,36 @@ class TransientError(JobFailure):
     """A network or service failure that may pass: retry with exponential backoff and jitter."""
 
 
+def checked_delay(seconds: Any, what: str) -> float:
+    """``seconds`` as a float cut to ``MAX_DELAY_CEILING``; ``TypeError`` unless a finite
+    number >= 0. ``what`` names the argument in the error."""
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not seconds >= 0
+        or (isinstance(seconds, float) and not math.isfinite(seconds))
+    ):
+        raise TypeError(f"{what} must be a finite number of seconds >= 0, not {seconds!r}")
+    # min() before float(): an int too large for a float is cut, not an OverflowError.
+    return float(min(seconds, MAX_DELAY_CEILING))
+
+
 class RateLimited(JobFailure):
-    """The other side asked us to slow down: retry after ``retry_after`` seconds (its hint)."""
+    """The other side asked us to slow down: retry after ``retry_after`` seconds (its hint).
+
+    The hint must be a finite number >= 0 (else ``TypeError``); the retry policy cuts it to
+    ``RETRY['MAX_DELAY']``.
+    """
 
     def __init__(
         self, retry_after: float | None = None, message: str = "", *, code: str | None = None
     ) -> None:
-        if retry_after is not None and (
-            isinstance(retry_after, bool)
-            or not isinstance(retry_after, int | float)
-            or retry_after < 0
-        ):
-            raise TypeError(
-                f"RateLimited(retry_after=...) must be seconds >= 0, not {retry_after!r}"
-            )
-        super().__init__(message or f"rate limited (retry after {retry_after}s)", code=code)
+        if retry_after is not None:
+            retry_after = checked_delay(retry_after, "RateLimited(retry_after=...)")
+        if not message:
+            hint = "" if retry_after is None else f" (retry after {retry_after:g}s)"
+            message = f"rate limited{hint}"
+        super().__init__(message, code=code)
         self.retry_after = retry_after
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -97,19 +115,13 @@ class Snooze(Exception):
     """Raise (or return) ``Snooze(seconds)`` to run again later without spending an attempt.
 
     The job goes back to ``retrying`` with ``run_at`` that far ahead and its ``attempts``
-    unchanged, so ``max_attempts`` counts only real failures.
+    unchanged, so ``max_attempts`` counts only real failures. ``seconds`` must be a finite
+    number >= 0 (else ``TypeError``) and is cut to 365 days (``conf.MAX_DELAY_CEILING``).
     """
 
     def __init__(self, seconds: float) -> None:
-        if (
-            isinstance(seconds, bool)
-            or not isinstance(seconds, int | float)
-            or not seconds >= 0
-            or seconds == float("inf")
-        ):
-            raise TypeError(f"Snooze(seconds) must be a finite number >= 0, not {seconds!r}")
-        super().__init__(f"snoozed for {seconds:g}s")
-        self.seconds = float(seconds)
+        self.seconds = checked_delay(seconds, "Snooze(seconds)")
+        super().__init__(f"snoozed for {self.seconds:g}s")
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.seconds,))

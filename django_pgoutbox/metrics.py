@@ -252,6 +252,11 @@ SCHEDULE_SLOTS = counter(
     "Slots this process's scheduler enqueued, by schedule.",
     ["schedule"],
 )
+SCHEDULE_FAILURES = counter(
+    "pgoutbox_schedule_failures_total",
+    "Turns in which enqueuing a schedule's due slot failed (logged and skipped), by schedule.",
+    ["schedule"],
+)
 
 
 # -- database gauges -----------------------------------------------------------------------------

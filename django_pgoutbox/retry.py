@@ -7,7 +7,8 @@ failure                     decision
 ==========================  ==========================================================
 ``TransientError``          retry after ``BASE_DELAY * 2**min(attempt, 10)``, capped at
                             ``MAX_DELAY``, with jitter
-``RateLimited(retry_after)`` retry after the hint (the backoff when there is none)
+``RateLimited(retry_after)`` retry after the hint, capped at ``MAX_DELAY`` (the backoff when
+                            there is none)
 ``PermanentError``          dead letter at once
 ``Revoked``                 cancel, never retry
 any other exception         retry with backoff while ``attempt <= UNKNOWN_ERROR_RETRIES``,
@@ -15,19 +16,28 @@ any other exception         retry with backoff while ``attempt <= UNKNOWN_ERROR_
 (any retry)                 dead letter instead once ``attempt >= max_attempts``
 process crash               not decided here: the lease expires and the job is reclaimed
 ==========================  ==========================================================
+
+Every delay it returns is a finite number of seconds between 0 and ``MAX_DELAY`` (itself at most
+``conf.MAX_DELAY_CEILING``, 365 days), and :func:`decide` never raises: an exception that cannot
+be printed, or a failure object with a broken code, still gets a decision.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import random
 from dataclasses import dataclass
+from typing import Any
 
-from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.conf import MAX_DELAY_CEILING, RetrySettings
 from django_pgoutbox.errors import JobFailure, PermanentError, RateLimited, Revoked, TransientError
 
 #: ``jobs.last_error_summary`` never holds more than this many characters.
 MAX_SUMMARY_LENGTH = 1000
+
+#: ``jobs.last_error_code`` never holds more than this many characters.
+MAX_CODE_LENGTH = 200
 
 #: Exponent cap of the backoff, from the source text: ``shift := min(attempt, 10)``.
 MAX_SHIFT = 10
@@ -59,35 +69,88 @@ def backoff(attempt: int, policy: RetrySettings, rng: random.Random | None = Non
     delay = min(policy.base_delay * (1 << shift), policy.max_delay)
     if policy.jitter:
         delay += delay * policy.jitter * (rng or random).uniform(-1.0, 1.0)
-    return max(0.0, min(delay, policy.max_delay))
+    return clamp_delay(delay, policy.max_delay)
+
+
+def clamp_delay(seconds: Any, ceiling: float = MAX_DELAY_CEILING) -> float:
+    """``seconds`` as a float between 0 and ``ceiling`` (itself cut to ``MAX_DELAY_CEILING``).
+
+    The last guard before a delay reaches an outcome statement, where PostgreSQL would refuse an
+    interval out of range and fail every outcome of the batch: the classes that make delays
+    (``RateLimited``, ``Snooze``, the settings) refuse bad ones already, so only a delay changed
+    after it was made gets here. Anything that is not a number >= 0 (NaN included) counts as 0;
+    infinity as the ceiling.
+    """
+    ceiling = min(ceiling, MAX_DELAY_CEILING)
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return 0.0
+    if not seconds >= 0:  # negative, or NaN
+        return 0.0
+    if seconds >= ceiling:  # compared before float(): an int too large for a float
+        return float(ceiling)
+    return float(seconds) if math.isfinite(seconds) else float(ceiling)
 
 
 def error_code(error: BaseException) -> str:
-    """The stable name stored in ``jobs.last_error_code``: the failure's code or class name."""
-    if isinstance(error, JobFailure) and error.code:
-        return error.code
-    return type(error).__name__
+    """The stable name stored in ``jobs.last_error_code``: the failure's code or class name.
+
+    Bounded and storable; never raises (a ``code`` that is not a string, or whose reading
+    raises, gives the class name).
+    """
+    try:
+        code = error.code if isinstance(error, JobFailure) else None
+    except Exception:
+        code = None
+    if not isinstance(code, str) or not code:
+        code = _class_name(error)
+    return bound(code, MAX_CODE_LENGTH)
 
 
 def summarize(error: BaseException, limit: int = MAX_SUMMARY_LENGTH) -> str:
-    """``ClassName: message``, cut to ``limit`` characters; tracebacks belong in the log."""
-    message = str(error)
-    return bound(f"{type(error).__name__}: {message}" if message else type(error).__name__, limit)
+    """``ClassName: message``, cut to ``limit`` characters; tracebacks belong in the log.
+
+    Never raises: an exception whose ``str()`` raises (or returns no string) is summarized as
+    ``ClassName (its message could not be read: ...)``.
+    """
+    name = _class_name(error)
+    try:
+        # str.__str__: a plain copy of a str subclass, whose own methods could raise later.
+        message = str.__str__(str(error))
+    except Exception as problem:
+        try:
+            why = f"{type(problem).__name__}: {str.__str__(str(problem))}"
+        except Exception:
+            why = type(problem).__name__
+        return bound(f"{name} (its message could not be read: {why})", limit)
+    return bound(f"{name}: {message}" if message else name, limit)
 
 
-def bound(text: str, limit: int = MAX_SUMMARY_LENGTH) -> str:
+def _class_name(error: BaseException) -> str:
+    """The exception's class name, which is a plain string even if its class is unusual."""
+    try:
+        name = type(error).__name__
+    except Exception:  # a metaclass's __getattribute__
+        return "Exception"
+    return str.__str__(name) if isinstance(name, str) and name else "Exception"
+
+
+def bound(text: str, limit: int = MAX_SUMMARY_LENGTH, *, keep: str = "head") -> str:
     """``text`` cut to ``limit`` characters, saying how much was cut; storable as PostgreSQL text.
 
-    NUL characters and lone surrogates (which UTF-8 cannot encode) are escaped: an error message
-    must never be the reason an outcome cannot be written.
+    The one sanitiser of every error code and summary this app stores (``@job`` handlers,
+    ``django.tasks``, the relay, the scheduler). NUL characters and lone surrogates (which UTF-8
+    cannot encode) are escaped: an error message must never be the reason an outcome cannot be
+    written. ``keep="tail"`` keeps the end instead (of a traceback, where the error is).
     """
-    text = text.replace("\x00", "\\x00")
+    text = str.__str__(text).replace("\x00", "\\x00")
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     if len(text) <= limit:
         return text
-    # The count in the marker is at most len(text), so this head always leaves room for it.
-    head = limit - len(f" [... {len(text)} more characters]")
-    return f"{text[:head]} [... {len(text) - head} more characters]"
+    # The count in the marker is at most len(text), so the part kept always leaves room for it.
+    kept = limit - len(f" [... {len(text)} more characters]")
+    if keep == "tail":
+        return f"[... {len(text) - kept} more characters] {text[-kept:]}"
+    return f"{text[:kept]} [... {len(text) - kept} more characters]"
 
 
 def decide(
@@ -98,8 +161,11 @@ def decide(
     policy: RetrySettings,
     rng: random.Random | None = None,
 ) -> Decision:
-    """Decide the fate of attempt number ``attempt`` (1-based) that raised ``error``."""
-    code = bound(error_code(error), 200)
+    """Decide the fate of attempt number ``attempt`` (1-based) that raised ``error``.
+
+    Never raises, whatever ``error`` is; every delay is between 0 and ``policy.max_delay``.
+    """
+    code = error_code(error)
     summary = summarize(error)
     if isinstance(error, Revoked):
         return Decision(Action.CANCEL, code, summary)
@@ -109,8 +175,12 @@ def decide(
         exhausted = f"attempts exhausted ({attempt}/{max_attempts}): {summary}"
         return Decision(Action.DEAD, code, bound(exhausted))
     if isinstance(error, RateLimited):
-        if error.retry_after is not None:
-            return Decision(Action.RETRY, code, summary, float(error.retry_after))
+        try:
+            hint = error.retry_after
+        except Exception:  # a subclass's property: the backoff instead
+            hint = None
+        if hint is not None:
+            return Decision(Action.RETRY, code, summary, clamp_delay(hint, policy.max_delay))
         return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))
     if isinstance(error, TransientError):
         return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))

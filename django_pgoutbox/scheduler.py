@@ -24,13 +24,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connections, router, transaction
+from django.db import connections, router, transaction
 
 from django_pgoutbox import metrics
-from django_pgoutbox.conf import get_settings
+from django_pgoutbox.conf import MAX_DELAY_CEILING, get_settings
 from django_pgoutbox.cron import Cron, CronError
-from django_pgoutbox.jobs import JobDefinition, enqueue, get_job
+from django_pgoutbox.db import ErrorKind, classify_error
+from django_pgoutbox.errors import EnqueueError
+from django_pgoutbox.jobs import JobDefinition, enqueue, get_job, prepare_job
 from django_pgoutbox.models import Job, ScheduleCursor
+from django_pgoutbox.retry import summarize
 
 logger = logging.getLogger("django_pgoutbox.scheduler")
 
@@ -56,6 +59,15 @@ BUILTIN_SCHEDULES: dict[str, dict[str, Any]] = {
 }
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+#: The argument of ``enqueue()`` that each schedule key becomes, for errors that name the key.
+_ENQUEUE_KEYS = {
+    "job_type": "JOB",
+    "payload": "PAYLOAD",
+    "priority": "PRIORITY",
+    "queue": "QUEUE",
+    "idempotency_key": "the name",
+}
 
 
 @dataclass(frozen=True)
@@ -203,7 +215,45 @@ def load_schedules() -> tuple[dict[str, Schedule], list[ScheduleProblem]]:
             schedules[name] = _parse(name, options, conf.queues)
         except (TypeError, ValueError) as error:
             problems.append(ScheduleProblem(str(name), str(error)))
+        except Exception as error:  # a value no check foresaw must not crash manage.py check
+            problems.append(ScheduleProblem(str(name), summarize(error)))
     return schedules, problems
+
+
+def _seconds(value: Any, key: str, *, allow_zero: bool) -> timedelta:
+    """A schedule's duration: a number of seconds or a timedelta, finite, at most 365 days."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not (seconds >= 0 if allow_zero else seconds > 0)
+        or not seconds <= MAX_DELAY_CEILING
+    ):
+        what = "a number of seconds >= 0" if allow_zero else "a positive number of seconds"
+        raise ValueError(
+            f"{key} must be {what} or a timedelta, at most {MAX_DELAY_CEILING / 86400:g} days, "
+            f"not {value!r}"
+        )
+    interval = timedelta(seconds=seconds)
+    if not allow_zero and interval <= timedelta(0):  # under a microsecond
+        raise ValueError(f"{key} must be at least a microsecond, not {value!r}")
+    return interval
+
+
+def _check_enqueue(schedule: Schedule) -> None:
+    """Refuse a schedule whose job ``enqueue()`` would refuse, with its own validators."""
+    try:
+        prepare_job(
+            schedule.job_type,
+            dict(schedule.payload),
+            idempotency_key=schedule.idempotency_key(_EPOCH),
+            queue=schedule.queue,
+            priority=schedule.priority,
+        )
+    except EnqueueError as error:
+        key = _ENQUEUE_KEYS.get(error.field.partition("[")[0], error.field)
+        where = error.field.replace("payload", "PAYLOAD", 1) if key == "PAYLOAD" else key
+        raise ValueError(f"{where}: {error.message} (enqueue() would refuse it)") from None
 
 
 def _parse(name: Any, options: Any, queues: Mapping[str, Any]) -> Schedule:
@@ -224,16 +274,7 @@ def _parse(name: Any, options: Any, queues: Mapping[str, Any]) -> Schedule:
     if (cron_text is None) == (every is None):
         raise ValueError("give exactly one of CRON (an expression) and EVERY (seconds)")
     cron = Cron.parse(cron_text) if cron_text is not None else None
-    interval: timedelta | None = None
-    if every is not None:
-        if isinstance(every, int | float) and not isinstance(every, bool):
-            interval = timedelta(seconds=every)
-        elif isinstance(every, timedelta):
-            interval = every
-        if interval is None or interval <= timedelta(0):
-            raise ValueError(
-                f"EVERY must be a positive number of seconds or timedelta, not {every!r}"
-            )
+    interval = None if every is None else _seconds(every, "EVERY", allow_zero=False)
     queue = options.get("QUEUE") or (definition.queue if definition else None)
     if queue not in queues:
         raise ValueError(f"queue {queue!r} is not in PGOUTBOX['QUEUES']")
@@ -248,15 +289,11 @@ def _parse(name: Any, options: Any, queues: Mapping[str, Any]) -> Schedule:
     max_catch_up = options.get("MAX_CATCH_UP", 100)
     if isinstance(max_catch_up, bool) or not isinstance(max_catch_up, int) or max_catch_up < 1:
         raise ValueError(f"MAX_CATCH_UP must be an integer >= 1, not {max_catch_up!r}")
-    grace = options.get("GRACE", 60)
-    if isinstance(grace, timedelta):
-        grace = grace.total_seconds()
-    if isinstance(grace, bool) or not isinstance(grace, int | float) or grace < 0:
-        raise ValueError(f"GRACE must be a number of seconds >= 0, not {grace!r}")
+    grace = _seconds(options.get("GRACE", 60), "GRACE", allow_zero=True)
     priority = options.get("PRIORITY")
     if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
         raise ValueError(f"PRIORITY must be an int, not {priority!r}")
-    return Schedule(
+    parsed = Schedule(
         name=name,
         job_type=job_type,
         cron=cron,
@@ -266,8 +303,10 @@ def _parse(name: Any, options: Any, queues: Mapping[str, Any]) -> Schedule:
         priority=priority,
         catch_up=catch_up,
         max_catch_up=max_catch_up,
-        grace=timedelta(seconds=grace),
+        grace=grace,
     )
+    _check_enqueue(parsed)
+    return parsed
 
 
 # -- running them --------------------------------------------------------------------------------
@@ -387,16 +426,33 @@ class Scheduler:
         self._stopping.set()
 
     def run_once(self, now: datetime | None = None) -> datetime:
-        """Enqueue every due slot; return the database time it ran at."""
+        """Enqueue every due slot; return the database time it ran at.
+
+        One schedule that fails (any exception but a lost connection) is logged, counted in
+        ``pgoutbox_schedule_failures_total`` and skipped until its next slot; the others run.
+        A lost connection raises, for ``run()`` to reconnect.
+        """
         started = time.perf_counter()
         db_now = database_now(self.using)
         current = now or db_now
         known = cursors(self.using)
         for schedule in self.schedules.values():
-            last = known.get(schedule.name)
-            if last is not None and schedule.latest_due(current) <= last:
-                continue  # not due: no transaction, no lock
-            enqueue_due(schedule, using=self.using, now=now)
+            try:
+                last = known.get(schedule.name)
+                if last is not None and schedule.latest_due(current) <= last:
+                    continue  # not due: no transaction, no lock
+                enqueue_due(schedule, using=self.using, now=now)
+            except Exception as error:
+                if classify_error(error) == ErrorKind.CONNECTION:
+                    raise
+                metrics.SCHEDULE_FAILURES.inc(schedule=schedule.name)
+                logger.exception(
+                    "schedule %s: enqueuing its due slot failed (%s); skipped, the other "
+                    "schedules run",
+                    schedule.name,
+                    summarize(error),
+                    extra={"schedule": schedule.name},
+                )
         metrics.BATCH_DB_DURATION.observe(time.perf_counter() - started, role="scheduler")
         return current
 
@@ -407,8 +463,11 @@ class Scheduler:
                 try:
                     now = self.run_once()
                     pause = 0.2
-                except (OperationalError, InterfaceError) as error:
-                    logger.warning("scheduler: database unavailable (%s); retrying", error)
+                except Exception as error:
+                    if classify_error(error) == ErrorKind.CONNECTION:
+                        logger.warning("scheduler: database unavailable (%s); retrying", error)
+                    else:
+                        logger.exception("scheduler: its turn failed; retrying")
                     connections[self.using].close()
                     self._stopping.wait(pause)
                     pause = min(pause * 2, 10.0)
@@ -421,8 +480,13 @@ class Scheduler:
             self.finished.set()
 
     def _until_next_slot(self, now: datetime) -> float:
-        if not self.schedules:
+        upcoming = []
+        for schedule in self.schedules.values():
+            try:
+                upcoming.append(schedule.next_after(now))
+            except (ArithmeticError, CronError, ValueError):  # none before year 9999
+                continue
+        if not upcoming:
             return self.poll_interval
-        upcoming = min(s.next_after(now) for s in self.schedules.values())
         # A few milliseconds late, so that the database's clock has reached the slot.
-        return max(0.005, min((upcoming - now).total_seconds() + 0.005, self.poll_interval))
+        return max(0.005, min((min(upcoming) - now).total_seconds() + 0.005, self.poll_interval))

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
-from django_pgoutbox.conf import RetrySettings
-from django_pgoutbox.errors import PermanentError, RateLimited, Revoked, TransientError
+from django_pgoutbox.conf import MAX_DELAY_CEILING, RetrySettings
+from django_pgoutbox.errors import PermanentError, RateLimited, Revoked, Snooze, TransientError
 from django_pgoutbox.retry import (
     MAX_SUMMARY_LENGTH,
     Action,
     backoff,
+    bound,
+    clamp_delay,
     decide,
     error_code,
     summarize,
@@ -93,6 +96,177 @@ class TestDecide:
     def test_rate_limited_rejects_a_bad_hint(self) -> None:
         with pytest.raises(TypeError, match="seconds >= 0"):
             RateLimited(retry_after=-1)
+
+
+class TestDelays:
+    """Delays are checked where they are made and never leave [0, MAX_DELAY] (issue 20)."""
+
+    @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan"), -1, "3", True])
+    def test_rate_limited_refuses_a_hint_that_is_not_finite_or_is_negative(
+        self, bad: object
+    ) -> None:
+        with pytest.raises(TypeError, match="finite number of seconds >= 0"):
+            RateLimited(retry_after=bad)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("bad", [float("inf"), float("nan"), -0.5, None, "1"])
+    def test_snooze_refuses_seconds_that_are_not_finite_or_are_negative(self, bad: object) -> None:
+        with pytest.raises(TypeError, match="finite number of seconds >= 0"):
+            Snooze(bad)  # type: ignore[arg-type]
+
+    @pytest.mark.parametrize("huge", [1e15, 1e300, 10**400])
+    def test_huge_delays_are_cut_to_the_ceiling_where_they_are_made(self, huge: float) -> None:
+        assert Snooze(huge).seconds == MAX_DELAY_CEILING == 365 * 86400
+        assert RateLimited(retry_after=huge).retry_after == MAX_DELAY_CEILING
+
+    def test_the_rate_limit_hint_is_cut_to_max_delay(self) -> None:
+        result = decision(RateLimited(retry_after=1e300))
+        assert (result.action, result.delay) == (Action.RETRY, POLICY.max_delay)
+        assert decision(RateLimited(retry_after=30)).delay == 30
+
+    @pytest.mark.parametrize(
+        ("changed", "expected"),
+        [(float("inf"), 600.0), (float("nan"), 0.0), (-5, 0.0), ("soon", 0.0), (10**400, 600.0)],
+    )
+    def test_a_hint_changed_after_it_was_made_is_clamped(
+        self, changed: object, expected: float
+    ) -> None:
+        error = RateLimited(retry_after=1)
+        error.retry_after = changed  # type: ignore[assignment]
+        assert decision(error).delay == expected
+
+    @pytest.mark.parametrize(
+        ("seconds", "expected"),
+        [
+            (12.5, 12.5),
+            (0, 0.0),
+            (-1, 0.0),
+            (float("nan"), 0.0),
+            (float("inf"), MAX_DELAY_CEILING),
+            (1e300, MAX_DELAY_CEILING),
+            (10**400, MAX_DELAY_CEILING),
+            (True, 0.0),
+            (None, 0.0),
+        ],
+    )
+    def test_clamp_delay(self, seconds: object, expected: float) -> None:
+        assert clamp_delay(seconds) == expected
+        assert isinstance(clamp_delay(seconds), float)
+
+    def test_clamp_delay_never_exceeds_the_hard_ceiling(self) -> None:
+        assert clamp_delay(1e300, ceiling=1e300) == MAX_DELAY_CEILING
+        assert clamp_delay(50, ceiling=10) == 10
+
+    def test_backoff_stays_within_max_delay_even_at_extremes(self) -> None:
+        extreme = RetrySettings(
+            base_delay=MAX_DELAY_CEILING,
+            max_delay=MAX_DELAY_CEILING,
+            jitter=1.0,
+            unknown_error_retries=3,
+        )
+        for attempt in (0, 1, 10, 10**9):
+            assert 0 <= backoff(attempt, extreme, random.Random(attempt)) <= MAX_DELAY_CEILING
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message for you")
+
+
+class _Unprintable2(Exception):
+    def __str__(self) -> str:
+        raise _Unprintable()
+
+
+class _LyingStr(str):
+    def __format__(self, spec: str) -> str:
+        raise RuntimeError("format")
+
+
+class _StrSubclassMessage(Exception):
+    def __str__(self) -> str:
+        return _LyingStr("a message whose own methods raise")
+
+
+class _BadCode(TransientError):
+    code = 5  # type: ignore[assignment]
+
+
+class _CodeRaises(PermanentError):
+    def __getattribute__(self, name: str) -> Any:
+        if name == "code":
+            raise RuntimeError("no code")
+        return super().__getattribute__(name)
+
+
+class _HintRaises(RateLimited):
+    def __getattribute__(self, name: str) -> Any:
+        if name == "retry_after":
+            raise RuntimeError("no hint")
+        return super().__getattribute__(name)
+
+
+class _NulCode(TransientError):
+    code = "bad\x00code\udc80"
+
+
+class TestHostileErrors:
+    """``decide`` and its parts never raise, whatever the handler raised (issue 20, case 3a)."""
+
+    def test_an_unprintable_exception_is_named_by_its_class(self) -> None:
+        assert summarize(_Unprintable()) == (
+            "_Unprintable (its message could not be read: RuntimeError: no message for you)"
+        )
+
+    def test_an_exception_whose_str_raises_an_unprintable_exception(self) -> None:
+        assert summarize(_Unprintable2()) == (
+            "_Unprintable2 (its message could not be read: _Unprintable)"
+        )
+
+    def test_a_str_subclass_message(self) -> None:
+        assert summarize(_StrSubclassMessage()) == (
+            "_StrSubclassMessage: a message whose own methods raise"
+        )
+
+    def test_a_code_that_is_not_a_string_gives_the_class_name(self) -> None:
+        assert error_code(_BadCode("x")) == "_BadCode"
+        assert error_code(_CodeRaises("x")) == "_CodeRaises"
+
+    def test_a_code_is_bounded_and_storable(self) -> None:
+        assert error_code(_NulCode()) == "bad\\x00code\\udc80"
+        assert len(error_code(TransientError("x", code="c" * 5000))) <= 200
+
+    @pytest.mark.parametrize(
+        ("error", "action", "code"),
+        [
+            (_Unprintable(), Action.RETRY, "_Unprintable"),
+            (_Unprintable2(), Action.RETRY, "_Unprintable2"),
+            (_BadCode("x"), Action.RETRY, "_BadCode"),
+            (_CodeRaises("x"), Action.DEAD, "_CodeRaises"),
+            (_StrSubclassMessage(), Action.RETRY, "_StrSubclassMessage"),
+            (SystemExit(2), Action.RETRY, "SystemExit"),
+            (_HintRaises(5), Action.RETRY, "_HintRaises"),
+        ],
+    )
+    def test_decide_never_raises(self, error: BaseException, action: Action, code: str) -> None:
+        result = decision(error)
+        assert (result.action, result.code) == (action, code)
+        exhausted = decision(error, attempt=10, max_attempts=10)
+        assert exhausted.action == Action.DEAD
+
+
+class TestBound:
+    def test_a_lone_surrogate_is_escaped(self) -> None:
+        assert bound("a\udc80b") == "a\\udc80b"
+        bound("a\udc80b").encode("utf-8")
+
+    def test_the_tail_can_be_kept(self) -> None:
+        text = bound("head " + "x" * 5000 + " the error", 100, keep="tail")
+        assert len(text) <= 100
+        assert text.endswith(" the error")
+        assert text.startswith("[... ")
+
+    def test_a_str_subclass_is_read_as_plain_text(self) -> None:
+        assert type(bound(_LyingStr("abc"))) is str
 
 
 class TestSummary:

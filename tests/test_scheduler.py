@@ -322,3 +322,68 @@ class TestMaintenance:
 
         with pytest.raises(CommandError, match="no schedule 'nope'"):
             call_command("pgoutbox", "run-schedule", "nope")
+
+
+class TestPoisonValues:
+    """Schedules that ``manage.py check`` used to accept and ``enqueue()`` refuses at run time
+    (issue 20, case 6): refused at check, by enqueue's own validators, naming schedule and key."""
+
+    @pytest.mark.parametrize(
+        ("options", "message"),
+        [
+            ({"PRIORITY": 1099511627776}, "PRIORITY: 1099511627776 is outside the 32-bit"),
+            ({"PAYLOAD": {"x": float("nan")}}, "PAYLOAD['x']: nan is not a JSON number"),
+            ({"PAYLOAD": {"x": "a\x00b"}}, "PAYLOAD['x']: contains a NUL character"),
+            ({"PAYLOAD": {"x": "\udc80"}}, "PAYLOAD['x']: contains an unpaired surrogate"),
+            ({"PAYLOAD": {1: "int key"}}, "PAYLOAD[1]: JSON object keys must be strings"),
+            ({"PAYLOAD": {"when": object()}}, "is not JSON-serialisable"),
+            (
+                {"EVERY": 1e300},
+                "EVERY must be a positive number of seconds or a timedelta, at most",
+            ),
+            ({"EVERY": float("nan")}, "EVERY must be a positive number"),
+            ({"EVERY": float("inf")}, "EVERY must be a positive number"),
+            ({"EVERY": timedelta(days=400)}, "at most 365 days"),
+            ({"EVERY": 1e-9}, "EVERY must be at least a microsecond"),
+            ({"GRACE": float("inf")}, "GRACE must be a number of seconds >= 0"),
+            ({"GRACE": 1e300}, "GRACE must be a number of seconds >= 0"),
+        ],
+    )
+    def test_refused_at_check(self, settings: Any, options: Any, message: str) -> None:
+        bad = {"JOB": "tests.noop", "EVERY": 5, **options}
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "SCHEDULES": {"bad": bad}}
+        messages = checks.check_schedules(None)
+        assert [m.id for m in messages] == ["pgoutbox.E007"]
+        assert messages[0].msg.startswith("schedule 'bad': ")
+        assert message in messages[0].msg
+
+    def test_a_name_enqueue_would_refuse_as_an_idempotency_key(self, settings: Any) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "SCHEDULES": {"bad\udc80": {"JOB": "tests.noop", "EVERY": 5}},
+        }
+        messages = checks.check_schedules(None)
+        assert [m.id for m in messages] == ["pgoutbox.E007"]
+        assert "the name: contains an unpaired surrogate" in messages[0].msg
+
+
+@pytest.mark.django_db
+def test_a_schedule_that_fails_is_counted_and_skipped_and_the_others_run() -> None:
+    """One schedule whose enqueue the database refuses (a trigger): logged, counted in
+    ``pgoutbox_schedule_failures_total``, skipped; the next schedule is enqueued."""
+    from django_pgoutbox import metrics
+    from tests.reliability.test_poison_values import REFUSE_POISON_SCHEDULE
+
+    with connection.cursor() as cursor:
+        cursor.execute(REFUSE_POISON_SCHEDULE)
+    bad = Schedule(
+        name="bad", job_type="tests.poison_schedule", every=timedelta(seconds=1), queue="default"
+    )
+    good = every(1)
+    loop = Scheduler({"bad": bad, "tick": good}, using="default", poll_interval=5)
+    before = metrics.SCHEDULE_FAILURES.value(schedule="bad")
+    loop.run_once(now=T0)  # places both cursors
+    loop.run_once(now=T0 + timedelta(seconds=1))
+    assert metrics.SCHEDULE_FAILURES.value(schedule="bad") == before + 1
+    assert Job.objects.filter(job_type="tests.noop").count() == 1
+    assert not Job.objects.filter(job_type="tests.poison_schedule").exists()

@@ -265,3 +265,48 @@ class TestChecks:
         monkeypatch.setattr(connections["default"], "pg_version", 140010)
         messages = checks.check_server_version(None, databases=["default"])
         assert [m.id for m in messages] == [*expected, "pgoutbox.E006"]
+
+
+class TestDurationsAndCounts:
+    """Every duration a setting gives is finite and at most 365 days; every count fits the
+    32-bit columns: what ``manage.py check`` accepts, PostgreSQL and Python accept too."""
+
+    @pytest.mark.parametrize(
+        ("raw", "key"),
+        [
+            ({"RETRY": {"MAX_DELAY": 1e300}}, "PGOUTBOX['RETRY']['MAX_DELAY']"),
+            ({"RETRY": {"MAX_DELAY": timedelta(days=400)}}, "PGOUTBOX['RETRY']['MAX_DELAY']"),
+            ({"LEASE_SECONDS": 1e300}, "PGOUTBOX['LEASE_SECONDS']"),
+            ({"POLL_INTERVAL": 1e300}, "PGOUTBOX['POLL_INTERVAL']"),
+            ({"OUTBOX": {"CLAIM_SECONDS": 1e12}}, "PGOUTBOX['OUTBOX']['CLAIM_SECONDS']"),
+            (
+                {"QUEUES": {"default": {"LEASE_SECONDS": 1e300}}},
+                "PGOUTBOX['QUEUES']['default']['LEASE_SECONDS']",
+            ),
+        ],
+    )
+    def test_a_duration_over_365_days_is_refused(self, raw: Any, key: str) -> None:
+        found = [(k, m) for _, k, m in problems_of(raw) if k == key]
+        assert found
+        assert "must be at most 31536000 seconds (365 days)" in found[0][1]
+
+    def test_a_retention_of_1e300_seconds_is_refused_not_an_overflow(self) -> None:
+        found = problems_of({"RETENTION": {"COMPLETED_JOBS": 1e300}})
+        assert [k for _, k, _ in found] == ["PGOUTBOX['RETENTION']['COMPLETED_JOBS']"]
+        assert problems_of({"RETENTION": {"COMPLETED_JOBS": timedelta(days=3650)}}) == []
+
+    @pytest.mark.parametrize(
+        "raw",
+        [
+            {"MAX_ATTEMPTS": 2**40},
+            {"OUTBOX": {"MAX_ATTEMPTS": 2**31}},
+            {"QUEUES": {"default": {"CONCURRENCY": 10**12}}},
+        ],
+    )
+    def test_a_count_beyond_32_bits_is_refused(self, raw: Any) -> None:
+        messages = [m for _, _, m in problems_of(raw)]
+        assert messages
+        assert "must be an integer <= 2147483647" in messages[0]
+
+    def test_max_delay_of_365_days_is_accepted(self) -> None:
+        assert problems_of({"RETRY": {"MAX_DELAY": timedelta(days=365)}}) == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -21,7 +22,15 @@ from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import InvalidResult, JobFailure, Snooze
 from django_pgoutbox.jobs import CancelFlag, JobContext, JobDefinition, get_job
 from django_pgoutbox.models import JobStatus
-from django_pgoutbox.retry import Action, bound, decide
+from django_pgoutbox.retry import (
+    MAX_CODE_LENGTH,
+    Action,
+    bound,
+    clamp_delay,
+    decide,
+    error_code,
+    summarize,
+)
 from django_pgoutbox.worker.isolated import run_isolated
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -192,18 +201,41 @@ def execute(
     """Run the handler of ``job`` and decide its outcome, with its metrics and signals.
 
     ``cancel`` is set by the worker when the job's cancellation is requested (``ctx.cancelled``).
+    Never raises: whatever the handler, its hooks or the receivers of the job signals do, the
+    attempt ends with an outcome.
     """
-    definition = get_job(job.job_type) or _task_definition(job.job_type, job.payload)
+    try:
+        return _execute(job, policy=policy, renew=renew, cancel=cancel, using=using)
+    except BaseException as error:  # a bug of this module: the guards below catch the rest
+        logger.exception(
+            "job %s (%s) attempt %d: the worker failed around its handler",
+            job.id,
+            job.job_type,
+            job.attempt,
+            extra=job_fields(job),
+        )
+        return _failed(job, error, policy)
+
+
+def _execute(
+    job: ClaimedJob,
+    *,
+    policy: RetrySettings,
+    renew: Callable[[], None],
+    cancel: CancelFlag | None,
+    using: str,
+) -> Outcome:
+    definition, refused = _definition(job)
     metrics.JOB_START_DELAY.observe_key((job.queue,), max(job.waited, 0.0))
     sender = definition if definition is not None else signals.NO_HANDLER
     # Sent only where a receiver is connected: with none, send_robust() alone cost a tenth of
     # a no-op job's time in the worker.
     if signals.job_started.receivers:
-        signals.job_started.send_robust(sender=sender, job=job)
+        _call_hook(signals.job_started.send_robust, sender=sender, job=job)
     if definition is not None and definition.on_started is not None:
         _call_hook(definition.on_started, job=job)
     started = time.perf_counter()
-    outcome = _run(
+    outcome = refused or _run(
         job,
         definition,
         policy=policy,
@@ -214,7 +246,8 @@ def execute(
     duration = time.perf_counter() - started
     metrics.JOB_DURATION.observe_key((job.queue, job.job_type, outcome.status.value), duration)
     if signals.job_finished.receivers:
-        signals.job_finished.send_robust(
+        _call_hook(
+            signals.job_finished.send_robust,
             sender=sender,
             job=job,
             outcome=outcome.status.value,
@@ -241,12 +274,60 @@ def execute(
     return outcome
 
 
-def _call_hook(hook: Callable[..., None], **arguments: Any) -> None:
-    """A handler's hook, which must never fail the attempt (as a signal's receiver cannot)."""
+def _failed(job: ClaimedJob, error: BaseException, policy: RetrySettings) -> Outcome:
+    """The outcome of an attempt that failed outside its handler, as the policy decides it."""
+    try:
+        decision = decide(error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy)
+        return Outcome(
+            job,
+            _ACTION_STATUS[decision.action],
+            delay=decision.delay,
+            code=decision.code,
+            summary=decision.summary,
+        )
+    except BaseException:
+        return Outcome(
+            job,
+            JobStatus.DEAD,
+            code="worker_error",
+            summary="the worker failed around this attempt; see its log",
+        )
+
+
+def _call_hook(hook: Callable[..., Any], **arguments: Any) -> None:
+    """A hook or a job signal, which must never fail the attempt.
+
+    BaseException: these run on a handler thread, where no KeyboardInterrupt is delivered, and
+    a ``SystemExit`` raised by a hook must not leave the attempt without an outcome.
+    """
     try:
         hook(**arguments)
-    except Exception:
+    except BaseException:
         logger.exception("job %s: the %s hook raised; ignored", arguments["job"].id, hook)
+
+
+def _definition(job: ClaimedJob) -> tuple[JobDefinition | None, Outcome | None]:
+    """The job's handler; or, for a job that names something it cannot run, its dead letter.
+
+    A job that names no handler at all gets (None, None): ``_run`` dead-letters it as
+    ``unknown_job_type``.
+    """
+    definition = get_job(job.job_type)
+    if definition is not None:
+        return definition, None
+    try:
+        return _task_definition(job.job_type, job.payload), None
+    except Exception as error:
+        code = error_code(error) if isinstance(error, JobFailure) else "invalid_task"
+        summary = summarize(error)
+        logger.error(
+            "job %s (%s): %s; dead-lettered with its payload intact",
+            job.id,
+            job.job_type,
+            summary,
+            extra={**job_fields(job), "outcome": "dead", "error_code": code},
+        )
+        return None, Outcome(job, JobStatus.DEAD, code=code, summary=summary)
 
 
 def _task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | None:
@@ -307,20 +388,22 @@ def _run(
             raise returned
         result_json = None if returned is None else _result_json(returned)
     except Snooze as snooze:
+        # Snooze checked its seconds; a value changed since is clamped, never sent as is.
+        seconds = clamp_delay(getattr(snooze, "seconds", None))
         logger.info(
             "job %s (%s) attempt %d: snoozed for %gs",
             job.id,
             job.job_type,
             job.attempt,
-            snooze.seconds,
+            seconds,
             extra={**job_fields(job), "outcome": "snoozed"},
         )
         return Outcome(
             job,
             JobStatus.RETRYING,
-            delay=snooze.seconds,
+            delay=seconds,
             code="snoozed",
-            summary=f"snoozed for {snooze.seconds:g}s by attempt {job.attempt}",
+            summary=f"snoozed for {seconds:g}s by attempt {job.attempt}",
             snoozed=True,
         )
     except BaseException as error:
@@ -343,25 +426,52 @@ def _run(
         )
         code, summary = decision.code, decision.summary
         if definition.error_details is not None and not isinstance(error, InvalidResult):
-            code, summary = definition.error_details(error)
+            code, summary = _error_details(definition, error, job, code, summary)
         return Outcome(job, status, delay=decision.delay, code=code, summary=summary)
     finally:
         # Once per attempt, after it: a connection the handler left broken, in a transaction,
         # or past CONN_MAX_AGE is closed before the thread's next job (as after a request).
         # Only in threads that ever opened one: looking costs more than a no-op job.
         if getattr(_thread_state, "connected", False):
-            close_old_connections()
+            try:
+                close_old_connections()
+            except Exception:
+                logger.exception("job %s: closing its thread's connections failed", job.id)
     return Outcome.completed(job, result_json)
+
+
+def _error_details(
+    definition: JobDefinition, error: BaseException, job: ClaimedJob, code: str, summary: str
+) -> tuple[str, str]:
+    """The definition's own code and summary of ``error``, bounded; the policy's if it fails."""
+    assert definition.error_details is not None
+    try:
+        details = definition.error_details(error)
+        own_code, own_summary = details
+        if not isinstance(own_code, str) or not isinstance(own_summary, str):
+            raise TypeError(f"error_details returned {details!r}, not two strings")
+        return bound(own_code, MAX_CODE_LENGTH), bound(own_summary)
+    except Exception:
+        logger.exception(
+            "job %s: describing its error failed; the policy's summary is kept", job.id
+        )
+        return code, summary
+
+
+#: A real NUL character in JSON text, as ``json.dumps`` writes it: ``\u0000`` whose backslash is
+#: not itself escaped (an even number of backslashes before it). The six characters ``\u0000``
+#: of a string are written ``\\u0000``, which jsonb stores; PostgreSQL refuses only a real NUL.
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _result_json(value: Any) -> str:
     try:
         text = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, RecursionError) as error:
         raise InvalidResult(
             f"the handler returned {type(value).__name__}, which is not JSON: {error}"
         ) from None
-    if "\\u0000" in text:
+    if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise InvalidResult("the handler's return value contains a NUL character (\\x00)")
     try:
         text.encode("utf-8")

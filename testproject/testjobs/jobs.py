@@ -162,3 +162,68 @@ isolated_untimed = job("tests.isolated_untimed", max_attempts=2, isolation="proc
 def poison_relay_priority(payload: dict[str, Any], ctx: JobContext) -> Any:
     """Never runs: a priority no ``integer`` column holds, enqueued by a subscriber."""
     return None
+
+
+# -- Poison values: handlers and tasks whose raise or return is hostile ---------
+# tests/reliability/test_poison_values.py runs them beside innocent jobs in real workers.
+
+
+class _UnprintableError(Exception):
+    """An exception whose message cannot be read: ``str()`` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this message cannot be printed")
+
+
+class _UnprintablePermanentError(PermanentError):
+    def __str__(self) -> str:
+        raise RuntimeError("this message cannot be printed either")
+
+
+class _BadCodeError(TransientError):
+    """A failure whose ``code`` is not a string."""
+
+    code = 5  # type: ignore[assignment]
+
+
+def _poison(kind: str) -> BaseException | Snooze:
+    if kind == "rate_limited_inf":
+        return RateLimited(retry_after=float("inf"))  # the constructor raises TypeError
+    if kind == "rate_limited_nan":
+        return RateLimited(retry_after=float("nan"))
+    if kind == "rate_limited_huge":
+        return RateLimited(retry_after=1e300)
+    if kind == "snooze_huge":
+        return Snooze(1e15)
+    if kind == "snooze_tampered":
+        snooze = Snooze(1)
+        snooze.seconds = float("inf")  # changed after the constructor checked it
+        return snooze
+    if kind == "unprintable":
+        return _UnprintableError()
+    if kind == "unprintable_permanent":
+        return _UnprintablePermanentError()
+    if kind == "bad_code":
+        return _BadCodeError("its code is an int")
+    raise AssertionError(kind)
+
+
+@job("tests.poison_raise", max_attempts=3)
+def poison_raise(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Raise the hostile value named by ``kind`` (see ``_poison``)."""
+    record(ctx, "start")
+    raise _poison(payload["kind"])
+
+
+@job("tests.poison_return")
+def poison_return(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Return ``result``; with ``nul``, a dict holding a real NUL character."""
+    record(ctx, "start")
+    if payload.get("nul"):
+        return {"text": "a\x00b"}
+    return payload["result"]
+
+
+@job("tests.poison_schedule")
+def poison_schedule(payload: dict[str, Any], ctx: JobContext) -> None:
+    """The job of a schedule whose enqueue a test makes the database refuse."""

@@ -40,3 +40,23 @@ def broken() -> None:
 @task()
 def returns_object() -> Any:
     return object()
+
+
+# -- poison values (issue 20, part A): tasks whose error PostgreSQL cannot store as given ---------
+
+from testproject.testjobs.jobs import _UnprintableError  # noqa: E402
+
+
+@task()
+def poison_task_nul() -> None:
+    raise ValueError("a NUL \x00 in the message")
+
+
+@task()
+def poison_task_surrogate() -> None:
+    raise ValueError("a lone surrogate \udc80 in the message")
+
+
+@task()
+def poison_task_unprintable() -> None:
+    raise _UnprintableError()
