@@ -99,7 +99,7 @@ class TestDecide:
 
 
 class TestDelays:
-    """Delays are checked where they are made and never leave [0, MAX_DELAY] (issue 20)."""
+    """Delays are checked where they are made and never leave [0, MAX_DELAY]."""
 
     @pytest.mark.parametrize("bad", [float("inf"), float("-inf"), float("nan"), -1, "3", True])
     def test_rate_limited_refuses_a_hint_that_is_not_finite_or_is_negative(
@@ -210,7 +210,7 @@ class _NulCode(TransientError):
 
 
 class TestHostileErrors:
-    """``decide`` and its parts never raise, whatever the handler raised (issue 20, case 3a)."""
+    """``decide`` and its parts never raise, whatever the handler raised."""
 
     def test_an_unprintable_exception_is_named_by_its_class(self) -> None:
         assert summarize(_Unprintable()) == (

@@ -325,8 +325,8 @@ class TestMaintenance:
 
 
 class TestPoisonValues:
-    """Schedules that ``manage.py check`` used to accept and ``enqueue()`` refuses at run time
-    (issue 20, case 6): refused at check, by enqueue's own validators, naming schedule and key."""
+    """Schedules that ``enqueue()`` would refuse at run time are refused at check, by enqueue's
+    own validators, naming the schedule and the key."""
 
     @pytest.mark.parametrize(
         ("options", "message"),

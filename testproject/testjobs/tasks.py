@@ -42,7 +42,7 @@ def returns_object() -> Any:
     return object()
 
 
-# -- poison values (issue 20, part A): tasks whose error PostgreSQL cannot store as given ---------
+# -- Poison values: tasks whose error PostgreSQL cannot store as given ---------
 
 from testproject.testjobs.jobs import _UnprintableError  # noqa: E402
 

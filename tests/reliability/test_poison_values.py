@@ -1,4 +1,4 @@
-"""Poison values (issue 20, part A): what a handler, a task or a schedule raises or returns ends
+"""Poison values: what a handler, a task or a schedule raises or returns ends
 as that job's (or schedule's) own outcome, in a real ``runworkers`` process that keeps running.
 
 Each poison job is enqueued with innocent ones in one ``enqueue_many``, so that one claim takes
