@@ -423,9 +423,14 @@ class QueueRunner:
         #: Attempts that their handler thread left without an outcome, posted by that thread
         #: with whether it died: the dispatcher stops renewing them (see ``_forget_lost``).
         self._lost: deque[tuple[_Running | None, bool]] = deque()
-        #: Whether this queue is stuck, as the dispatcher last told the heartbeat row (None:
-        #: not told yet); see ``_publish_health``.
-        self._published_stuck: bool | None = False
+        #: Whether this queue is stuck, as the dispatcher last told the heartbeat row; see
+        #: ``_publish_health``.
+        self._published_stuck = False
+        #: The suspect (see ``queries._CLAIM_CANDIDATES``) this queue holds or runs alone, from
+        #: its claim to its outcome's write: no claim is sent meanwhile. Under ``_lock``.
+        self._suspect: _Running | None = None
+        #: Whether that suspect waits for the queue's other attempts to end before it starts.
+        self._suspect_held = False
         self._threads = _HandlerThreads(
             self.concurrency, f"pgoutbox-{self.queue}", self._run_attempt, self._post_lost
         )
@@ -667,7 +672,7 @@ class QueueRunner:
         finishing = sum(1 for o in batch if not o.timed_out)
         limit = 0
         with self._lock:
-            if claim:
+            if claim and self._suspect is None:
                 busy = len(self._running) - self._writing - finishing - len(self._outcomes)
                 limit = max(
                     0, self.concurrency + self._prefetch(len(batch)) - busy - self._reserved
@@ -745,7 +750,9 @@ class QueueRunner:
             self._reserved -= limit
             self._writing -= finishing
             self._settle(batch, applied)
-            return self._start(rows), limit, retry_in
+            claimed = self._start(rows)
+            self._start_suspect()
+            return claimed, limit, retry_in
 
     def _outcome_params(self, batch: list[Outcome]) -> list[Any]:
         """RECORD_OUTCOMES's parameters for ``batch``."""
@@ -809,7 +816,13 @@ class QueueRunner:
                 "error_code": UNWRITABLE_OUTCOME,
             },
         )
-        return Outcome(job, JobStatus.DEAD, code=UNWRITABLE_OUTCOME, summary=summary)
+        return Outcome(
+            job,
+            JobStatus.DEAD,
+            code=UNWRITABLE_OUTCOME,
+            summary=summary,
+            timed_out=outcome.timed_out,  # written by the dispatcher: its thread still runs
+        )
 
     def _claim_limited(self, limit: int) -> tuple[list[tuple[Any, ...]], float]:
         """The claim of a queue with FAIR, MAX_RUNNING or RATE_LIMIT; see ``queries``.
@@ -882,9 +895,39 @@ class QueueRunner:
             # A first attempt's worker_ids are this worker's id alone: no JSON to parse.
             entry = _Running(row, alone if row[10] == own else None)
             self._running[(entry.id, entry.attempt)] = entry
-            self._threads.submit(entry)
+            if row[11]:  # a suspect, claimed alone: it waits for the others to end
+                self._suspect, self._suspect_held = entry, True
+            else:
+                self._threads.submit(entry)
             started.append(entry)
         return started
+
+    def _start_suspect(self) -> None:
+        """Start the suspect held, once it is all that runs and no claim is in flight (under
+        ``_lock``): should it kill the process, it takes no other job's attempt with it."""
+        suspect = self._suspect
+        if (
+            suspect is not None
+            and self._suspect_held
+            and len(self._running) == 1
+            and not self._reserved
+            and not self._outcomes
+        ):
+            self._suspect_held = False
+            logger.warning(
+                "job %s attempt %d: its last attempt's lease expired; it runs alone",
+                suspect.id,
+                suspect.attempt,
+                extra={"job_id": str(suspect.id), "queue": self.queue},
+            )
+            self._threads.submit(suspect)
+
+    def _forget_suspect(self, key: Key) -> None:
+        """``key``'s attempt left ``_running`` (under ``_lock``): claims resume if it was the
+        suspect."""
+        suspect = self._suspect
+        if suspect is not None and (suspect.id, suspect.attempt) == key:
+            self._suspect, self._suspect_held = None, False
 
     def _prefetch(self, finished: int) -> int:
         """How many jobs beyond the busy threads to claim now: about PREFETCH_SECONDS of work."""
@@ -1009,9 +1052,11 @@ class QueueRunner:
                 with self._lock:
                     if self._running.get(key) is entry:
                         del self._running[key]
+                    self._forget_suspect(key)
                     self._timed.pop(key, None)
                     abandoned = key in self._abandoned
                     self._abandoned.discard(key)
+                    self._start_suspect()
                 logger.error(
                     "job %s attempt %d: its handler thread %s without an outcome; its lease is "
                     "no longer renewed and will expire",
@@ -1039,6 +1084,8 @@ class QueueRunner:
             job = outcome.job
             key = (job.id, job.attempt)
             late = False
+            if self._suspect is not None:
+                self._forget_suspect(key)
             if not outcome.timed_out:
                 running.pop(key, None)
                 if timed:
@@ -1115,6 +1162,7 @@ class QueueRunner:
             )
             del self._running[key]
             del self._timed[key]
+            self._forget_suspect(key)
             self._abandoned.add(key)
             self._threads.add_thread()
             self._outcomes.appendleft(
@@ -1179,8 +1227,13 @@ class QueueRunner:
             request.done.set()
 
     def _unclaim_waiting(self) -> None:
-        """At shutdown: give back the prefetched jobs that no thread started, attempt and all."""
+        """At shutdown: give back the prefetched jobs that no thread started, attempt and all
+        (and a suspect still held)."""
         waiting = self._threads.take_waiting()
+        with self._lock:
+            if self._suspect is not None and self._suspect_held:
+                waiting.append(self._suspect)
+                self._suspect, self._suspect_held = None, False
         if not waiting:
             return
         with self._connection().cursor() as cursor:

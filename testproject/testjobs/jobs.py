@@ -171,7 +171,7 @@ def poison_deep_result(payload: dict[str, Any], ctx: JobContext) -> Any:
     return value
 
 
-@job("tests.poison_exit", max_attempts=3)
+@job("tests.poison_exit", max_attempts=4)
 def poison_exit(payload: dict[str, Any], ctx: JobContext) -> Any:
     """Kill the whole worker process at once, as a crashing C extension would."""
     record(ctx, "start")
@@ -184,3 +184,12 @@ def poison_hang(payload: dict[str, Any], ctx: JobContext) -> Any:
     record(ctx, "start")
     time.sleep(payload.get("seconds", 5))
     return None
+
+
+@job("tests.poison_neighbour", max_attempts=2)
+def poison_neighbour(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """An innocent job with a small budget, to sit beside a poison: sleeps, then returns."""
+    record(ctx, "start")
+    time.sleep(payload.get("sleep", 1.0))
+    record(ctx, "end")
+    return {"attempt": ctx.attempt}
