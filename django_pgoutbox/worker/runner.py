@@ -672,7 +672,7 @@ class QueueRunner:
         finishing = sum(1 for o in batch if not o.timed_out)
         limit = 0
         with self._lock:
-            if claim and self._suspect is None:
+            if claim and self._claims_allowed(batch):
                 busy = len(self._running) - self._writing - finishing - len(self._outcomes)
                 limit = max(
                     0, self.concurrency + self._prefetch(len(batch)) - busy - self._reserved
@@ -901,6 +901,15 @@ class QueueRunner:
                 self._threads.submit(entry)
             started.append(entry)
         return started
+
+    def _claims_allowed(self, batch: list[Outcome]) -> bool:
+        """Whether a claim may go with ``batch`` (under ``_lock``): not while a suspect is held
+        or runs, unless its outcome is in the batch (the claim comes after it, in one turn)."""
+        suspect = self._suspect
+        return suspect is None or (
+            not self._suspect_held
+            and any(o.job.id == suspect.id and o.job.attempt == suspect.attempt for o in batch)
+        )
 
     def _start_suspect(self) -> None:
         """Start the suspect held, once it is all that runs and no claim is in flight (under
