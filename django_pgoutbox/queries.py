@@ -126,19 +126,10 @@ ENQUEUE_JOB_UNKEYED = f"""
 
 # -- claim and outcomes --------------------------------------------------------------------------
 
-# The claim's parts, shared by CLAIM_JOBS and RECORD_AND_CLAIM. Parameters: queue text,
+# The claim's two halves, shared by CLAIM_JOBS and RECORD_AND_CLAIM. Parameters: queue text,
 # limit int (candidates); worker_id text, lease seconds float (the update).
-#
-# A *suspect* is a job whose last attempt's lease expired (``last_error_code =
-# 'lease_expired'``): its worker died or stalled under it, and it may be what killed it. A claim
-# never takes a suspect beside other jobs: it takes the candidates ahead of the first suspect
-# (in claim order) or, when there are none, that suspect alone; the worker then starts it once
-# nothing else of the queue runs in it, and claims nothing more until it ends (see
-# ``QueueRunner._hold_alone``). A job that kills its process therefore takes its neighbours'
-# attempts at most once, at the crash that made it a suspect.
 _CLAIM_CANDIDATES = """
-    SELECT id, priority, run_at, created_at,
-           last_error_code IS NOT DISTINCT FROM 'lease_expired' AS suspect
+    SELECT id
     FROM jobs
     WHERE queue = %s
       AND status IN ('pending', 'retrying')
@@ -147,26 +138,6 @@ _CLAIM_CANDIDATES = """
     LIMIT %s
     FOR UPDATE SKIP LOCKED
 """
-_CLAIM_CHOSEN = """
-first_suspect AS (
-    SELECT priority, run_at, created_at, id FROM candidates WHERE suspect
-    ORDER BY priority DESC, run_at, created_at, id
-    LIMIT 1
-),
-ahead AS (
-    SELECT c.id FROM candidates AS c
-    WHERE NOT EXISTS (
-        SELECT FROM first_suspect AS f
-        WHERE c.priority < f.priority
-           OR (c.priority = f.priority
-               AND (c.run_at, c.created_at, c.id) >= (f.run_at, f.created_at, f.id))
-    )
-),
-chosen AS (
-    SELECT id FROM ahead
-    UNION ALL
-    SELECT id FROM first_suspect WHERE NOT EXISTS (SELECT FROM ahead)
-)"""
 _CLAIM_UPDATE = """
 UPDATE jobs AS j
 SET status = 'leased',
@@ -176,10 +147,10 @@ SET status = 'leased',
     attempts = j.attempts + 1,
     worker_ids = j.worker_ids || jsonb_build_array(w.id)
 FROM (SELECT %s::text AS id, %s::float8 AS lease) AS w
-WHERE j.id = ANY(ARRAY(SELECT id FROM chosen))
+WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
 RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
           j.queue, j.priority, j.created_at, extract(epoch FROM now() - j.run_at)::float8,
-          j.worker_ids::text, j.last_error_code IS NOT DISTINCT FROM 'lease_expired'
+          j.worker_ids::text
 """
 
 #: Lease up to ``limit`` due jobs of one queue, in priority order, and count the attempt.
@@ -199,12 +170,8 @@ RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organ
 #: at 100,000 rows and grew with the table. The probe returns the rows in id order, so they are
 #: sorted back into claim order, the order the worker starts them in: priority, then the wait
 #: since ``run_at`` (column 10; the longest wait is the earliest ``run_at``), ``created_at``, id.
-#:
-#: Of the candidates it leases those ahead of the first suspect, or that suspect alone (see
-#: ``_CLAIM_CANDIDATES``); the last column says whether the row is that suspect.
 CLAIM_JOBS = f"""
 WITH candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
-{_CLAIM_CHOSEN},
 claimed AS ({_CLAIM_UPDATE})
 SELECT * FROM claimed
 ORDER BY 8 DESC, 10 DESC, 9, 1
@@ -273,10 +240,9 @@ RETURNING j.id
 RECORD_AND_CLAIM = f"""
 WITH recorded AS ({RECORD_OUTCOMES}),
 candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
-{_CLAIM_CHOSEN},
 claimed AS ({_CLAIM_UPDATE})
 SELECT false, id, NULL, NULL, NULL::integer, NULL::integer, NULL::uuid, NULL, NULL::integer,
-       NULL::timestamptz, NULL::float8, NULL::text, NULL::boolean
+       NULL::timestamptz, NULL::float8, NULL::text
 FROM recorded
 UNION ALL
 SELECT true, * FROM claimed
@@ -382,7 +348,6 @@ _ORG_ALLOWANCE = """
 #:    one in that order, and only ``limit`` of them.
 #:
 #: The per-organization bucket key is ``queue/organization`` (``queue/none`` without one).
-#: Suspects (``_CLAIM_CANDIDATES``) are claimed here as any job: the last column is false.
 FAIR_CLAIM_TEMPLATE = """
 WITH RECURSIVE orgs(org) AS (
     (SELECT organization_id FROM jobs
@@ -435,7 +400,7 @@ FROM candidates AS c
 WHERE j.id = c.id
 RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
           j.queue, j.priority, j.created_at, extract(epoch FROM now() - j.run_at)::float8,
-          j.worker_ids::text, false
+          j.worker_ids::text
 """
 
 

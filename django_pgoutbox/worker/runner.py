@@ -423,14 +423,9 @@ class QueueRunner:
         #: Attempts that their handler thread left without an outcome, posted by that thread
         #: with whether it died: the dispatcher stops renewing them (see ``_forget_lost``).
         self._lost: deque[tuple[_Running | None, bool]] = deque()
-        #: Whether this queue is stuck, as the dispatcher last told the heartbeat row; see
-        #: ``_publish_health``.
-        self._published_stuck = False
-        #: The suspect (see ``queries._CLAIM_CANDIDATES``) this queue holds or runs alone, from
-        #: its claim to its outcome's write: no claim is sent meanwhile. Under ``_lock``.
-        self._suspect: _Running | None = None
-        #: Whether that suspect waits for the queue's other attempts to end before it starts.
-        self._suspect_held = False
+        #: Whether this queue is stuck, as the dispatcher last told the heartbeat row (None:
+        #: not told yet); see ``_publish_health``.
+        self._published_stuck: bool | None = False
         self._threads = _HandlerThreads(
             self.concurrency, f"pgoutbox-{self.queue}", self._run_attempt, self._post_lost
         )
@@ -672,7 +667,7 @@ class QueueRunner:
         finishing = sum(1 for o in batch if not o.timed_out)
         limit = 0
         with self._lock:
-            if claim and self._claims_allowed(batch):
+            if claim:
                 busy = len(self._running) - self._writing - finishing - len(self._outcomes)
                 limit = max(
                     0, self.concurrency + self._prefetch(len(batch)) - busy - self._reserved
@@ -750,9 +745,7 @@ class QueueRunner:
             self._reserved -= limit
             self._writing -= finishing
             self._settle(batch, applied)
-            claimed = self._start(rows)
-            self._start_suspect()
-            return claimed, limit, retry_in
+            return self._start(rows), limit, retry_in
 
     def _outcome_params(self, batch: list[Outcome]) -> list[Any]:
         """RECORD_OUTCOMES's parameters for ``batch``."""
@@ -895,48 +888,9 @@ class QueueRunner:
             # A first attempt's worker_ids are this worker's id alone: no JSON to parse.
             entry = _Running(row, alone if row[10] == own else None)
             self._running[(entry.id, entry.attempt)] = entry
-            if row[11]:  # a suspect, claimed alone: it waits for the others to end
-                self._suspect, self._suspect_held = entry, True
-            else:
-                self._threads.submit(entry)
+            self._threads.submit(entry)
             started.append(entry)
         return started
-
-    def _claims_allowed(self, batch: list[Outcome]) -> bool:
-        """Whether a claim may go with ``batch`` (under ``_lock``): not while a suspect is held
-        or runs, unless its outcome is in the batch (the claim comes after it, in one turn)."""
-        suspect = self._suspect
-        return suspect is None or (
-            not self._suspect_held
-            and any(o.job.id == suspect.id and o.job.attempt == suspect.attempt for o in batch)
-        )
-
-    def _start_suspect(self) -> None:
-        """Start the suspect held, once it is all that runs and no claim is in flight (under
-        ``_lock``): should it kill the process, it takes no other job's attempt with it."""
-        suspect = self._suspect
-        if (
-            suspect is not None
-            and self._suspect_held
-            and len(self._running) == 1
-            and not self._reserved
-            and not self._outcomes
-        ):
-            self._suspect_held = False
-            logger.warning(
-                "job %s attempt %d: its last attempt's lease expired; it runs alone",
-                suspect.id,
-                suspect.attempt,
-                extra={"job_id": str(suspect.id), "queue": self.queue},
-            )
-            self._threads.submit(suspect)
-
-    def _forget_suspect(self, key: Key) -> None:
-        """``key``'s attempt left ``_running`` (under ``_lock``): claims resume if it was the
-        suspect."""
-        suspect = self._suspect
-        if suspect is not None and (suspect.id, suspect.attempt) == key:
-            self._suspect, self._suspect_held = None, False
 
     def _prefetch(self, finished: int) -> int:
         """How many jobs beyond the busy threads to claim now: about PREFETCH_SECONDS of work."""
@@ -1061,11 +1015,9 @@ class QueueRunner:
                 with self._lock:
                     if self._running.get(key) is entry:
                         del self._running[key]
-                    self._forget_suspect(key)
                     self._timed.pop(key, None)
                     abandoned = key in self._abandoned
                     self._abandoned.discard(key)
-                    self._start_suspect()
                 logger.error(
                     "job %s attempt %d: its handler thread %s without an outcome; its lease is "
                     "no longer renewed and will expire",
@@ -1093,8 +1045,6 @@ class QueueRunner:
             job = outcome.job
             key = (job.id, job.attempt)
             late = False
-            if self._suspect is not None:
-                self._forget_suspect(key)
             if not outcome.timed_out:
                 running.pop(key, None)
                 if timed:
@@ -1171,7 +1121,6 @@ class QueueRunner:
             )
             del self._running[key]
             del self._timed[key]
-            self._forget_suspect(key)
             self._abandoned.add(key)
             self._threads.add_thread()
             self._outcomes.appendleft(
@@ -1236,13 +1185,8 @@ class QueueRunner:
             request.done.set()
 
     def _unclaim_waiting(self) -> None:
-        """At shutdown: give back the prefetched jobs that no thread started, attempt and all
-        (and a suspect still held)."""
+        """At shutdown: give back the prefetched jobs that no thread started, attempt and all."""
         waiting = self._threads.take_waiting()
-        with self._lock:
-            if self._suspect is not None and self._suspect_held:
-                waiting.append(self._suspect)
-                self._suspect, self._suspect_held = None, False
         if not waiting:
             return
         with self._connection().cursor() as cursor:

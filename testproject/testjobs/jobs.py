@@ -171,25 +171,9 @@ def poison_deep_result(payload: dict[str, Any], ctx: JobContext) -> Any:
     return value
 
 
-@job("tests.poison_exit", max_attempts=4)
-def poison_exit(payload: dict[str, Any], ctx: JobContext) -> Any:
-    """Kill the whole worker process at once, as a crashing C extension would."""
-    record(ctx, "start")
-    os._exit(9)
-
-
 @job("tests.poison_hang", timeout=1, max_attempts=1)
 def poison_hang(payload: dict[str, Any], ctx: JobContext) -> Any:
     """Hold its thread for ``seconds``, long past its 1 s timeout."""
     record(ctx, "start")
     time.sleep(payload.get("seconds", 5))
     return None
-
-
-@job("tests.poison_neighbour", max_attempts=2)
-def poison_neighbour(payload: dict[str, Any], ctx: JobContext) -> Any:
-    """An innocent job with a small budget, to sit beside a poison: sleeps, then returns."""
-    record(ctx, "start")
-    time.sleep(payload.get("sleep", 1.0))
-    record(ctx, "end")
-    return {"attempt": ctx.attempt}

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import subprocess
 import threading
 from collections.abc import Iterator, Sequence
-from functools import partial
 from typing import Any
 
 import pytest
 from django.db import connection
 
-from django_pgoutbox import enqueue_many, queries
+from django_pgoutbox import enqueue_many
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.worker.execute import Outcome
@@ -306,64 +304,5 @@ def test_health_reports_a_queue_whose_threads_all_hang_past_their_timeout(
         assert (job.status, job.last_error_code) == (JobStatus.DEAD, "timeout")
     # The hung handlers return: the queue has its own threads again.
     wait_for(lambda: client.get("/pgoutbox/health?require=jobs").status_code == 200, timeout=15)
-    assert nothing_leased()
-    assert worker.process.poll() is None
-
-
-# -- 7: a job that kills its process spends its own attempts, not its neighbours' -------------
-
-
-def test_a_claim_takes_a_suspect_alone_and_never_beside_other_jobs() -> None:
-    """The jobs ahead of the first suspect (its last lease expired), else that suspect alone."""
-    jobs = enqueue_many([{"job_type": "tests.behave", "payload": {}}] * 5)
-    Job.objects.filter(pk=jobs[2].pk).update(
-        status=JobStatus.RETRYING, last_error_code="lease_expired", attempts=1
-    )
-
-    def claim() -> list[tuple[Any, bool]]:
-        with connection.cursor() as cursor:
-            cursor.execute(queries.CLAIM_JOBS, ["default", 10, "w", 60.0])
-            return [(row[0], row[11]) for row in cursor.fetchall()]
-
-    assert claim() == [(jobs[0].pk, False), (jobs[1].pk, False)]
-    assert claim() == [(jobs[2].pk, True)]
-    assert claim() == [(jobs[3].pk, False), (jobs[4].pk, False)]
-
-
-def exited_or_dead(process: subprocess.Popen[bytes], job: Job) -> bool:
-    return process.poll() is not None or ended(job, JobStatus.DEAD)
-
-
-def test_a_job_that_kills_its_process_dies_alone(start_worker: Any) -> None:
-    """``os._exit(9)`` beside three 1 s jobs with a budget of two attempts, the worker started
-    again after each crash, four times (the poison's budget). The first crash spends an attempt
-    of every job it held; after it the poison is a suspect, claimed alone and started once
-    nothing else runs: it dies alone, four times, and the innocents complete."""
-    jobs = enqueue_many(
-        [{"job_type": "tests.poison_exit", "payload": {}}]
-        + [{"job_type": "tests.poison_neighbour", "payload": {"sleep": 1.0}}] * 3
-    )
-    poison, innocents = jobs[0], jobs[1:]
-    crashes = 0
-    while True:
-        worker = start_worker(*FOUR, **QUICK)
-        wait_for(partial(exited_or_dead, worker.process, poison), timeout=30)
-        if worker.process.poll() is None:
-            break
-        assert worker.process.returncode == 9
-        crashes += 1
-        assert crashes <= 4, "the poison killed its worker more often than its budget allows"
-    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=30)
-    assert (poison.status, poison.attempts, poison.last_error_code) == (
-        JobStatus.DEAD,
-        4,
-        "lease_expired",
-    )
-    assert crashes == 4
-    for job in innocents:
-        # Each was held (claimed, perhaps started) when the poison first killed the worker:
-        # that attempt is spent; the next, run alone as a suspect, completed.
-        assert (job.status, job.attempts) == (JobStatus.COMPLETED, 2)
-        assert SideEffect.objects.filter(job_id=job.pk, event="end").count() == 1
     assert nothing_leased()
     assert worker.process.poll() is None
