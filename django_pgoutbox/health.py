@@ -2,7 +2,9 @@
 
 Every ``runworkers`` process upserts a row of ``worker_heartbeats`` every ``HEARTBEAT_SECONDS``
 and deletes it when it stops. A role (jobs of a queue, relay, scheduler) is healthy when at
-least one process running it was seen within ``max_age`` seconds (by the database clock).
+least one process running it was seen within ``max_age`` seconds (by the database clock). A
+queue's dispatcher marks its queue in its process's row while the queue is stuck (each of its
+handler threads held by an attempt that outlived its timeout): the report is then unhealthy.
 """
 
 from __future__ import annotations
@@ -40,6 +42,27 @@ ON CONFLICT (worker_id) DO UPDATE SET
                            IS DISTINCT FROM (EXCLUDED.hostname, EXCLUDED.pid)
                       THEN now() ELSE worker_heartbeats.started_at END
 """
+
+
+#: Mark (or unmark) one queue of a worker as stuck in its heartbeat row. Parameters: queue,
+#: stuck (boolean), queue, worker_id. One row's jsonb changes at once: the dispatchers of a
+#: process's queues can each send theirs.
+_SET_STUCK = """
+UPDATE worker_heartbeats
+SET stuck_queues = (stuck_queues - %s::text)
+    || CASE WHEN %s THEN jsonb_build_array(%s::text) ELSE '[]'::jsonb END
+WHERE worker_id = %s
+"""
+
+
+def publish_stuck(connection: Any, worker_id: str, queue: str, stuck: bool) -> None:
+    """Record in ``worker_id``'s heartbeat row whether its ``queue`` is stuck: every handler
+    thread held by an attempt that outlived its timeout (``QueueRunner._stuck``).
+
+    ``connection``: the queue's dispatcher's own (psycopg, autocommit), which owns that state.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_SET_STUCK, [queue, stuck, queue, worker_id])
 
 
 class Heartbeat:
@@ -99,9 +122,17 @@ class HealthReport:
     healthy: bool
     roles: dict[str, bool] = field(default_factory=dict)
     workers: list[dict[str, Any]] = field(default_factory=list)
+    #: Queues that a live worker reports stuck (each of its handler threads held by an
+    #: attempt that outlived its timeout): unhealthy, whatever the roles say.
+    stuck_queues: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"healthy": self.healthy, "roles": self.roles, "workers": self.workers}
+        return {
+            "healthy": self.healthy,
+            "roles": self.roles,
+            "workers": self.workers,
+            "stuck_queues": self.stuck_queues,
+        }
 
 
 def health_report(
@@ -115,18 +146,22 @@ def health_report(
     with connections[alias].cursor() as cursor:
         cursor.execute(
             "SELECT worker_id, hostname, pid, roles, queues, started_at, "
-            "extract(epoch FROM now() - last_seen_at)::float8 FROM worker_heartbeats "
-            "ORDER BY worker_id"
+            "extract(epoch FROM now() - last_seen_at)::float8, stuck_queues "
+            "FROM worker_heartbeats ORDER BY worker_id"
         )
         rows = cursor.fetchall()
     workers = []
     seen: set[str] = set()
-    for worker_id, hostname, pid, roles, queues, started_at, age in rows:
+    stuck: set[str] = set()
+    for worker_id, hostname, pid, roles, queues, started_at, age, stuck_queues in rows:
         roles = json.loads(roles) if isinstance(roles, str) else roles
         queues = json.loads(queues) if isinstance(queues, str) else queues
+        if isinstance(stuck_queues, str):
+            stuck_queues = json.loads(stuck_queues)
         alive = age <= max_age
         if alive:
             seen.update(roles)
+            stuck.update(stuck_queues)
         workers.append(
             {
                 "worker_id": worker_id,
@@ -137,7 +172,13 @@ def health_report(
                 "started_at": started_at.isoformat(),
                 "seconds_since_seen": round(age, 3),
                 "alive": alive,
+                "stuck_queues": stuck_queues,
             }
         )
     roles_ok = {role: role in seen for role in require}
-    return HealthReport(healthy=all(roles_ok.values()), roles=roles_ok, workers=workers)
+    return HealthReport(
+        healthy=all(roles_ok.values()) and not stuck,
+        roles=roles_ok,
+        workers=workers,
+        stuck_queues=sorted(stuck),
+    )

@@ -257,6 +257,8 @@ class WorkerHeartbeat(models.Model):
     queues = models.JSONField(default=list)
     started_at = models.DateTimeField(db_default=TransactionNow())
     last_seen_at = models.DateTimeField(db_default=TransactionNow())
+    # Added: the queues whose dispatcher says they are stuck (health.publish_stuck).
+    stuck_queues = models.JSONField(default=list, db_default=models.Value([], models.JSONField()))
 
     class Meta:
         db_table = "worker_heartbeats"

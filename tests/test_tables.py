@@ -101,6 +101,7 @@ def test_added_columns() -> None:
         "queues",
         "started_at",
         "last_seen_at",
+        "stuck_queues",
     }
     assert columns("schedule_cursors") == {
         "name": ("text", "NO", None),

@@ -42,16 +42,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, connections
 
-from django_pgoutbox import metrics, queries
+from django_pgoutbox import health, metrics, queries
 from django_pgoutbox.conf import QueueSettings, RetrySettings
-from django_pgoutbox.db import dispatcher_connection_params
+from django_pgoutbox.db import ErrorKind, classify_error, dispatcher_connection_params
 from django_pgoutbox.errors import JobTimeout, LeaseLost
 from django_pgoutbox.jobs import CancelFlag, get_job
 from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.models import JobStatus
-from django_pgoutbox.retry import decide
+from django_pgoutbox.retry import backoff, bound, decide
 from django_pgoutbox.worker.execute import ClaimedJob, Outcome, execute
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -108,15 +108,15 @@ def _execute(cursor: psycopg.Cursor[Any], name: str, params: list[Any]) -> None:
     cursor.execute(_BINARY[name], params, prepare=False if name in _UNPREPARED else None)
 
 
-#: Errors after which the dispatcher reconnects and tries again.
-CONNECTION_ERRORS = (
-    OperationalError,
-    InterfaceError,
-    psycopg.OperationalError,
-    psycopg.InterfaceError,
-)
-#: Errors of a statement that may have failed to write (outcomes are kept for the next turn).
+#: Errors of a statement; ``db.classify_error`` says what each means (never its class here:
+#: ``ProgramLimitExceeded``, a value too large, is a psycopg ``OperationalError``).
 STATEMENT_ERRORS = (DatabaseError, psycopg.Error)
+
+#: Error codes of the outcomes that the worker writes when it cannot write the attempt's own
+#: (docs/workers.md, "When the worker itself fails").
+WORKER_ERROR = "worker_error"
+UNREADABLE_JOB = "unreadable_job"
+UNWRITABLE_OUTCOME = "unwritable_outcome"
 
 
 #: The longest wait (seconds) before a rate-limited queue looks for new tokens.
@@ -124,6 +124,29 @@ RATE_LIMIT_RETRY_CAP = 1.0
 
 #: A running attempt's key: the job and its attempt number (the fencing token).
 Key = tuple[uuid.UUID, int]
+
+
+def _describe(error: BaseException) -> str:
+    """``ClassName: message`` of ``error``, whatever its ``__str__`` does."""
+    try:
+        name = type(error).__name__
+        text = str(error)
+    except BaseException:
+        return "an exception that cannot be printed"
+    return f"{name}: {text}" if text else name
+
+
+def _retried_kind(error: BaseException) -> ErrorKind:
+    """CONNECTION or CONFLICT, which the dispatcher waits out and retries; re-raise the rest.
+
+    A DATA error of the outcome writes is handled where it happens (``_write_one_by_one``);
+    one anywhere else, like OTHER, is a bug or a schema the worker does not expect: the loop
+    stops, and the worker with it, rather than send the same statement forever.
+    """
+    kind = classify_error(error)
+    if kind in (ErrorKind.CONNECTION, ErrorKind.CONFLICT):
+        return kind
+    raise error
 
 
 class _Running:
@@ -181,6 +204,14 @@ class _Running:
             )
         return self._job
 
+    def bare_job(self) -> ClaimedJob:
+        """The attempt's job with neither its payload nor its worker_ids parsed: for the
+        outcome of an attempt whose row could not be turned into a job (``job`` raised)."""
+        row = self.row
+        return ClaimedJob.from_claim(
+            row[0], row[1], {}, row[3], row[4], row[5], row[6], row[7], row[8], row[9], ()
+        )
+
 
 @dataclass
 class _RenewalRequest:
@@ -197,9 +228,12 @@ class _HandlerThreads:
     the worker alive.
     """
 
-    def __init__(self, size: int, name: str, run: Any) -> None:
+    def __init__(self, size: int, name: str, run: Any, lost: Any) -> None:
         self._name = name
         self._run = run  # called with each entry taken from the queue
+        #: Called with an entry that ``run`` left without an outcome, and whether its thread
+        #: is dying (the entry is None when a thread died between two entries).
+        self._lost = lost
         self._tasks: queue_module.SimpleQueue[_Running | None] = queue_module.SimpleQueue()
         self._threads = [
             threading.Thread(target=self._work, name=f"{name}-{index}", daemon=True)
@@ -249,8 +283,21 @@ class _HandlerThreads:
             self._tasks.put(None)
 
     def _work(self) -> None:
-        while (item := self._tasks.get()) is not None:
-            self._run(item)
+        entry: _Running | None = None
+        retired = False
+        try:
+            while (entry := self._tasks.get()) is not None:
+                try:
+                    self._run(entry)
+                except BaseException:
+                    logger.exception("%s: running a job failed in the worker", self._name)
+                if not entry.finished:
+                    self._lost(entry, False)
+                entry = None
+            retired = True
+        finally:
+            if not retired:  # the thread dies: the dispatcher starts another in its place
+                self._lost(entry, True)
 
 
 class _Connection:
@@ -373,8 +420,14 @@ class QueueRunner:
         #: A claim's worker_ids text when this worker ran every attempt (the first, usually),
         #: and the value it stands for.
         self._own_worker_ids = (json.dumps([worker_id]), (worker_id,))
+        #: Attempts that their handler thread left without an outcome, posted by that thread
+        #: with whether it died: the dispatcher stops renewing them (see ``_forget_lost``).
+        self._lost: deque[tuple[_Running | None, bool]] = deque()
+        #: Whether this queue is stuck, as the dispatcher last told the heartbeat row (None:
+        #: not told yet); see ``_publish_health``.
+        self._published_stuck: bool | None = False
         self._threads = _HandlerThreads(
-            self.concurrency, f"pgoutbox-{self.queue}", self._run_attempt
+            self.concurrency, f"pgoutbox-{self.queue}", self._run_attempt, self._post_lost
         )
         self.finished = threading.Event()
 
@@ -416,7 +469,7 @@ class QueueRunner:
         next_poll = 0.0
         stop_deadline: float | None = None
         flush_at: float | None = None  # when the outcomes waiting now must be written
-        backoff = ERROR_BACKOFF[0]
+        pause = ERROR_BACKOFF[0]
         try:
             for helper in self._helpers:
                 helper.start()
@@ -433,7 +486,11 @@ class QueueRunner:
                         continue
                 flush_at = None
                 try:
+                    if self._lost:
+                        self._forget_lost()
                     self._expire_timeouts(now)
+                    if self._published_stuck != self._stuck():
+                        self._publish_health()
                     if (
                         self._renewals
                         or (self._check_cancel and self._running)
@@ -471,18 +528,21 @@ class QueueRunner:
                             return
                         if requested and len(claimed) == requested:
                             continue  # the queue may hold more: fill the threads that free up
-                    backoff = ERROR_BACKOFF[0]
-                except CONNECTION_ERRORS as error:
+                    pause = ERROR_BACKOFF[0]
+                except STATEMENT_ERRORS as error:
+                    kind = _retried_kind(error)
                     logger.warning(
-                        "queue %s: database unavailable (%s); retrying in %.1fs",
+                        "queue %s: %s (%s); retrying in %.1fs",
                         self.queue,
+                        "database unavailable" if kind is ErrorKind.CONNECTION else "conflict",
                         error,
-                        backoff,
+                        pause,
                         extra={"queue": self.queue},
                     )
-                    self._disconnect()
-                    self._stopping.wait(backoff)
-                    backoff = min(backoff * 2, ERROR_BACKOFF[1])
+                    if kind is ErrorKind.CONNECTION:
+                        self._disconnect()
+                    self._stopping.wait(pause)
+                    pause = min(pause * 2, ERROR_BACKOFF[1])
                     continue
                 deadlines = [next_poll, next_recovery]
                 if self._running:
@@ -530,7 +590,7 @@ class QueueRunner:
         timed-out attempts and shuts down: a helper sends statements while the main one is busy
         with its own, and an idle queue never wakes it.
         """
-        backoff = ERROR_BACKOFF[0]
+        pause = ERROR_BACKOFF[0]
         flush_at: float | None = None
         try:
             while True:
@@ -548,19 +608,22 @@ class QueueRunner:
                 flush_at = None
                 try:
                     self._record_and_claim(claim=True, helper=helper)
-                    backoff = ERROR_BACKOFF[0]
-                except CONNECTION_ERRORS as error:
+                    pause = ERROR_BACKOFF[0]
+                except STATEMENT_ERRORS as error:
+                    kind = _retried_kind(error)
                     logger.warning(
-                        "queue %s: database unavailable to connection %d (%s); retrying in %.1fs",
+                        "queue %s: %s on connection %d (%s); retrying in %.1fs",
                         self.queue,
+                        "database unavailable" if kind is ErrorKind.CONNECTION else "conflict",
                         helper.index + 1,
                         error,
-                        backoff,
+                        pause,
                         extra={"queue": self.queue},
                     )
-                    helper.connection.close()
-                    self._stopping.wait(backoff)
-                    backoff = min(backoff * 2, ERROR_BACKOFF[1])
+                    if kind is ErrorKind.CONNECTION:
+                        helper.connection.close()
+                    self._stopping.wait(pause)
+                    pause = min(pause * 2, ERROR_BACKOFF[1])
         except BaseException as error:
             # The main dispatcher raises it: the worker stops, as for its own errors.
             self._helper_error = error
@@ -619,16 +682,7 @@ class QueueRunner:
             self._writing += finishing
         if not batch and not limit:
             return [], 0, math.inf
-        outcome_params: list[Any] = [
-            [o.job.id for o in batch],
-            [o.job.attempt for o in batch],
-            ["snoozed" if o.snoozed else o.status.value for o in batch],
-            [o.delay for o in batch],
-            [o.code for o in batch],
-            [o.summary for o in batch],
-            [o.result_json for o in batch],
-            self.worker_id,
-        ]
+        outcome_params = self._outcome_params(batch)
         special = self.settings.fair or self.settings.limited
         claim_params: list[Any] = [self.queue, limit, self.worker_id, self.lease_seconds]
         applied: list[uuid.UUID] = []
@@ -640,20 +694,32 @@ class QueueRunner:
         else:
             helper.sending = True
             helper.turns += 1
+        sent = batch
         try:
             connection = self._connection() if helper is None else helper.connection.get()
             with connection.cursor() as cursor:
                 if batch and limit > 0 and not special:
-                    _execute(cursor, "RECORD_AND_CLAIM", outcome_params + claim_params)
-                    for is_claim, *row in cursor.fetchall():
-                        if is_claim:
-                            rows.append(tuple(row))
-                        else:
-                            applied.append(row[0])
+                    try:
+                        _execute(cursor, "RECORD_AND_CLAIM", outcome_params + claim_params)
+                    except STATEMENT_ERRORS as error:
+                        # Nothing of it was written, the claim neither: the outcomes one by
+                        # one, then the claim, once.
+                        batch, applied = self._write_one_by_one(cursor, batch, error)
+                        _execute(cursor, "CLAIM_JOBS", claim_params)
+                        rows = cursor.fetchall()
+                    else:
+                        for is_claim, *row in cursor.fetchall():
+                            if is_claim:
+                                rows.append(tuple(row))
+                            else:
+                                applied.append(row[0])
                 else:
                     if batch:
-                        _execute(cursor, "RECORD_OUTCOMES", outcome_params)
-                        applied = [row[0] for row in cursor.fetchall()]
+                        try:
+                            _execute(cursor, "RECORD_OUTCOMES", outcome_params)
+                            applied = [row[0] for row in cursor.fetchall()]
+                        except STATEMENT_ERRORS as error:
+                            batch, applied = self._write_one_by_one(cursor, batch, error)
                     if limit > 0 and special:
                         rows, retry_in = self._claim_limited(limit)
                     elif limit > 0:
@@ -661,7 +727,7 @@ class QueueRunner:
                         rows = cursor.fetchall()
         except STATEMENT_ERRORS:
             # Not written: keep them (and their leases, still renewed) for the next turn.
-            self._outcomes.extendleft(reversed(batch))
+            self._outcomes.extendleft(reversed(sent))
             with self._lock:
                 self._reserved -= limit
                 self._writing -= finishing
@@ -680,6 +746,76 @@ class QueueRunner:
             self._writing -= finishing
             self._settle(batch, applied)
             return self._start(rows), limit, retry_in
+
+    def _outcome_params(self, batch: list[Outcome]) -> list[Any]:
+        """RECORD_OUTCOMES's parameters for ``batch``."""
+        return [
+            [o.job.id for o in batch],
+            [o.job.attempt for o in batch],
+            ["snoozed" if o.snoozed else o.status.value for o in batch],
+            [o.delay for o in batch],
+            [o.code for o in batch],
+            [o.summary for o in batch],
+            [o.result_json for o in batch],
+            self.worker_id,
+        ]
+
+    def _write_one_by_one(
+        self, cursor: psycopg.Cursor[Any], batch: list[Outcome], error: BaseException
+    ) -> tuple[list[Outcome], list[uuid.UUID]]:
+        """After ``error`` failed the statement that carried ``batch``: if a value of it cannot
+        be stored (a DATA error), write its outcomes one by one, so that only the attempt whose
+        outcome PostgreSQL refuses loses it (``_unwritable``); else raise ``error`` again.
+
+        Returns the outcomes written (the refused ones replaced) and the ids applied.
+        """
+        if classify_error(error) is not ErrorKind.DATA:
+            raise error
+        written: list[Outcome] = []
+        applied: list[uuid.UUID] = []
+        for outcome in batch:
+            try:
+                _execute(cursor, "RECORD_OUTCOMES", self._outcome_params([outcome]))
+            except STATEMENT_ERRORS as row_error:
+                if classify_error(row_error) is not ErrorKind.DATA:
+                    raise
+                outcome = self._unwritable(outcome, row_error)
+                # Its code and summary are the worker's own, bounded: this one can be stored.
+                _execute(cursor, "RECORD_OUTCOMES", self._outcome_params([outcome]))
+            applied.extend(row[0] for row in cursor.fetchall())
+            written.append(outcome)
+        return written, applied
+
+    def _unwritable(self, outcome: Outcome, error: BaseException) -> Outcome:
+        """The dead letter in place of an outcome PostgreSQL refuses to store (its result or a
+        delay out of range, say): written again it would fail again."""
+        job = outcome.job
+        summary = bound(
+            f"the outcome of attempt {job.attempt} ({outcome.status.value}"
+            f"{', ' + outcome.code if outcome.code else ''}) could not be stored, so its result "
+            f"was dropped: {_describe(error)}"
+        )
+        logger.error(
+            "job %s attempt %d: %s -> dead",
+            job.id,
+            job.attempt,
+            summary,
+            extra={
+                "job_id": str(job.id),
+                "job_type": job.job_type,
+                "queue": self.queue,
+                "attempt": job.attempt,
+                "outcome": "dead",
+                "error_code": UNWRITABLE_OUTCOME,
+            },
+        )
+        return Outcome(
+            job,
+            JobStatus.DEAD,
+            code=UNWRITABLE_OUTCOME,
+            summary=summary,
+            timed_out=outcome.timed_out,  # written by the dispatcher: its thread still runs
+        )
 
     def _claim_limited(self, limit: int) -> tuple[list[tuple[Any, ...]], float]:
         """The claim of a queue with FAIR, MAX_RUNNING or RATE_LIMIT; see ``queries``.
@@ -776,36 +912,125 @@ class QueueRunner:
         return prefetch
 
     def _run_attempt(self, entry: _Running) -> None:
-        """Run one claimed attempt on a handler thread and hand its outcome to the dispatcher."""
-        job = entry.job
-        if entry.cancel.is_set():
-            outcome = Outcome(
-                job,
-                JobStatus.CANCELLED,
-                code="cancelled",
-                summary="cancelled before its handler started",
-            )
-        else:
-            definition = get_job(job.job_type)
-            if definition is not None and definition.timeout and definition.isolation == "thread":
-                entry.deadline = time.monotonic() + definition.timeout
-                self._timed[(entry.id, entry.attempt)] = entry
-            try:
-                outcome = execute(
-                    job,
-                    policy=self.policy,
-                    renew=lambda: self.renew((job.id, job.attempt)),
-                    cancel=entry.cancel,
-                    using=self.using,
-                )
-            except BaseException:  # pragma: no cover - execute() catches everything it can
-                logger.exception("job %s: the worker failed to run it", job.id)
-                return  # no outcome: its lease expires and another attempt follows
+        """Run one claimed attempt on a handler thread and hand its outcome to the dispatcher.
+
+        Every path ends in an outcome: should running the attempt fail in the worker itself
+        (its row cannot be read, ``execute()`` raised), the outcome says so (``_worker_error``).
+        """
+        try:
+            outcome = self._attempt(entry)
+        except BaseException as error:
+            outcome = self._worker_error(entry, error)
         entry.finished = True
         first = not self._outcomes
         self._outcomes.append(outcome)
         if first or self._threads.waiting() < self._low_water or self._stopping.is_set():
             self._wake_dispatcher()
+
+    def _attempt(self, entry: _Running) -> Outcome:
+        job = entry.job
+        if entry.cancel.is_set():
+            return Outcome(
+                job,
+                JobStatus.CANCELLED,
+                code="cancelled",
+                summary="cancelled before its handler started",
+            )
+        definition = get_job(job.job_type)
+        if definition is not None and definition.timeout and definition.isolation == "thread":
+            entry.deadline = time.monotonic() + definition.timeout
+            self._timed[(entry.id, entry.attempt)] = entry
+        return execute(
+            job,
+            policy=self.policy,
+            renew=lambda: self.renew((job.id, job.attempt)),
+            cancel=entry.cancel,
+            using=self.using,
+        )
+
+    def _worker_error(self, entry: _Running, error: BaseException) -> Outcome:
+        """The outcome of an attempt that failed in the worker rather than in its handler,
+        built without calling anything of the job's (nor the error's ``__str__`` unguarded).
+
+        A row that cannot be turned into a job (a payload nested deeper than Python's parser
+        goes, say) reads the same way at every attempt: dead at once, code ``unreadable_job``,
+        its payload intact for an operator. Anything else is ``worker_error``, retried with
+        the policy's backoff until the attempts run out.
+        """
+        try:
+            job = entry.job
+            code = WORKER_ERROR
+        except BaseException:
+            job = entry.bare_job()
+            code = UNREADABLE_JOB
+        dead = code == UNREADABLE_JOB or job.attempt >= job.max_attempts
+        status = JobStatus.DEAD if dead else JobStatus.RETRYING
+        what = "could not read this job" if code == UNREADABLE_JOB else "failed to run this attempt"
+        summary = bound(f"the worker {what} ({_describe(error)}); see the worker's log")
+        logger.error(
+            "job %s attempt %d: %s -> %s",
+            job.id,
+            job.attempt,
+            summary,
+            status.value,
+            exc_info=error,
+            extra={"job_id": str(job.id), "queue": self.queue, "error_code": code},
+        )
+        delay = 0.0 if dead else backoff(job.attempt, self.policy)
+        return Outcome(job, status, delay=delay, code=code, summary=summary)
+
+    def _stuck(self) -> bool:
+        """Whether every handler thread of the queue is held by an attempt that outlived its
+        timeout: the queue runs on replacement threads, one more for each hung attempt."""
+        return len(self._abandoned) >= self.concurrency
+
+    def _publish_health(self) -> None:
+        """Tell this worker's heartbeat row whether the queue is stuck (``/pgoutbox/health``
+        reads it): one statement when that changes, none otherwise."""
+        stuck = self._stuck()
+        if stuck:
+            logger.error(
+                "queue %s: all %d handler threads are held by attempts that outlived their "
+                "timeout; reported unhealthy until they return",
+                self.queue,
+                self.concurrency,
+                extra={"queue": self.queue},
+            )
+        health.publish_stuck(self._connection(), self.worker_id, self.queue, stuck)
+        self._published_stuck = stuck
+
+    def _post_lost(self, entry: _Running | None, thread_died: bool) -> None:
+        """On a handler thread: ``entry`` has no outcome and never will; tell the dispatcher."""
+        self._lost.append((entry, thread_died))
+        self._wake.set()
+
+    def _forget_lost(self) -> None:
+        """The last resort, for attempts left without an outcome: stop renewing their leases,
+        so that they expire and recovery takes them; free their slot; replace a dead thread."""
+        while self._lost:
+            entry, thread_died = self._lost.popleft()
+            abandoned = False
+            if entry is not None:
+                key = (entry.id, entry.attempt)
+                with self._lock:
+                    if self._running.get(key) is entry:
+                        del self._running[key]
+                    self._timed.pop(key, None)
+                    abandoned = key in self._abandoned
+                    self._abandoned.discard(key)
+                logger.error(
+                    "job %s attempt %d: its handler thread %s without an outcome; its lease is "
+                    "no longer renewed and will expire",
+                    entry.id,
+                    entry.attempt,
+                    "died" if thread_died else "returned",
+                    extra={"job_id": str(entry.id), "queue": self.queue, "outcome": "lost"},
+                )
+            if thread_died and not abandoned:
+                logger.error("queue %s: a handler thread died; starting another", self.queue)
+                self._threads.add_thread()
+            elif abandoned and not thread_died:
+                self._threads.retire_thread()  # its replacement can go, as in ``_settle``
 
     def _settle(self, batch: list[Outcome], applied: list[uuid.UUID]) -> None:
         """Forget the attempts of ``batch``; count what was written and what was fenced off.

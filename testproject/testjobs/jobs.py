@@ -227,3 +227,32 @@ def poison_return(payload: dict[str, Any], ctx: JobContext) -> Any:
 @job("tests.poison_schedule")
 def poison_schedule(payload: dict[str, Any], ctx: JobContext) -> None:
     """The job of a schedule whose enqueue a test makes the database refuse."""
+
+
+# -- Poison handlers of the worker's runner (tests/reliability/test_poison_runner.py) -----------
+
+
+@job("tests.poison_big_number", max_attempts=3)
+def poison_big_number(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Return an integer of 140,001 digits: valid JSON that jsonb refuses (numeric overflow)."""
+    import sys
+
+    sys.set_int_max_str_digits(0)  # Python's own guard, lifted as a careless handler might
+    return {"n": 10**140_000}
+
+
+@job("tests.poison_deep_result", max_attempts=3)
+def poison_deep_result(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Return ``depth`` nested lists: valid JSON, too deep for a server with a small stack."""
+    value: list[Any] = []
+    for _ in range(payload.get("depth", 900)):
+        value = [value]
+    return value
+
+
+@job("tests.poison_hang", timeout=1, max_attempts=1)
+def poison_hang(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Hold its thread for ``seconds``, long past its 1 s timeout."""
+    record(ctx, "start")
+    time.sleep(payload.get("seconds", 5))
+    return None

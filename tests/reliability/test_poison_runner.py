@@ -1,0 +1,308 @@
+"""Poison against the job runner: what a job can do to the worker's own paths.
+
+Each case runs a real ``runworkers`` process with innocent jobs enqueued beside the poison in the
+same ``enqueue_many`` (one claim takes them), and asserts: the process is still running, every
+innocent job completed at its first attempt, the poison ended in its named state, nothing stays
+leased. Paths that no handler can reach any more are driven in-process, on the real database.
+
+transaction=True throughout: the workers are other processes (or threads with connections of
+their own) and see only committed rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_pgoutbox import enqueue_many
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.models import Job, JobStatus
+from django_pgoutbox.worker.execute import Outcome
+from django_pgoutbox.worker.runner import QueueRunner, _execute, _Running
+from testproject.testjobs.models import SideEffect
+from tests.processes import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+#: Short leases and polls, so that recovery happens within the test's patience; four threads.
+QUICK = {"LEASE_SECONDS": 1, "POLL_INTERVAL": 0.2}
+FOUR = ("--queues", "default", "--concurrency", "4")
+
+INNOCENT = {"job_type": "tests.behave", "payload": {"sleep": 0.05}}
+
+
+def innocents_and(poison: dict[str, Any], count: int = 3) -> tuple[Sequence[Job], Job]:
+    """``count`` innocent jobs and the poison, in one ``enqueue_many``: one claim takes them."""
+    jobs = enqueue_many([INNOCENT] * count + [poison])
+    return jobs[:-1], jobs[-1]
+
+
+def assert_innocents_completed_once(innocents: Sequence[Job]) -> None:
+    for job in innocents:
+        job.refresh_from_db()
+        assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1), job.last_error_summary
+
+
+def ended(job: Job, status: str) -> bool:
+    """Whether ``job`` is ``status`` now (its columns but the payload are read again)."""
+    fresh = Job.objects.defer("payload").get(pk=job.pk)
+    for name in ("status", "attempts", "last_error_code", "last_error_summary", "result"):
+        setattr(job, name, getattr(fresh, name))
+    return job.status == status
+
+
+def nothing_leased() -> bool:
+    return not Job.objects.filter(status=JobStatus.LEASED).exists()
+
+
+# -- 3: every attempt ends in an outcome, even when the worker's own path fails ------------------
+
+
+def test_a_payload_too_deep_for_python_is_dead_and_the_threads_survive(start_worker: Any) -> None:
+    """A payload of 3,000 nested arrays, written by raw SQL: PostgreSQL stores it, Python's
+    parser raises RecursionError. It used to kill its handler thread and leave a lease renewed
+    for ever; now it is dead, ``unreadable_job``, its payload intact, and the queue keeps its
+    four threads."""
+    innocents, poison = innocents_and({"job_type": "tests.behave", "payload": {}})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs SET payload = ('{\"deep\": ' || repeat('[', 3000) || repeat(']', 3000)"
+            " || '}')::jsonb WHERE id = %s",
+            [poison.pk],
+        )
+    worker = start_worker(*FOUR, **QUICK)
+    wait_for(lambda: ended(poison, JobStatus.DEAD), timeout=15)
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=15)
+    assert poison.last_error_code == "unreadable_job"
+    assert "RecursionError" in (poison.last_error_summary or "")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT jsonb_typeof(payload -> 'deep') FROM jobs WHERE id = %s", [poison.pk]
+        )
+        assert cursor.fetchone()[0] == "array"  # kept for an operator
+    assert_innocents_completed_once(innocents)
+
+    # Four threads still: four slow jobs all start before any of them ends.
+    slow = enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 1.0}}] * 4)
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in slow), timeout=15)
+    starts = SideEffect.objects.filter(job_id__in=[j.pk for j in slow], event="start")
+    first_end = SideEffect.objects.filter(job_id__in=[j.pk for j in slow], event="end").earliest(
+        "id"
+    )
+    assert starts.filter(id__lt=first_end.id).count() == 4
+    assert nothing_leased()
+    assert worker.process.poll() is None
+
+
+@pytest.fixture
+def runner() -> Iterator[QueueRunner]:
+    """A dispatcher of the default queue run in this process (four threads, 1 s leases), for
+    the paths that no handler can reach: its thread runs ``run()`` until the test ends."""
+    conf = get_settings()
+    settings = dataclasses.replace(
+        conf.queues["default"], lease_seconds=1.0, poll_interval=0.2, connections=1
+    )
+    runner = QueueRunner(
+        settings, worker_id="w-poison", using="default", policy=conf.retry, concurrency=4
+    )
+    yield runner
+    runner.stop()
+    if any(t.name == "test-dispatcher" for t in threading.enumerate()):
+        runner.finished.wait(10)
+    else:  # driven by hand: what ``run()`` does as it ends
+        runner._threads.shutdown()
+        runner._disconnect()
+    for thread in runner._threads._threads:
+        thread.join(10)
+
+
+def run_in_thread(runner: QueueRunner) -> threading.Thread:
+    thread = threading.Thread(target=runner.run, name="test-dispatcher", daemon=True)
+    thread.start()
+    return thread
+
+
+def handler_threads(runner: QueueRunner) -> int:
+    return sum(
+        1
+        for t in threading.enumerate()
+        if t.name.startswith(f"pgoutbox-{runner.queue}") and t.is_alive()
+    )
+
+
+def test_an_attempt_left_without_an_outcome_is_no_longer_renewed(
+    runner: QueueRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last resort: were a path of the handler thread to return with no outcome, the
+    dispatcher stops renewing that attempt (logged at ERROR), frees its slot, and its lease
+    expires into recovery. No handler reaches it; the test makes the thread's path do so."""
+    innocents, poison = innocents_and({"job_type": "tests.behave", "payload": {}})
+    run_attempt = runner._threads._run
+
+    def lose_the_poison(entry: _Running) -> None:
+        if entry.id != poison.pk:
+            run_attempt(entry)
+
+    runner._threads._run = lose_the_poison
+    caplog.set_level(logging.ERROR, logger="django_pgoutbox.worker")
+    thread = run_in_thread(runner)
+    wait_for(lambda: "returned without an outcome" in caplog.text, timeout=10)
+    wait_for(lambda: Job.objects.filter(pk=poison.pk, last_error_code="lease_expired").exists())
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=10)
+    assert_innocents_completed_once(innocents)
+    assert thread.is_alive()
+
+
+class _Dying(BaseException):
+    """Raised where nothing in the worker expects an exception: its thread dies."""
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_handler_thread_that_dies_is_replaced_and_its_attempt_expires(
+    runner: QueueRunner, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler thread killed mid-attempt (here: an exception raised out of the log call
+    that reports its failure) is replaced, so the queue keeps its four threads; its attempt
+    is no longer renewed and recovery takes it."""
+    innocents, poison = innocents_and({"job_type": "tests.behave", "payload": {}})
+    run_attempt = runner._threads._run
+
+    def fail_on_the_poison(entry: _Running) -> None:
+        if entry.id == poison.pk and entry.attempt == 1:
+            raise RuntimeError("the worker's own path failed")
+        run_attempt(entry)
+
+    def die(record: logging.LogRecord) -> bool:
+        if record.getMessage().endswith("running a job failed in the worker"):
+            raise _Dying
+        return True
+
+    worker_logger = logging.getLogger("django_pgoutbox.worker")
+    worker_logger.addFilter(die)
+    runner._threads._run = fail_on_the_poison
+    caplog.set_level(logging.ERROR, logger="django_pgoutbox.worker")
+    try:
+        run_in_thread(runner)
+        wait_for(lambda: "a handler thread died; starting another" in caplog.text, timeout=10)
+        # Recovered from its expired lease, its second attempt runs as any other.
+        wait_for(lambda: ended(poison, JobStatus.COMPLETED), timeout=10)
+        wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=10)
+    finally:
+        worker_logger.removeFilter(die)
+    assert (poison.attempts, poison.last_error_code) == (2, "lease_expired")
+    assert "its handler thread died without an outcome" in caplog.text
+    assert handler_threads(runner) == 4
+    assert_innocents_completed_once(innocents)
+
+
+# -- 5: an outcome PostgreSQL refuses is that job's dead letter, not its batch's -----------------
+
+
+def test_an_outcome_jsonb_refuses_is_dead_and_the_rest_of_its_batch_is_written(
+    runner: QueueRunner,
+) -> None:
+    """One statement carries four outcomes and a claim; one result overflows jsonb's numeric
+    (22003). The outcomes go again one by one: the three innocents' are written, the poison's
+    becomes ``unwritable_outcome`` (result dropped), and the claim runs once."""
+    batch = enqueue_many([{"job_type": "tests.behave", "payload": {"record": False}}] * 4)
+    waiting = enqueue_many([{"job_type": "tests.behave", "payload": {"record": False}}] * 2)
+    with runner._connection().cursor() as cursor:
+        _execute(cursor, "CLAIM_JOBS", ["default", 4, runner.worker_id, 60.0])
+        claimed = [_Running(row) for row in cursor.fetchall()]
+    assert {entry.id for entry in claimed} == {job.pk for job in batch}
+    poison = claimed[-1]
+    for entry in claimed:
+        runner._running[(entry.id, entry.attempt)] = entry
+        result = '{"n": 1' + "0" * 140_000 + "}" if entry is poison else '{"ok": true}'
+        runner._outcomes.append(Outcome.completed(entry.job, result))
+
+    started, requested, _ = runner._record_and_claim(claim=True)
+
+    assert requested > 0
+    assert {entry.id for entry in started} == {job.pk for job in waiting}  # claimed once
+    for job in Job.objects.filter(pk__in=[j.pk for j in waiting]):
+        assert job.attempts == 1
+    for job in Job.objects.filter(pk__in=[e.id for e in claimed if e is not poison]):
+        assert (job.status, job.result) == (JobStatus.COMPLETED, {"ok": True})
+    dead = Job.objects.get(pk=poison.id)
+    assert (dead.status, dead.last_error_code, dead.result) == (
+        JobStatus.DEAD,
+        "unwritable_outcome",
+        None,
+    )
+    assert "could not be stored" in (dead.last_error_summary or "")
+    assert "numeric" in (dead.last_error_summary or "")
+
+
+def test_a_result_too_deep_for_the_server_is_dead_and_the_queue_goes_on(start_worker: Any) -> None:
+    """A result of 900 nested lists on a server with a small stack: 54001, stack depth limit
+    exceeded, a psycopg ``OperationalError`` that the worker took for a lost connection, sending
+    the same batch for ever while every job in it stayed leased. Now: ``unwritable_outcome``."""
+    innocents, poison = innocents_and({"job_type": "tests.poison_deep_result", "payload": {}})
+    worker = start_worker(*FOUR, env={"PGOPTIONS": "-c max_stack_depth=100kB"}, **QUICK)
+    wait_for(lambda: ended(poison, JobStatus.DEAD), timeout=15)
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=15)
+    assert (poison.last_error_code, poison.result, poison.attempts) == (
+        "unwritable_outcome",
+        None,
+        1,
+    )
+    assert "stack depth" in (poison.last_error_summary or "")
+    assert_innocents_completed_once(innocents)
+    assert nothing_leased()
+    assert worker.process.poll() is None
+
+
+def test_a_result_jsonb_cannot_hold_is_dead_and_the_process_lives(start_worker: Any) -> None:
+    """An integer of 140,001 digits (22003, numeric overflow) used to stop the process."""
+    innocents, poison = innocents_and({"job_type": "tests.poison_big_number", "payload": {}})
+    worker = start_worker(*FOUR, **QUICK)
+    wait_for(lambda: ended(poison, JobStatus.DEAD), timeout=15)
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=15)
+    assert (poison.last_error_code, poison.result, poison.attempts) == (
+        "unwritable_outcome",
+        None,
+        1,
+    )
+    assert_innocents_completed_once(innocents)
+    assert nothing_leased()
+    assert worker.process.poll() is None
+
+
+# -- health: a queue whose every thread is held by a hung attempt is reported -------------------
+
+
+def test_health_reports_a_queue_whose_threads_all_hang_past_their_timeout(
+    start_worker: Any, client: Any
+) -> None:
+    """Four attempts hang past their 1 s timeout on the queue's four threads: each is failed
+    and replaced, the innocents run on the replacements, and ``/pgoutbox/health`` says 503,
+    naming the queue, until the hung handlers return."""
+    hung = enqueue_many([{"job_type": "tests.poison_hang", "payload": {"seconds": 6}}] * 4)
+    innocents = enqueue_many([INNOCENT] * 3)
+    worker = start_worker(*FOUR, **QUICK)
+    report = wait_for(
+        lambda: (
+            (r := client.get("/pgoutbox/health?require=jobs")).status_code == 503
+            and r.json()["stuck_queues"]
+            and r.json()
+        ),
+        timeout=10,
+    )
+    assert report["stuck_queues"] == ["default"]
+    assert report["roles"] == {"jobs": True}  # the process is alive: it is the queue that is not
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=10)
+    assert_innocents_completed_once(innocents)
+    for job in hung:
+        job.refresh_from_db()
+        assert (job.status, job.last_error_code) == (JobStatus.DEAD, "timeout")
+    # The hung handlers return: the queue has its own threads again.
+    wait_for(lambda: client.get("/pgoutbox/health?require=jobs").status_code == 200, timeout=15)
+    assert nothing_leased()
+    assert worker.process.poll() is None
