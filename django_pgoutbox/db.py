@@ -35,7 +35,8 @@ class ErrorKind(enum.Enum):
     #: A value of this statement cannot be stored (out of range, bad encoding, too large):
     #: sending the same statement again fails the same way. Retry its rows one by one.
     DATA = "data"
-    #: The transaction lost a conflict (serialization failure, deadlock): try again as is.
+    #: The transaction lost a conflict (serialization failure, deadlock) or was cancelled
+    #: (``statement_timeout``, ``pg_cancel_backend``): try again as is, after a back-off.
     CONFLICT = "conflict"
     #: Anything else: a bug or a schema the code does not expect. Not retried blindly.
     OTHER = "other"
@@ -53,6 +54,7 @@ _SQLSTATE_KINDS: dict[str, ErrorKind] = {
     "22": ErrorKind.DATA,  # data exception (out of range, invalid text, NUL in text, …)
     "54": ErrorKind.DATA,  # program limit exceeded (a value or row too large)
     "40": ErrorKind.CONFLICT,  # transaction rollback (serialization failure, deadlock)
+    "57014": ErrorKind.CONFLICT,  # query_canceled (statement_timeout, pg_cancel_backend)
 }
 
 

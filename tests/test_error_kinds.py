@@ -75,6 +75,7 @@ def test_connection_errors() -> None:
 def test_conflicts_and_the_rest() -> None:
     assert classify_error(psycopg.errors.SerializationFailure()) is ErrorKind.CONFLICT
     assert classify_error(psycopg.errors.DeadlockDetected()) is ErrorKind.CONFLICT
+    assert classify_error(psycopg.errors.QueryCanceled()) is ErrorKind.CONFLICT
     assert classify_error(psycopg.errors.UndefinedTable()) is ErrorKind.OTHER
     assert classify_error(DataError("bad")) is ErrorKind.DATA
     assert classify_error(ValueError("x")) is ErrorKind.OTHER
