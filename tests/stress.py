@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, help="the first round's seed (then seed + 1, ...)")
     parser.add_argument(
         "--time-scale",
-        default=os.environ.get("PGOUTBOX_TEST_TIME_SCALE", "1"),
-        help="PGOUTBOX_TEST_TIME_SCALE for the rounds (default: as set, else 1)",
+        default=os.environ.get("PGOUTBOX_TEST_TIME_SCALE", "2"),
+        help="PGOUTBOX_TEST_TIME_SCALE for the rounds (default: as set, else 2, as in CI)",
     )
     parser.add_argument("pytest_args", nargs="*", help="tests and pytest options (after --)")
     options = parser.parse_args(argv)
