@@ -7,10 +7,10 @@ One loop, one thread, one database connection. Each turn:
    earliest unprocessed event of each aggregate, so an aggregate's events go one at a time, in
    order. Of the events whose last claim expired unfinished (their relay died or stalled,
    maybe because of one of them), it claims at most one, counting it an attempt in the claim
-   itself: that *suspect* is projected alone, after the others, in a transaction of its own (steps 2 to 4),
-   so that a subscriber that kills its process (``os._exit()``, a crash in native code, the OOM
-   killer) takes no innocent event down with it again, and ends dead (``relay_crashed``) after
-   ``MAX_ATTEMPTS`` of them;
+   itself: that *suspect* is projected alone, after the others, in a transaction of its own
+   (steps 2 to 4), so that a subscriber that kills its process (``os._exit()``, a crash in
+   native code, the OOM killer) takes no innocent event down with it again, and ends dead
+   (``relay_crashed``) after ``MAX_ATTEMPTS`` of them;
 2. opens one transaction for the batch and locks the events it still holds (the fence);
 3. runs each event's subscribers (what they enqueue or write joins the transaction; the jobs
    they enqueue without an idempotency key are written together, in one statement) and marks
