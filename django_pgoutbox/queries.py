@@ -551,16 +551,26 @@ RETURNING occurred_at, available_at,
 
 #: Claim a bounded batch of events to project: the source text's claim, plus order.
 #:
-#: Parameters: claim seconds float, limit int, relay_id text.
+#: Parameters: claim seconds float, limit int, max attempts int, relay_id text, crash code text,
+#: crash summary text (retrying), crash summary text (dead).
 #:
 #: As in the source text: unprocessed, available, and not claimed (or claimed longer ago than
 #: the claim lasts: a relay that died is taken over), oldest first, ``FOR UPDATE SKIP LOCKED``.
 #: Two additions: dead events are never claimed, and only the *earliest* unprocessed event of
 #: each aggregate is claimable, so that the events of one aggregate are projected one at a time,
-#: in ``(occurred_at, id)`` order, however many relays run. One departure: the claim does not
-#: count an attempt. ``attempts`` counts failures, recorded by RECORD_EVENT_FAILURES, so that a
-#: relay killed (or a batch abandoned on a lost connection) while holding events brings none of
-#: them nearer to dead; the claim's ``claimed_at`` is the fencing token instead.
+#: in ``(occurred_at, id)`` order, however many relays run.
+#:
+#: A claim counts no attempt (``attempts`` counts failures, recorded by RECORD_EVENT_FAILURES),
+#: except a claim *taken over*: an event whose last claim expired unfinished (only a projection
+#: or a recorded failure clears ``claimed_at``; RELEASE_EXPIRED_EVENT_CLAIMS keeps it) was held
+#: by a relay that died or stalled, perhaps because of that very event (a
+#: subscriber's ``os._exit()``, a crash in native code, the OOM killer). Such a *suspect* is
+#: counted here, in the claim, before any subscriber of it runs, with ``relay_crashed`` as its
+#: last error, and dead once that count reaches ``MAX_ATTEMPTS``. At most one suspect is claimed
+#: per batch (``reclaimed`` says which), the one that has cost the fewest attempts: the relay
+#: projects it alone, so a relay that dies under it next time takes no other event down with it,
+#: and the events reclaimed beside it, untouched here, keep their count until their own turn.
+#: The ``claimed_at`` returned is the fencing token of the claim.
 #:
 #: Plan: ``outbox_claim_idx`` yields candidates in order, and the scan stops at ``LIMIT``; for
 #: each candidate, the head of its aggregate is one probe of ``outbox_aggregate_pending_idx``.
@@ -581,7 +591,8 @@ CLAIM_EVENTS_PLAN = (
 
 CLAIM_EVENTS = """
 WITH candidates AS MATERIALIZED (
-    SELECT e.id
+    SELECT e.id, e.claimed_at IS NOT NULL AS reclaimed, e.claimed_by AS holder, e.attempts,
+           e.occurred_at
     FROM outbox_events AS e
     WHERE e.processed_at IS NULL
       AND e.dead_at IS NULL
@@ -599,15 +610,33 @@ WITH candidates AS MATERIALIZED (
     ORDER BY e.occurred_at, e.id
     FOR UPDATE SKIP LOCKED
     LIMIT %s
+),
+chosen AS (
+    SELECT id, false AS reclaimed, false AS spent, NULL::text AS holder
+    FROM candidates
+    WHERE NOT reclaimed
+    UNION ALL
+    (SELECT id, true, attempts + 1 >= %s, holder
+     FROM candidates
+     WHERE reclaimed
+     ORDER BY attempts, occurred_at, id
+     LIMIT 1)
 )
 UPDATE outbox_events AS o
-SET claimed_at = now(),
-    claimed_by = %s
-FROM candidates AS c
+SET claimed_at = CASE WHEN c.spent THEN NULL ELSE now() END,
+    claimed_by = %s,
+    attempts = o.attempts + c.reclaimed::int,
+    dead_at = CASE WHEN c.spent THEN now() END,
+    last_error_code = CASE WHEN c.reclaimed THEN %s ELSE o.last_error_code END,
+    last_error = CASE WHEN c.reclaimed
+                      THEN CASE WHEN c.spent THEN %s ELSE %s END
+                           || coalesce(' (last held by ' || left(c.holder, 200) || ')', '')
+                      ELSE o.last_error END
+FROM chosen AS c
 WHERE o.id = c.id
 RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_type,
           o.schema_version, o.payload::text, o.occurred_at, o.available_at, o.attempts,
-          o.claimed_at
+          o.claimed_at, c.reclaimed, c.spent
 """
 
 #: Lock the claimed events this relay still holds, at the start of the projecting transaction.
@@ -707,17 +736,19 @@ WHERE id IN (
 )
 """
 
-#: Clear relay claims that expired without the event being processed.
+#: Release relay claims that expired without the event being processed.
 #:
 #: Parameters: claim seconds float.
 #:
-#: Expired claims are claimable anyway; clearing them keeps ``claimed_by`` truthful for
-#: operators. A relay still projecting the event holds its row lock, so this waits for it and
-#: then finds the event processed.
+#: Expired claims are claimable anyway; clearing ``claimed_by`` keeps it truthful for operators.
+#: ``claimed_at`` stays: it is how CLAIM_EVENTS knows that the event's last holder never
+#: finished it, and counts that against it. A relay still projecting the event holds its row
+#: lock, so this waits for it and then finds the event processed.
 RELEASE_EXPIRED_EVENT_CLAIMS = """
 UPDATE outbox_events
-SET claimed_at = NULL, claimed_by = NULL
+SET claimed_by = NULL
 WHERE processed_at IS NULL
+  AND claimed_by IS NOT NULL
   AND claimed_at < now() - make_interval(secs => %s)
 """
 

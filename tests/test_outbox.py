@@ -320,6 +320,60 @@ class TestRelay:
         assert Projection.objects.filter(event_id=event.id).count() == 1
         assert Job.objects.count() == 1
 
+    def test_events_taken_over_from_a_dead_relay_are_counted_and_projected_alone(
+        self,
+    ) -> None:
+        """A batch of never-claimed events stays one transaction; an event whose last claim
+        expired unfinished is counted an attempt in the claim, and projected after them, in a
+        transaction of its own; one such event per claim."""
+        fresh = [fact(sequence=n) for n in range(3)]
+        suspects = [fact(sequence=n) for n in range(3, 5)]
+        long_ago = timezone.now() - timedelta(hours=1)
+        OutboxEvent.objects.filter(pk__in=[e.pk for e in suspects]).update(
+            claimed_at=long_ago, claimed_by="dead-relay"
+        )
+        with CaptureQueriesContext(connection) as queries:
+            assert relay().run_once() == 4  # the three fresh ones and one suspect
+        sql = [q["sql"] for q in queries.captured_queries]
+        # Two projecting transactions, each locking its events and marking them processed.
+        assert sum("CROSS JOIN LATERAL" in q for q in sql) == 2
+        assert sum("SET processed_at = now()" in q for q in sql) == 2
+        first, second = (OutboxEvent.objects.get(pk=e.pk) for e in suspects)
+        assert first.processed_at is not None
+        assert (first.attempts, first.last_error_code) == (1, "relay_crashed")
+        assert "(last held by dead-relay)" in (first.last_error or "")
+        assert (second.processed_at, second.attempts) == (None, 0)  # its turn is next
+        assert relay().run_once() == 1
+        second.refresh_from_db()
+        assert (second.attempts, second.last_error_code) == (1, "relay_crashed")
+        assert second.processed_at is not None
+        assert set(
+            OutboxEvent.objects.filter(pk__in=[e.pk for e in fresh]).values_list(
+                "attempts", "last_error_code"
+            )
+        ) == {(0, None)}
+        assert Projection.objects.count() == Job.objects.count() == 5
+
+    def test_an_event_whose_relays_keep_dying_ends_dead_and_holds_back_its_aggregate(
+        self, settings: Any
+    ) -> None:
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "OUTBOX": {"MAX_ATTEMPTS": 3}}
+        aggregate = uuid.uuid4()
+        poison = fact(aggregate, sequence=1)
+        later = fact(aggregate, sequence=2)
+        OutboxEvent.objects.filter(pk=poison.pk).update(
+            claimed_at=timezone.now() - timedelta(hours=1), claimed_by="dead-relay", attempts=2
+        )
+        assert relay().run_once() == 0  # dead in the claim: none of its subscribers ran
+        poison.refresh_from_db()
+        assert (poison.attempts, poison.last_error_code) == (3, "relay_crashed")
+        assert (poison.dead_at is not None, poison.claimed_at) == (True, None)
+        assert "dead after OUTBOX['MAX_ATTEMPTS'] attempts" in (poison.last_error or "")
+        relay().run()
+        later.refresh_from_db()
+        assert later.processed_at is None  # held back behind its dead head, as any
+        assert not Projection.objects.exists()
+
     def test_late_commit_is_still_projected(self) -> None:
         # Two connections and a barrier: the first transaction's event has the earlier
         # occurred_at but commits after a later event has been projected.

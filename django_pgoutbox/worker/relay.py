@@ -5,7 +5,12 @@ One loop, one thread, one database connection. Each turn:
 1. claims up to ``OUTBOX['BATCH_SIZE']`` events with the source text's ``FOR UPDATE SKIP LOCKED``
    claim (a lease: ``claimed_at``/``claimed_by``, taken over after ``CLAIM_SECONDS``), only the
    earliest unprocessed event of each aggregate, so an aggregate's events go one at a time, in
-   order;
+   order. Of the events whose last claim expired unfinished (their relay died or stalled,
+   maybe because of one of them), it claims at most one, counting it an attempt in the claim
+   itself: that *suspect* is projected alone, after the others, in a transaction of its own
+   (steps 2 to 4), so that a subscriber that kills its process (``os._exit()``, a crash in
+   native code, the OOM killer) takes no innocent event down with it again, and ends dead
+   (``relay_crashed``) after ``MAX_ATTEMPTS`` of them;
 2. opens one transaction for the batch and locks the events it still holds (the fence);
 3. runs each event's subscribers (what they enqueue or write joins the transaction; the jobs
    they enqueue without an idempotency key are written together, in one statement) and marks
@@ -19,10 +24,11 @@ One loop, one thread, one database connection. Each turn:
    at any line leaves each event either unprocessed with no jobs, or processed with its jobs.
 
 The relay's own connection lost anywhere in a turn abandons the batch (rolled back, no failure
-recorded: ``attempts`` counts failures, not claims); the loop reconnects after a back-off and
-projects the same batch again. Any other error that escapes a turn is logged and retried after
-a back-off too; only the same error ``SAME_FAILURE_LIMIT`` times in a row (a table gone, say)
-stops the loop, and with it the worker, so that its supervisor sees it.
+recorded: ``attempts`` counts failures and takeovers, not claims); the loop reconnects after a
+back-off and projects what is left of the same batch again. Any other error that escapes a
+turn is logged and retried after a back-off too; only the same error ``SAME_FAILURE_LIMIT``
+times in a row (a table gone, say) stops the loop, and with it the worker, so that its
+supervisor sees it.
 """
 
 from __future__ import annotations
@@ -59,6 +65,20 @@ UNWRITABLE_JOB = "unwritable_job"
 
 #: ``last_error_code`` of an event whose subscriber closed the relay's connection.
 CLOSED_RELAY_CONNECTION = "closed_relay_connection"
+
+#: ``last_error_code`` of an event taken over from a relay that never finished it (see
+#: ``queries.CLAIM_EVENTS``), and the summaries the claim writes: counted, or dead.
+RELAY_CRASHED = "relay_crashed"
+RELAY_CRASHED_SUMMARY = (
+    "the relay projecting this event stopped before finishing it (its process was killed: "
+    "os._exit() or a crash in a subscriber, the OOM killer, a SIGKILL; or it stalled past "
+    "OUTBOX['CLAIM_SECONDS']); counted as an attempt, and projected alone next"
+)
+RELAY_CRASHED_DEAD_SUMMARY = (
+    "dead after OUTBOX['MAX_ATTEMPTS'] attempts; at the last one, the relay projecting this "
+    "event stopped before finishing it, as when a subscriber kills its process (os._exit(), a "
+    "crash in native code, the OOM killer)"
+)
 
 
 class _SubscriberFailed(Exception):
@@ -126,9 +146,11 @@ class Relay:
         self._stopping = threading.Event()
         self.finished = threading.Event()
         #: The events claimed and not yet projected: a turn that failed (its connection lost)
-        #: projects them again, rather than leave them claimed until ``CLAIM_SECONDS``. Read and
-        #: written by the loop's thread only.
+        #: projects them again, rather than leave them claimed until ``CLAIM_SECONDS``; and the
+        #: ids of those among them to project alone (taken over from a relay that never
+        #: finished them). Read and written by the loop's thread only.
         self._batch: list[OutboxEvent] = []
+        self._suspects: set[uuid.UUID] = set()
 
     def wake(self, _payload: str = "") -> None:
         self._wake.set()
@@ -197,11 +219,17 @@ class Relay:
         return raw is None or bool(raw.closed) or bool(raw.broken)
 
     def run_once(self) -> int:
-        """Claim and project one batch (the last one again, if it failed); return its size."""
+        """Claim and project one batch (what is left of the last one, if it failed); return
+        how many events it held."""
         events = self._batch = self._batch or self._claim()
-        if events:
-            self._project(events)
+        together = [e for e in events if e.id not in self._suspects]
+        if together:
+            self._project(together)
+        for suspect in [e for e in self._batch if e.id in self._suspects]:
+            self._batch = [suspect]  # the others are done: a failed turn resumes here
+            self._project([suspect])
         self._batch = []
+        self._suspects.clear()
         return len(events)
 
     def _claim(self) -> list[OutboxEvent]:
@@ -209,7 +237,15 @@ class Relay:
             cursor.execute(queries.CLAIM_EVENTS_PLAN)
             cursor.execute(
                 queries.CLAIM_EVENTS,
-                [self.settings.claim_seconds, self.settings.batch_size, self.relay_id],
+                [
+                    self.settings.claim_seconds,
+                    self.settings.batch_size,
+                    self.settings.max_attempts,
+                    self.relay_id,
+                    RELAY_CRASHED,
+                    RELAY_CRASHED_DEAD_SUMMARY,
+                    RELAY_CRASHED_SUMMARY,
+                ],
             )
             rows = cursor.fetchall()
         names = [
@@ -226,14 +262,42 @@ class Relay:
             "claimed_at",
         ]
         events = []
-        for row in rows:
+        for *row, reclaimed, spent in rows:
             values = dict(zip(names, row, strict=True))
             values["payload"] = json.loads(values["payload"])
             values["claimed_by"] = self.relay_id
-            events.append(saved_instance(OutboxEvent, self.using, values))
+            event = saved_instance(OutboxEvent, self.using, values)
+            if spent:
+                self._crashed_out(event)
+                continue
+            if reclaimed:
+                self._suspects.add(event.id)
+                logger.warning(
+                    "event %s (%s): taken over from a relay that never finished it; attempt "
+                    "%d/%d counted, projected alone",
+                    event.id,
+                    event.event_type,
+                    event.attempts,
+                    self.settings.max_attempts,
+                    extra={"event_id": str(event.id), "event_type": event.event_type},
+                )
+            events.append(event)
         # The claim is ordered by (occurred_at, id); UPDATE ... RETURNING is not.
         events.sort(key=lambda e: (e.occurred_at, e.id))
         return events
+
+    def _crashed_out(self, event: OutboxEvent) -> None:
+        """``event`` was dead in the claim: its relays kept dying before finishing it."""
+        logger.error(
+            "event %s (%s): dead after %d attempts, the last one a relay that stopped before "
+            "finishing it (%s)",
+            event.id,
+            event.event_type,
+            event.attempts,
+            RELAY_CRASHED,
+            extra={"event_id": str(event.id), "event_type": event.event_type},
+        )
+        metrics.EVENTS_PROJECTED.inc(event_type=event.event_type, outcome="dead")
 
     def _project(self, events: Sequence[OutboxEvent]) -> None:
         started = time.perf_counter()
@@ -245,7 +309,8 @@ class Relay:
                 # The batch's transaction died with the connection. That event's failure is
                 # recorded apart, and the rest of the batch projected again without it.
                 self._record_apart(closed.event, closed)
-                events = self._batch = [e for e in events if e is not closed.event]
+                events = [e for e in events if e is not closed.event]
+                self._batch = [e for e in self._batch if e is not closed.event]
         metrics.BATCH_DB_DURATION.observe(time.perf_counter() - started, role="relay")
 
     def _record_apart(self, event: OutboxEvent, error: BaseException) -> None:

@@ -95,3 +95,9 @@ def poison_close_connection(event: OutboxEvent) -> None:
     """Close the relay's connection, as code written for threads may (inside an atomic block,
     ``close_old_connections()`` always closes it)."""
     close_old_connections()
+
+
+@subscriber("poison.os_exit")
+def poison_os_exit(event: OutboxEvent) -> None:
+    """Kill the relay's whole process, as a crash in native code or the OOM killer would."""
+    os._exit(9)

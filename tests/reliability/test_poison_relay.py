@@ -12,10 +12,9 @@ transaction=True: the relay is another process and sees only committed rows.
 
 from __future__ import annotations
 
-import signal
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from django.db import connection, transaction
 from django_pgoutbox import publish
 from django_pgoutbox.models import Job, OutboxEvent
 from testproject.testjobs.models import Projection
-from tests.processes import WorkerProcess, wait_for
+from tests.processes import WorkerProcess, holds_for, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,17 +73,31 @@ def dead(event: OutboxEvent) -> bool:
     return OutboxEvent.objects.filter(pk=event.pk, dead_at__isnull=False).exists()
 
 
+def dead_or_exited(event: OutboxEvent, worker: WorkerProcess) -> Callable[[], bool]:
+    def settled() -> bool:
+        """the event is dead, or the relay's process exited"""
+        return dead(event) or worker.process.poll() is not None
+
+    return settled
+
+
 def wait_until_dead(event: OutboxEvent, worker: WorkerProcess) -> None:
     """Until ``event`` is dead, or the relay exited (the failure this module is about)."""
-    wait_for(lambda: dead(event) or worker.process.poll() is not None, timeout=30)
+    wait_for(dead_or_exited(event, worker), timeout=30)
     assert worker.process.poll() is None, worker.output()
 
 
-def assert_innocents_projected_once(innocents: list[OutboxEvent]) -> None:
+def assert_innocents_projected_once(
+    innocents: list[OutboxEvent], *, crashes: set[tuple[int, str | None]] | None = None
+) -> None:
+    """Each innocent projected once, its job enqueued once; ``(attempts, last_error_code)``
+    ``(0, None)``, or one of ``crashes`` (the attempt counted when a claim is taken over from
+    a relay that died holding it)."""
     ids = {event.pk for event in innocents}
+    allowed = {(0, None), *(crashes or set())}
     for event in OutboxEvent.objects.filter(pk__in=ids):
         assert event.processed_at is not None, event
-        assert (event.attempts, event.last_error_code) == (0, None), event
+        assert (event.attempts, event.last_error_code) in allowed, event
     assert set(Projection.objects.values_list("event_id", flat=True)) >= ids
     jobs = Counter(
         Job.objects.filter(job_type="tests.noop").values_list("payload__event", flat=True)
@@ -202,7 +215,45 @@ def test_a_subscriber_closing_the_relay_connection_fails_its_event_only(
     assert "close_old_connections()" in (stored.last_error or "")
 
 
-def test_a_relay_killed_holding_a_batch_counts_no_attempt(start_worker: Any) -> None:
+def test_a_subscriber_killing_its_process_ends_dead_alone_and_the_relay_runs_on(
+    start_worker: Any,
+) -> None:
+    """``os._exit(9)`` in a subscriber: the relay's process dies with the batch's transaction,
+    and a supervisor restarts it (here, the loop). The events it held are taken over one per
+    transaction, each counted one attempt when it is: the innocents complete (those reached
+    before the poison after the first restart, the rest first thing after the second) and the
+    poison, alone, spends its attempts and ends dead."""
+    innocents, [poison] = publish_batch(("poison.os_exit", {}))
+    settings = {**SETTINGS, "OUTBOX": {"MAX_ATTEMPTS": MAX_ATTEMPTS, "CLAIM_SECONDS": 1}}
+    worker = start_worker("--roles", "relay", **settings)
+    restarts = 0
+    while not dead(poison):
+        wait_for(dead_or_exited(poison, worker), timeout=30)
+        if dead(poison):
+            break
+        assert worker.wait(timeout=10) == 9, worker.output()
+        restarts += 1
+        assert restarts <= MAX_ATTEMPTS + 3, f"still crash-looping after {restarts} restarts"
+        worker = start_worker("--roles", "relay", **settings)
+
+    def running() -> bool:
+        """the last relay started is still running"""
+        return worker.process.poll() is None
+
+    holds_for(running, 2)
+    assert restarts <= MAX_ATTEMPTS  # each restart spent one of the poison's attempts
+    assert_innocents_projected_once(innocents, crashes={(1, "relay_crashed")})
+    stored = assert_dead(poison, "relay_crashed")
+    assert "stopped before finishing it" in (stored.last_error or "")
+    assert not OutboxEvent.objects.filter(claimed_at__isnull=False).exists()
+
+
+def test_a_relay_killed_holding_a_batch_counts_at_most_one_attempt_per_kill(
+    start_worker: Any,
+) -> None:
+    """Killed three times while projecting, each time at a random point of its batch (20
+    events, 4 s of subscribers): each kill counts one attempt at most against the events it
+    held, so none of them comes near ``MAX_ATTEMPTS`` (10 here) and none ends dead."""
     with transaction.atomic():
         events = [
             publish(
@@ -213,19 +264,16 @@ def test_a_relay_killed_holding_a_batch_counts_no_attempt(start_worker: Any) -> 
             )
             for n in range(20)
         ]
-    # Killed inside its batch (4 s of subscribers) three times.
+    settings = {**SETTINGS, "OUTBOX": {"MAX_ATTEMPTS": 10, "CLAIM_SECONDS": 1}}
     for _ in range(3):
-        victim = start_worker("--roles", "relay", **SETTINGS)
-        wait_for(lambda: OutboxEvent.objects.filter(claimed_by__isnull=False).exists())
-        victim.signal(signal.SIGKILL)
-        victim.wait(timeout=10)
-        # Released at once (as maintenance releases expired claims), for the next relay to claim.
-        OutboxEvent.objects.update(claimed_at=None, claimed_by=None)
-    assert not OutboxEvent.objects.filter(processed_at__isnull=False).exists()
-    worker = relay(start_worker)
+        victim = start_worker("--roles", "relay", **settings)
+        wait_for(victim.in_transaction)  # projecting: a subscriber is sleeping
+        victim.kill()
+    assert OutboxEvent.objects.filter(processed_at__isnull=True).exists()
+    worker = start_worker("--roles", "relay", **settings)
     wait_for(lambda: not OutboxEvent.objects.filter(processed_at__isnull=True).exists())
     assert worker.process.poll() is None, worker.output()
-    assert_innocents_projected_once(events)
+    assert_innocents_projected_once(events, crashes={(n, "relay_crashed") for n in range(1, 4)})
 
 
 def test_a_relay_whose_table_is_gone_stops_after_repeated_failures(start_worker: Any) -> None:
