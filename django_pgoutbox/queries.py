@@ -679,21 +679,23 @@ WHERE id = ANY(%s::uuid[])
 #: Record failed projections: retry later (backoff) or dead.
 #:
 #: Parameters: ids uuid[], dead boolean[], delays float8[] (seconds), codes text[],
-#: errors text[].
+#: errors text[], counted boolean[].
 #:
-#: Counts the failure (``attempts`` counts failures only, see CLAIM_EVENTS). The claim is
-#: released so that the retry does not wait for the claim to expire.
+#: Counts the failure (``attempts`` counts failures only, see CLAIM_EVENTS), unless the claim
+#: counted this run already (``counted``: an event taken over, projected alone), so that a run
+#: that fails after a takeover is one attempt, not two. The claim is released so that the retry
+#: does not wait for the claim to expire.
 RECORD_EVENT_FAILURES = """
 UPDATE outbox_events AS o
-SET attempts = o.attempts + 1,
+SET attempts = o.attempts + (NOT f.counted)::int,
     available_at = CASE WHEN f.dead THEN o.available_at
                         ELSE now() + make_interval(secs => f.delay) END,
     dead_at = CASE WHEN f.dead THEN now() END,
     claimed_at = NULL,
     last_error_code = f.code,
     last_error = f.error
-FROM unnest(%s::uuid[], %s::boolean[], %s::float8[], %s::text[], %s::text[])
-    AS f(id, dead, delay, code, error)
+FROM unnest(%s::uuid[], %s::boolean[], %s::float8[], %s::text[], %s::text[], %s::boolean[])
+    AS f(id, dead, delay, code, error, counted)
 WHERE o.id = f.id
 """.replace("%s", "%b")
 

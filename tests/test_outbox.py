@@ -374,6 +374,24 @@ class TestRelay:
         assert later.processed_at is None  # held back behind its dead head, as any
         assert not Projection.objects.exists()
 
+    def test_a_run_that_fails_after_a_takeover_is_one_attempt(self, settings: Any) -> None:
+        """The claim counted the takeover's run before its subscribers ran; the failure of that
+        same run is not counted again, so a relay killed while holding an event costs it no
+        more than the run that follows."""
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "RETRY": {"BASE_DELAY": 60, "JITTER": 0},
+            "OUTBOX": {"MAX_ATTEMPTS": 3},
+        }
+        event = fact(sequence=1, fail=True)
+        OutboxEvent.objects.filter(pk=event.pk).update(
+            claimed_at=timezone.now() - timedelta(hours=1), claimed_by="dead-relay", attempts=1
+        )
+        assert relay().run_once() == 1
+        event.refresh_from_db()
+        assert (event.attempts, event.last_error_code) == (2, "ValueError")
+        assert (event.dead_at, event.claimed_at, event.processed_at) == (None, None, None)
+
     def test_late_commit_is_still_projected(self) -> None:
         # Two connections and a barrier: the first transaction's event has the earlier
         # occurred_at but commits after a later event has been projected.

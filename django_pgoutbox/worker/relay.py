@@ -400,6 +400,7 @@ class Relay:
                 [f.delay for f in failures],
                 [f.code for f in failures],
                 [f.error for f in failures],
+                [f.event_id in self._suspects for f in failures],
             ],
         )
 
@@ -495,7 +496,9 @@ class Relay:
             raise _ClosedBySubscriber(event)
 
     def _failure(self, event: OutboxEvent, error: BaseException, code: str) -> _Failure:
-        attempt = event.attempts + 1  # ``attempts`` counts the failures before this one
+        # ``attempts`` counts the failures before this one, and, for an event taken over, this
+        # very run: the claim counted it before any subscriber ran (CLAIM_EVENTS).
+        attempt = event.attempts if event.id in self._suspects else event.attempts + 1
         dead = attempt >= self.settings.max_attempts
         delay = 0.0 if dead else backoff(attempt, self.policy)
         summary = _describe(error)
