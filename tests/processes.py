@@ -122,45 +122,26 @@ class WorkerProcess:
         self.process.wait(timeout=scaled(10))
         self.wait_for_backends_to_end()
 
-    def backends(self) -> int:
-        """How many of this process's connections the server still has."""
+    def backends(self, where: str = "true") -> int:
+        """How many of this process's connections the server still has (matching ``where``)."""
         with connections["default"].cursor() as cursor:
             cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s",
+                f"SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND ({where})",
                 [self.application_name],
             )
             return int(cursor.fetchone()[0])
 
     def listening(self) -> bool:
         """Whether one of its connections is waiting on LISTEN (its last statement)."""
-        with connections["default"].cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                "AND state = 'idle' AND query ILIKE 'LISTEN%%'",
-                [self.application_name],
-            )
-            return int(cursor.fetchone()[0]) > 0
+        return self.backends("state = 'idle' AND query ILIKE 'LISTEN%%'") > 0
 
     def in_transaction(self) -> bool:
         """Whether one of its connections is inside a transaction now."""
-        with connections["default"].cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                "AND xact_start IS NOT NULL",
-                [self.application_name],
-            )
-            return int(cursor.fetchone()[0]) > 0
+        return self.backends("xact_start IS NOT NULL") > 0
 
     def idle(self) -> bool:
         """Whether it has connections and every one of them is idle (no statement running)."""
-        with connections["default"].cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*), count(*) FILTER (WHERE state <> 'idle') FROM pg_stat_activity "
-                "WHERE application_name = %s",
-                [self.application_name],
-            )
-            total, busy = cursor.fetchone()
-            return bool(total) and not busy
+        return self.backends() > 0 and self.backends("state <> 'idle'") == 0
 
     def wait_for_backends_to_end(self) -> None:
         def backends_gone() -> bool:
