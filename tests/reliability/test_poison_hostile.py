@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.db import connection
 
 from django_pgoutbox import enqueue_many
 from django_pgoutbox.models import JobStatus
@@ -62,3 +63,19 @@ def test_a_transaction_left_open_by_a_handler_does_not_swallow_the_next_jobs_wri
     settle(worker, poison, innocents, JobStatus.COMPLETED, None)
     recorded = SideEffect.objects.filter(job_id__in=[j.pk for j in innocents], event="end")
     assert recorded.count() == len(innocents), worker.output()[-3000:]
+
+
+def test_a_row_whose_attempts_are_at_the_int4_limit_fails_no_claim(start_worker: Any) -> None:
+    """A row written by raw SQL with ``attempts = 2**31 - 1``: counting its claim overflowed
+    ``integer``, failed the claim statement of its whole queue and stopped the process, at
+    every restart. Its claim now keeps the count at the limit; the job runs like any other."""
+    jobs = enqueue_many([{"job_type": "tests.behave", "payload": {}}] * 9)
+    poison, innocents = jobs[0], list(jobs[1:])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs SET attempts = 2147483647, max_attempts = 2147483647 WHERE id = %s",
+            [poison.pk],
+        )
+    worker = start_worker("--queues", "default", "--concurrency", "4", **QUICK)
+    ended = settle(worker, poison, innocents, JobStatus.COMPLETED, None)
+    assert ended.attempts == 2147483647
