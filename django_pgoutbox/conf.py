@@ -44,6 +44,10 @@ MAX_DELAY_CEILING = 365 * 24 * 3600.0
 #: The longest retention a setting may keep finished rows for (100 years), in seconds.
 MAX_RETENTION = 100 * 365 * 24 * 3600.0
 
+#: The shortest ``LEASE_SECONDS``: a lease shorter than a renewal's round trip (1e-9 s is
+#: "now" to PostgreSQL's microseconds) expires while its job runs, which then runs twice.
+MIN_LEASE_SECONDS = 0.5
+
 #: ``attempts`` and ``max_attempts`` are 32-bit integer columns.
 MAX_INT32 = 2**31 - 1
 
@@ -239,9 +243,11 @@ class _Parser:
         key: str,
         *,
         allow_zero: bool = False,
+        minimum: float = 0.0,
         maximum: float = MAX_DELAY_CEILING,
     ) -> float:
-        """A duration as a number of seconds or a ``timedelta``, at most ``maximum``."""
+        """A duration as a number of seconds or a ``timedelta``, from ``minimum`` to
+        ``maximum``."""
         if isinstance(value, timedelta):
             number = value.total_seconds()
         elif isinstance(value, int | float) and not isinstance(value, bool):
@@ -253,6 +259,9 @@ class _Parser:
             bound = ">= 0" if allow_zero else "> 0"
             self.problem(key, f"must be {bound} seconds, not {value!r}.")
             return 1.0
+        if number < minimum:
+            self.problem(key, f"must be at least {minimum:g} seconds, not {value!r}.")
+            return minimum
         if number > maximum:
             self.problem(
                 key,
@@ -280,7 +289,9 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
     top = parser.section(raw, DEFAULTS, SETTING_NAME)
 
     concurrency = parser.positive_int(top["CONCURRENCY"], f"{SETTING_NAME}['CONCURRENCY']")
-    lease = parser.seconds(top["LEASE_SECONDS"], f"{SETTING_NAME}['LEASE_SECONDS']")
+    lease = parser.seconds(
+        top["LEASE_SECONDS"], f"{SETTING_NAME}['LEASE_SECONDS']", minimum=MIN_LEASE_SECONDS
+    )
     poll = parser.seconds(top["POLL_INTERVAL"], f"{SETTING_NAME}['POLL_INTERVAL']")
     queues = _parse_queues(parser, top["QUEUES"], concurrency, lease, poll)
 
@@ -456,7 +467,9 @@ def _parse_queues(
                 merged["CONNECTIONS"], f"{queue_key}['CONNECTIONS']", minimum=1
             ),
             concurrency=parser.positive_int(merged["CONCURRENCY"], f"{queue_key}['CONCURRENCY']"),
-            lease_seconds=parser.seconds(merged["LEASE_SECONDS"], f"{queue_key}['LEASE_SECONDS']"),
+            lease_seconds=parser.seconds(
+                merged["LEASE_SECONDS"], f"{queue_key}['LEASE_SECONDS']", minimum=MIN_LEASE_SECONDS
+            ),
             poll_interval=parser.seconds(merged["POLL_INTERVAL"], f"{queue_key}['POLL_INTERVAL']"),
             fair=fair,
             max_running=max_running,

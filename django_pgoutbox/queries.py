@@ -144,7 +144,7 @@ SET status = 'leased',
     locked_at = now(),
     locked_by = w.id,
     lease_expires_at = now() + make_interval(secs => w.lease),
-    attempts = j.attempts + 1,
+    attempts = least(j.attempts, 2147483646) + 1,  -- a row at the int4 limit fails no claim
     worker_ids = j.worker_ids || jsonb_build_array(w.id)
 FROM (SELECT %s::text AS id, %s::float8 AS lease) AS w
 WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
@@ -394,7 +394,7 @@ SET status = 'leased',
     locked_at = now(),
     locked_by = %(worker_id)s,
     lease_expires_at = now() + make_interval(secs => %(lease)s),
-    attempts = j.attempts + 1,
+    attempts = least(j.attempts, 2147483646) + 1,  -- a row at the int4 limit fails no claim
     worker_ids = j.worker_ids || jsonb_build_array(%(worker_id)s::text)
 FROM candidates AS c
 WHERE j.id = c.id

@@ -153,6 +153,18 @@ class TestProblems:
             ({"LEASE_SECONDS": 0}, "pgoutbox.E004", "PGOUTBOX['LEASE_SECONDS']", "> 0 seconds"),
             ({"LEASE_SECONDS": -5}, "pgoutbox.E004", "PGOUTBOX['LEASE_SECONDS']", "> 0 seconds"),
             (
+                {"LEASE_SECONDS": 1e-9},
+                "pgoutbox.E004",
+                "PGOUTBOX['LEASE_SECONDS']",
+                "at least 0.5 seconds",
+            ),
+            (
+                {"QUEUES": {"default": {"LEASE_SECONDS": 0.1}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['default']['LEASE_SECONDS']",
+                "at least 0.5 seconds",
+            ),
+            (
                 {"POLL_INTERVAL": "5s"},
                 "pgoutbox.E004",
                 "PGOUTBOX['POLL_INTERVAL']",

@@ -967,15 +967,26 @@ class QueueRunner:
         status = JobStatus.DEAD if dead else JobStatus.RETRYING
         what = "could not read this job" if code == UNREADABLE_JOB else "failed to run this attempt"
         summary = bound(f"the worker {what} ({_describe(error)}); see the worker's log")
-        logger.error(
-            "job %s attempt %d: %s -> %s",
-            job.id,
-            job.attempt,
-            summary,
-            status.value,
-            exc_info=error,
-            extra={"job_id": str(job.id), "queue": self.queue, "error_code": code},
-        )
+        fields = {"job_id": str(job.id), "queue": self.queue, "error_code": code}
+        try:
+            logger.error(
+                "job %s attempt %d: %s -> %s",
+                job.id,
+                job.attempt,
+                summary,
+                status.value,
+                exc_info=error,
+                extra=fields,
+            )
+        except BaseException:  # a traceback that cannot be formatted (its __class__ raises)
+            logger.error(
+                "job %s attempt %d: %s -> %s (its traceback could not be formatted)",
+                job.id,
+                job.attempt,
+                summary,
+                status.value,
+                extra=fields,
+            )
         delay = 0.0 if dead else backoff(job.attempt, self.policy)
         return Outcome(job, status, delay=delay, code=code, summary=summary)
 

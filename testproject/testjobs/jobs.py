@@ -256,3 +256,60 @@ def poison_hang(payload: dict[str, Any], ctx: JobContext) -> Any:
     record(ctx, "start")
     time.sleep(payload.get("seconds", 5))
     return None
+
+
+# -- Hostile handlers (tests/reliability/test_poison_hostile.py) --------------------------------
+
+
+class _HostileFloat(float):
+    """A float whose comparisons raise: a delay that breaks whoever checks it."""
+
+    def __ge__(self, other: Any) -> bool:
+        raise RuntimeError("no comparing me")
+
+
+class _HostileClassError(Exception):
+    """An exception whose ``__class__`` raises: ``isinstance()`` on it raises too."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> Any:
+        raise RuntimeError("no class for you")
+
+
+class _HostileSnooze(Snooze):
+    """A Snooze whose ``seconds`` cannot be read (its constructor, which checks it, skipped)."""
+
+    def __init__(self) -> None:
+        Exception.__init__(self, "hostile snooze")
+
+    @property
+    def seconds(self) -> float:  # type: ignore[override]
+        raise RuntimeError("no seconds for you")
+
+
+def _hostile(kind: str) -> Any:
+    if kind == "class_raises":
+        return _HostileClassError("boom")
+    if kind == "snooze_property":
+        return _HostileSnooze()
+    if kind == "rate_hostile_float":
+        error = RateLimited(1)
+        error.retry_after = _HostileFloat(5)
+        return error
+    raise AssertionError(kind)
+
+
+@job("tests.hostile_raise", max_attempts=3)
+def hostile_raise(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Raise the hostile value named by ``kind`` (see ``_hostile``)."""
+    raise _hostile(payload["kind"])
+
+
+@job("tests.hostile_open_transaction")
+def hostile_open_transaction(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Start a transaction behind Django's back (a raw BEGIN) and return with it open."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN")
+    return None

@@ -1,0 +1,81 @@
+"""Hostile values a handler can raise or leave behind, each beside innocent jobs in one batch
+run by a real ``runworkers`` process (the style of ``test_poison_values.py``).
+
+Every test asserts: the process is still running, every innocent job completed at its first
+attempt, the poison job ended in its named state, and nothing stays leased.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_pgoutbox import enqueue_many
+from django_pgoutbox.models import JobStatus
+from testproject.testjobs.models import SideEffect
+from tests.reliability.test_poison_values import QUICK, run_beside_innocents, settle
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_an_exception_whose_traceback_cannot_be_formatted_still_gets_an_outcome(
+    start_worker: Any,
+) -> None:
+    """Its ``__class__`` raises: ``isinstance()`` on it raises, and so does every traceback
+    printed of it (logging's included). Each attempt still ends as ``worker_error`` at once,
+    not by its lease expiring with its handler thread dead."""
+    worker, poison, innocents = run_beside_innocents(
+        start_worker, {"job_type": "tests.hostile_raise", "payload": {"kind": "class_raises"}}
+    )
+    ended = settle(worker, poison, innocents, JobStatus.DEAD, "worker_error")
+    assert ended.attempts == 3
+    assert "without an outcome" not in worker.output()
+
+
+@pytest.mark.parametrize(
+    ("kind", "code"),
+    [("snooze_property", "RuntimeError"), ("rate_hostile_float", "RateLimited")],
+)
+def test_a_delay_that_cannot_be_read_or_compared_is_that_jobs_error(
+    start_worker: Any, kind: str, code: str
+) -> None:
+    worker, poison, innocents = run_beside_innocents(
+        start_worker, {"job_type": "tests.hostile_raise", "payload": {"kind": kind}}
+    )
+    ended = settle(worker, poison, innocents, JobStatus.DEAD, code)
+    assert ended.attempts == 3
+
+
+def test_a_transaction_left_open_by_a_handler_does_not_swallow_the_next_jobs_writes(
+    start_worker: Any,
+) -> None:
+    """One handler thread: the innocents after the poison run on its connection."""
+    jobs = enqueue_many(
+        [
+            {"job_type": "tests.hostile_open_transaction", "payload": {}},
+            *[{"job_type": "tests.behave", "payload": {}}] * 4,
+        ]
+    )
+    worker = start_worker("--queues", "default", "--concurrency", "1", **QUICK)
+    poison, innocents = jobs[0], list(jobs[1:])
+    settle(worker, poison, innocents, JobStatus.COMPLETED, None)
+    recorded = SideEffect.objects.filter(job_id__in=[j.pk for j in innocents], event="end")
+    assert recorded.count() == len(innocents), worker.output()[-3000:]
+
+
+def test_a_row_whose_attempts_are_at_the_int4_limit_fails_no_claim(start_worker: Any) -> None:
+    """A row written by raw SQL with ``attempts = 2**31 - 1``: counting its claim overflowed
+    ``integer``, failed the claim statement of its whole queue and stopped the process, at
+    every restart. Its claim now keeps the count at the limit; the job runs like any other."""
+    jobs = enqueue_many([{"job_type": "tests.behave", "payload": {}}] * 9)
+    poison, innocents = jobs[0], list(jobs[1:])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs SET attempts = 2147483647, max_attempts = 2147483647 WHERE id = %s",
+            [poison.pk],
+        )
+    worker = start_worker("--queues", "default", "--concurrency", "4", **QUICK)
+    ended = settle(worker, poison, innocents, JobStatus.COMPLETED, None)
+    assert ended.attempts == 2147483647
