@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
+from typing import Any
 
 from django.db import close_old_connections, connection
 
@@ -95,3 +96,19 @@ def poison_close_connection(event: OutboxEvent) -> None:
     """Close the relay's connection, as code written for threads may (inside an atomic block,
     ``close_old_connections()`` always closes it)."""
     close_old_connections()
+
+
+# -- Hostile subscribers (tests/reliability/test_poison_hostile.py) -----------------------------
+
+
+class _HostileClassError(Exception):
+    """An exception whose ``__class__`` raises: every traceback printed of it raises too."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> Any:
+        raise RuntimeError("no class for you")
+
+
+@subscriber("hostile.unprintable_class")
+def hostile_unprintable_class(event: OutboxEvent) -> None:
+    raise _HostileClassError("boom")
