@@ -149,7 +149,9 @@ SET status = 'leased',
 FROM (SELECT %s::text AS id, %s::float8 AS lease) AS w
 WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
 RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
-          j.queue, j.priority, j.created_at, extract(epoch FROM now() - j.run_at)::float8,
+          j.queue, j.priority, j.created_at,
+          -- run_at '-infinity' (a row written by hand) is due now: no infinite subtraction
+          CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM now() - j.run_at)::float8 ELSE 0 END,
           j.worker_ids::text
 """
 
@@ -399,7 +401,9 @@ SET status = 'leased',
 FROM candidates AS c
 WHERE j.id = c.id
 RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
-          j.queue, j.priority, j.created_at, extract(epoch FROM now() - j.run_at)::float8,
+          j.queue, j.priority, j.created_at,
+          -- run_at '-infinity' (a row written by hand) is due now: no infinite subtraction
+          CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM now() - j.run_at)::float8 ELSE 0 END,
           j.worker_ids::text
 """
 

@@ -506,17 +506,25 @@ class Relay:
             summary = bound(f"a job it enqueued cannot be written: {summary}")
         elif code == CLOSED_RELAY_CONNECTION:
             summary = bound(str(error))
-        logger.error(
-            "event %s (%s) attempt %d/%d: %s -> %s",
+        arguments = (
             event.id,
             event.event_type,
             attempt,
             self.settings.max_attempts,
             summary,
             "dead" if dead else f"retry in {delay:.1f}s",
-            exc_info=error,
-            extra={"event_id": str(event.id), "event_type": event.event_type, "attempt": attempt},
         )
+        fields = {"event_id": str(event.id), "event_type": event.event_type, "attempt": attempt}
+        try:
+            logger.error(
+                "event %s (%s) attempt %d/%d: %s -> %s", *arguments, exc_info=error, extra=fields
+            )
+        except BaseException:  # a traceback that cannot be formatted (its __class__ raises)
+            logger.error(
+                "event %s (%s) attempt %d/%d: %s -> %s (its traceback could not be formatted)",
+                *arguments,
+                extra=fields,
+            )
         return _Failure(event.id, dead, delay, code, summary)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from datetime import timedelta
+from typing import Any
 
 from django.db import close_old_connections, connection
 
@@ -101,3 +102,19 @@ def poison_close_connection(event: OutboxEvent) -> None:
 def poison_os_exit(event: OutboxEvent) -> None:
     """Kill the relay's whole process, as a crash in native code or the OOM killer would."""
     os._exit(9)
+
+
+# -- Hostile subscribers (tests/reliability/test_poison_hostile.py) -----------------------------
+
+
+class _HostileClassError(Exception):
+    """An exception whose ``__class__`` raises: every traceback printed of it raises too."""
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> Any:
+        raise RuntimeError("no class for you")
+
+
+@subscriber("hostile.unprintable_class")
+def hostile_unprintable_class(event: OutboxEvent) -> None:
+    raise _HostileClassError("boom")

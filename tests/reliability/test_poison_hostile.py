@@ -2,7 +2,8 @@
 run by a real ``runworkers`` process (the style of ``test_poison_values.py``).
 
 Every test asserts: the process is still running, every innocent job completed at its first
-attempt, the poison job ended in its named state, and nothing stays leased.
+attempt (every innocent event projected once), the poison ended in its named state, and
+nothing stays leased.
 """
 
 from __future__ import annotations
@@ -13,8 +14,16 @@ import pytest
 from django.db import connection
 
 from django_pgoutbox import enqueue_many
-from django_pgoutbox.models import JobStatus
+from django_pgoutbox.models import Job, JobStatus
 from testproject.testjobs.models import SideEffect
+from tests.processes import wait_for
+from tests.reliability.test_poison_relay import (
+    assert_dead,
+    assert_innocents_projected_once,
+    publish_batch,
+    relay,
+    wait_until_dead,
+)
 from tests.reliability.test_poison_values import QUICK, run_beside_innocents, settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -79,3 +88,34 @@ def test_a_row_whose_attempts_are_at_the_int4_limit_fails_no_claim(start_worker:
     worker = start_worker("--queues", "default", "--concurrency", "4", **QUICK)
     ended = settle(worker, poison, innocents, JobStatus.COMPLETED, None)
     assert ended.attempts == 2147483647
+
+
+def test_a_row_due_since_minus_infinity_fails_no_claim(start_worker: Any) -> None:
+    """``run_at = '-infinity'`` (raw SQL): the claim's ``now() - run_at`` raised "cannot
+    subtract infinite timestamps", failed its queue's claim and stopped the process."""
+    jobs = enqueue_many([{"job_type": "tests.behave", "payload": {}}] * 9)
+    poison, innocents = jobs[0], list(jobs[1:])
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE jobs SET run_at = '-infinity' WHERE id = %s", [poison.pk])
+    worker = start_worker("--queues", "default", "--concurrency", "4", **QUICK)
+    # Read without run_at, which no Python datetime can hold.
+    poisoned = Job.objects.filter(pk=poison.pk).values_list("status", "attempts")
+    wait_for(lambda: poisoned.get()[0] == JobStatus.COMPLETED, timeout=20)
+    assert poisoned.get() == (JobStatus.COMPLETED, 1)
+    assert worker.process.poll() is None, worker.output()[-3000:]
+    innocent = Job.objects.filter(pk__in=[j.pk for j in innocents])
+    wait_for(lambda: innocent.filter(status=JobStatus.COMPLETED).count() == 8, timeout=20)
+    assert set(innocent.values_list("attempts", flat=True)) == {1}
+    assert not Job.objects.filter(status=JobStatus.LEASED).exists()
+
+
+def test_a_subscriber_exception_whose_traceback_cannot_be_formatted_fails_its_event_only(
+    start_worker: Any,
+) -> None:
+    """Logging its failure with its traceback raised in turn: the relay thread died and the
+    process exited, every event of the batch unprocessed, at every restart."""
+    innocents, [poison] = publish_batch(("hostile.unprintable_class", {}))
+    worker = relay(start_worker)
+    wait_until_dead(poison, worker)
+    assert_innocents_projected_once(innocents)
+    assert_dead(poison, "_HostileClassError")
