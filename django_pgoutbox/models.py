@@ -138,6 +138,9 @@ class Job(models.Model):
     # Added: when someone asked a running attempt to stop (cancel()); the handler sees it at
     # its next lease renewal, and the attempt ends 'cancelled' instead of being retried.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    # Added: the attempt that ran alone in its worker's queue (a suspect: the attempt before it
+    # was lost with its worker). Only an attempt lost while alone counts (see the recovery).
+    alone_attempt = models.IntegerField(null=True, blank=True)
 
     class Meta:
         db_table = "jobs"

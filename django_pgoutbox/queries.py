@@ -152,7 +152,9 @@ RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organ
           j.queue, j.priority, j.created_at,
           -- run_at '-infinity' (a row written by hand) is due now: no infinite subtraction
           CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM now() - j.run_at)::float8 ELSE 0 END,
-          j.worker_ids::text
+          j.worker_ids::text,
+          -- a suspect: its last attempt was lost with its worker (see RECOVER_EXPIRED_LEASES)
+          coalesce(j.last_error_code = 'lease_expired', false)
 """
 
 #: Lease up to ``limit`` due jobs of one queue, in priority order, and count the attempt.
@@ -244,7 +246,7 @@ WITH recorded AS ({RECORD_OUTCOMES}),
 candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
 claimed AS ({_CLAIM_UPDATE})
 SELECT false, id, NULL, NULL, NULL::integer, NULL::integer, NULL::uuid, NULL, NULL::integer,
-       NULL::timestamptz, NULL::float8, NULL::text
+       NULL::timestamptz, NULL::float8, NULL::text, NULL::boolean
 FROM recorded
 UNION ALL
 SELECT true, * FROM claimed
@@ -404,7 +406,8 @@ RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organ
           j.queue, j.priority, j.created_at,
           -- run_at '-infinity' (a row written by hand) is due now: no infinite subtraction
           CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM now() - j.run_at)::float8 ELSE 0 END,
-          j.worker_ids::text
+          j.worker_ids::text,
+          coalesce(j.last_error_code = 'lease_expired', false)  -- a suspect, as in CLAIM_JOBS
 """
 
 
@@ -461,27 +464,53 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL
 #: Parameters: queue text or NULL (every queue).
 #:
 #: A worker that crashed or stalled past its lease never recorded an outcome; its job goes back
-#: to 'retrying' due now, or to 'dead' if the budget is spent, or to 'cancelled' if its
-#: cancellation was requested. Concurrent recoverers are safe:
-#: under READ COMMITTED the second re-checks ``status = 'leased'`` on the locked row after the
-#: first commits and skips it, so each expiry is returned, and counted, exactly once.
-#: The scan reads ``jobs_leased_idx``: only the rows that are running.
+#: to 'retrying' due now, or to 'cancelled' if its cancellation was requested. Whether the lost
+#: attempt counts depends on whether the job ran **alone** (``alone_attempt = attempts``, see
+#: MARK_ALONE): a job lost beside others, or claimed and never started (prefetched), may have
+#: died for a neighbour's fault, so it gets its attempt back (``attempts`` goes down by one, as
+#: for a snooze) and, being now a *suspect* (``last_error_code = 'lease_expired'``), its next
+#: attempt runs alone. A job lost while it ran alone spends the attempt, and is 'dead' if that
+#: was its last. So a job that kills its process spends its own attempts and nobody else's.
+#:
+#: Concurrent recoverers are safe: under READ COMMITTED the second re-checks ``status =
+#: 'leased'`` on the locked row after the first commits and skips it, so each expiry is
+#: returned, and counted, exactly once. The scan reads ``jobs_leased_idx``: only the rows that
+#: are running.
 RECOVER_EXPIRED_LEASES = """
 UPDATE jobs
 SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
-                  WHEN attempts >= max_attempts THEN 'dead'
+                  WHEN alone_attempt = attempts AND attempts >= max_attempts THEN 'dead'
                   ELSE 'retrying' END,
+    attempts = CASE WHEN alone_attempt IS DISTINCT FROM attempts THEN attempts - 1
+                    ELSE attempts END,
     run_at = now(),
-    finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR attempts >= max_attempts
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL
+                         OR (alone_attempt = attempts AND attempts >= max_attempts)
                        THEN now() END,
     last_error_code = 'lease_expired',
     last_error_summary = 'lease of attempt ' || attempts || ' held by ' || coalesce(locked_by, '?')
-        || ' expired at ' || lease_expires_at,
+        || ' expired at ' || lease_expires_at
+        || CASE WHEN alone_attempt = attempts THEN '; it ran alone: the attempt counts'
+                ELSE '; it was not running alone: the attempt is given back, the next runs alone'
+           END,
     lease_expires_at = NULL
 WHERE status = 'leased'
   AND lease_expires_at < now()
   AND (%s::text IS NULL OR queue = %s::text)
 RETURNING id, queue, status
+"""
+
+#: Say that a suspect (a job whose last attempt was lost with its worker) now runs alone in
+#: this worker's queue: nothing else of the queue runs there until it ends. Should its lease
+#: expire, the attempt counts (RECOVER_EXPIRED_LEASES).
+#:
+#: Parameters: id uuid, attempt int, worker_id text. Fenced like RENEW_LEASES; returns the id
+#: while the lease is held. ``alone_attempt`` is in no index: a HOT update.
+MARK_ALONE = """
+UPDATE jobs
+SET alone_attempt = attempts
+WHERE id = %s AND attempts = %s AND locked_by = %s AND status = 'leased'
+RETURNING id
 """
 
 #: Give back jobs this worker claimed but will not finish (graceful shutdown past its grace).

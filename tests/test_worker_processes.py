@@ -15,6 +15,7 @@ import pytest
 from django.utils import timezone
 
 from django_pgoutbox import enqueue, enqueue_many
+from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.models import Job, JobStatus
 from testproject.testjobs.models import SideEffect
 from tests.processes import scaled, wait_for
@@ -60,7 +61,9 @@ def test_sigkill_mid_handler_loses_nothing(start_worker: Any) -> None:
         Job.objects.filter(last_error_code="lease_expired").values_list("pk", flat=True)
     )
     assert len(recovered) >= killed_mid_handler
-    assert all(j.attempts == 2 for j in Job.objects.filter(pk__in=recovered))
+    for job in Job.objects.filter(pk__in=recovered):
+        # Two claims; the one lost with the worker (beside others) was given back.
+        assert (job.attempts, len(job.worker_ids)) == (1, 2)
     # At-least-once, with bounded duplicates: only the jobs in flight when the worker died (at
     # most one per handler thread) ran again, once each. A job may even have reached its end
     # twice: killed after its side effects, before its outcome was written.
@@ -115,8 +118,31 @@ def test_sigstop_past_the_lease_cannot_overwrite_the_new_holder(start_worker: An
     wait_for(lambda: "discarded" in stalled.output(), timeout=10)
 
     job.refresh_from_db()
-    assert (job.status, job.locked_by, job.attempts) == (JobStatus.COMPLETED, "rescuer", 2)
+    # The stalled attempt was lost beside nothing it ran alone: given back, so the rescuer's
+    # claim is attempt 1 again, and the fence (locked_by) still tells the two apart.
+    assert (job.status, job.locked_by, job.attempts) == (JobStatus.COMPLETED, "rescuer", 1)
+    assert job.worker_ids == ["stalled", "rescuer"]
     assert job.result == {"pid": rescuer.pid}
+
+
+def test_a_worker_that_claims_back_a_job_it_still_runs_does_not_run_it_twice(
+    start_worker: Any,
+) -> None:
+    """Frozen past its lease, the job recovered meanwhile (its attempt given back), the worker
+    wakes and claims it again, the same attempt number: the run it still has goes on under the
+    new lease and writes the outcome; no second run starts."""
+    job = enqueue("tests.behave", {"sleep": 2.5})
+    worker = start_worker("--queues", "default", "--worker-id", "alone", **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(job_id=job.pk, event="start").exists())
+    worker.signal(signal.SIGSTOP)
+    wait_for(lambda: [lease.job_id for lease in recover_expired_leases()] == [job.pk], timeout=10)
+    worker.signal(signal.SIGCONT)
+    wait_for(lambda: Job.objects.filter(pk=job.pk, status=JobStatus.COMPLETED).exists())
+    job.refresh_from_db()
+    assert (job.attempts, job.worker_ids) == (1, ["alone", "alone"])
+    assert SideEffect.objects.filter(job_id=job.pk, event="start").count() == 1
+    assert SideEffect.objects.filter(job_id=job.pk, event="end").count() == 1
+    assert "goes on under the new lease" in worker.output()
 
 
 def test_sigterm_drains_gracefully(start_worker: Any) -> None:

@@ -159,6 +159,7 @@ class _Running:
         "cancel",
         "deadline",
         "finished",
+        "held",
         "id",
         "lease_lost",
         "row",
@@ -182,6 +183,9 @@ class _Running:
         self.lease_lost = False
         #: Its handler returned: its outcome waits to be written, or is being written.
         self.finished = False
+        #: A suspect (its last attempt was lost with its worker) held back until it can run
+        #: alone; see ``QueueRunner._start_alone``.
+        self.held = False
 
     @property
     def job(self) -> ClaimedJob:
@@ -426,6 +430,13 @@ class QueueRunner:
         #: Whether this queue is stuck, as the dispatcher last told the heartbeat row (None:
         #: not told yet); see ``_publish_health``.
         self._published_stuck: bool | None = False
+        #: Suspects claimed and held back, in claim order: jobs whose last attempt was lost with
+        #: its worker, each to run alone (see ``_start_alone``). While any is held, or one runs
+        #: alone (``_alone``), the queue claims nothing. Under ``_lock``.
+        self._suspects: deque[_Running] = deque()
+        self._alone: _Running | None = None
+        #: When the first suspect held began to wait for the queue's other attempts to end.
+        self._suspect_since = 0.0
         self._threads = _HandlerThreads(
             self.concurrency, f"pgoutbox-{self.queue}", self._run_attempt, self._post_lost
         )
@@ -488,6 +499,8 @@ class QueueRunner:
                 try:
                     if self._lost:
                         self._forget_lost()
+                    if self._suspects and not self._stopping.is_set():
+                        self._start_alone(now)
                     self._expire_timeouts(now)
                     if self._published_stuck != self._stuck():
                         self._publish_health()
@@ -548,6 +561,8 @@ class QueueRunner:
                 if self._running:
                     deadlines.append(next_renewal)
                     deadlines.extend(r.deadline for r in list(self._timed.values()) if r.deadline)
+                if self._suspects:
+                    deadlines.append(self._suspect_since + self.lease_seconds)
                 if stop_deadline is not None:
                     deadlines.append(stop_deadline)
                 self._wake.wait(max(0.0, min(deadlines) - time.monotonic()))
@@ -667,7 +682,7 @@ class QueueRunner:
         finishing = sum(1 for o in batch if not o.timed_out)
         limit = 0
         with self._lock:
-            if claim:
+            if claim and not self._holding_alone():
                 busy = len(self._running) - self._writing - finishing - len(self._outcomes)
                 limit = max(
                     0, self.concurrency + self._prefetch(len(batch)) - busy - self._reserved
@@ -887,10 +902,100 @@ class QueueRunner:
         for row in rows:
             # A first attempt's worker_ids are this worker's id alone: no JSON to parse.
             entry = _Running(row, alone if row[10] == own else None)
-            self._running[(entry.id, entry.attempt)] = entry
-            self._threads.submit(entry)
+            key = (entry.id, entry.attempt)
+            running = self._running.get(key)
+            if running is not None:
+                # Still running here: its lease expired (a stall past it) and was recovered,
+                # its attempt given back, and this worker claimed it again. The run goes on
+                # under the new lease; no second one starts.
+                running.lease_lost = False
+                logger.warning(
+                    "job %s attempt %d: claimed again while its attempt still runs here; it "
+                    "goes on under the new lease",
+                    entry.id,
+                    entry.attempt,
+                    extra={"job_id": str(entry.id), "queue": self.queue},
+                )
+                continue
+            self._running[key] = entry
+            if row[11]:  # a suspect: it waits to run alone
+                entry.held = True
+                if not self._suspects:
+                    self._suspect_since = time.monotonic()
+                self._suspects.append(entry)
+            else:
+                self._threads.submit(entry)
             started.append(entry)
         return started
+
+    def _holding_alone(self) -> bool:
+        """Whether a suspect waits to run alone, or runs alone (under ``_lock``): then the
+        queue claims nothing, so that nothing starts beside it."""
+        alone = self._alone
+        return bool(self._suspects) or (
+            alone is not None
+            and not alone.finished
+            and self._running.get((alone.id, alone.attempt)) is alone
+        )
+
+    def _start_alone(self, now: float) -> None:
+        """Start the first suspect held, once nothing else of the queue runs in this worker.
+
+        A suspect is a job whose last attempt was lost with its worker (``lease_expired``):
+        perhaps a neighbour killed the process, perhaps it did. Its attempt came back at the
+        recovery, and it runs alone: MARK_ALONE says so in its row before it starts, so that
+        should the process die again now, the attempt counts (RECOVER_EXPIRED_LEASES), and
+        nobody else's does. Should the others not end within a lease period (a handler that
+        hangs with no timeout), it starts beside them, unmarked, rather than wait for good.
+        """
+        with self._lock:
+            if not self._suspects:
+                return
+            entry = self._suspects[0]
+            busy = sum(1 for e in self._running.values() if not e.finished and not e.held)
+        alone = busy == 0
+        if not alone and now < self._suspect_since + self.lease_seconds:
+            return  # the dispatcher looks again when an attempt ends, or at that deadline
+        held = True
+        if alone:
+            with self._connection().cursor() as cursor:
+                cursor.execute(queries.MARK_ALONE, [entry.id, entry.attempt, self.worker_id])
+                held = cursor.fetchone() is not None
+        with self._lock:
+            self._suspects.popleft()
+            self._suspect_since = now
+            entry.held = False
+            if not held:
+                self._running.pop((entry.id, entry.attempt), None)
+            elif alone:
+                self._alone = entry
+        fields = {"job_id": str(entry.id), "queue": self.queue}
+        if not held:
+            logger.warning(
+                "job %s attempt %d: lease lost before it started; not run",
+                entry.id,
+                entry.attempt,
+                extra=fields,
+            )
+            return
+        if alone:
+            logger.warning(
+                "job %s attempt %d: its last attempt was lost with its worker; it runs alone",
+                entry.id,
+                entry.attempt,
+                extra=fields,
+            )
+        else:
+            logger.warning(
+                "job %s attempt %d: its last attempt was lost with its worker; %d other "
+                "attempt(s) did not end within %gs, so it runs beside them",
+                entry.id,
+                entry.attempt,
+                busy,
+                self.lease_seconds,
+                extra=fields,
+            )
+        self._threads.submit(entry)
 
     def _prefetch(self, finished: int) -> int:
         """How many jobs beyond the busy threads to claim now: about PREFETCH_SECONDS of work."""
@@ -1196,8 +1301,12 @@ class QueueRunner:
             request.done.set()
 
     def _unclaim_waiting(self) -> None:
-        """At shutdown: give back the prefetched jobs that no thread started, attempt and all."""
+        """At shutdown: give back the prefetched jobs that no thread started, and the suspects
+        held, attempt and all."""
         waiting = self._threads.take_waiting()
+        with self._lock:
+            waiting.extend(self._suspects)
+            self._suspects.clear()
         if not waiting:
             return
         with self._connection().cursor() as cursor:

@@ -313,3 +313,20 @@ def hostile_open_transaction(payload: dict[str, Any], ctx: JobContext) -> Any:
     with connection.cursor() as cursor:
         cursor.execute("BEGIN")
     return None
+
+
+@job("tests.poison_exit", max_attempts=3)
+def poison_exit(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Kill the whole worker process at once, as a crashing C extension or the OOM killer would."""
+    record(ctx, "start")
+    time.sleep(payload.get("after", 0.0))
+    os._exit(9)
+
+
+@job("tests.poison_neighbour", max_attempts=2)
+def poison_neighbour(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """An innocent job with a small budget, to sit beside a poison: sleeps, then returns."""
+    record(ctx, "start")
+    time.sleep(payload.get("sleep", 1.0))
+    record(ctx, "end")
+    return {"attempt": ctx.attempt}

@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import signal
+import subprocess
 import threading
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from django_pgoutbox import enqueue_many
 from django_pgoutbox.conf import get_settings
+from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.runner import QueueRunner, _execute, _Running
@@ -306,3 +312,128 @@ def test_health_reports_a_queue_whose_threads_all_hang_past_their_timeout(
     wait_for(lambda: client.get("/pgoutbox/health?require=jobs").status_code == 200, timeout=15)
     assert nothing_leased()
     assert worker.process.poll() is None
+
+
+# -- 7: a job that kills its process spends its own attempts, not its neighbours' -------------
+
+
+def expire(job: Job, **columns: Any) -> None:
+    """Make ``job`` a lease held by a dead worker, expired a second ago."""
+    Job.objects.filter(pk=job.pk).update(
+        status=JobStatus.LEASED,
+        locked_by="dead-worker",
+        lease_expires_at=timezone.now() - timedelta(seconds=1),
+        **columns,
+    )
+
+
+def test_recovery_counts_only_an_attempt_lost_while_it_ran_alone() -> None:
+    beside, alone_last, alone_early, marked_before = enqueue_many(
+        [{"job_type": "tests.behave", "payload": {}}] * 4
+    )
+    Job.objects.filter(pk__in=[beside.pk, alone_last.pk, alone_early.pk]).update(max_attempts=3)
+    Job.objects.filter(pk=marked_before.pk).update(max_attempts=2)
+    expire(beside, attempts=3)  # its last attempt, lost beside others (or never started)
+    expire(alone_last, attempts=3, alone_attempt=3)  # its last attempt, lost alone
+    expire(alone_early, attempts=1, alone_attempt=1)
+    expire(marked_before, attempts=2, alone_attempt=1)  # ran alone once; this attempt did not
+    recovered = {lease.job_id: lease.status for lease in recover_expired_leases()}
+    assert recovered == {
+        beside.pk: "retrying",
+        alone_last.pk: "dead",
+        alone_early.pk: "retrying",
+        marked_before.pk: "retrying",
+    }
+    expected = {beside.pk: 2, alone_last.pk: 3, alone_early.pk: 1, marked_before.pk: 1}
+    for job in Job.objects.filter(pk__in=expected):
+        assert job.attempts == expected[job.pk]
+        assert job.last_error_code == "lease_expired"
+    assert "given back" in str(Job.objects.get(pk=beside.pk).last_error_summary)
+    assert "counts" in str(Job.objects.get(pk=alone_last.pk).last_error_summary)
+
+
+def exited_or_dead(process: subprocess.Popen[bytes], job: Job) -> bool:
+    return process.poll() is not None or ended(job, JobStatus.DEAD)
+
+
+def test_a_job_that_kills_its_process_dies_alone(start_worker: Any) -> None:
+    """``os._exit(9)`` beside three 1 s jobs that have two attempts each, in one claim, the
+    worker started again after each crash. The first crash takes every job the worker held;
+    they all get that attempt back and run alone next: the poison dies alone three times (its
+    budget), each counted, and the innocents complete at their first counted attempt."""
+    jobs = enqueue_many(
+        [{"job_type": "tests.poison_exit", "payload": {"after": 0.2}}]
+        + [{"job_type": "tests.poison_neighbour", "payload": {"sleep": 1.0}}] * 3
+    )
+    poison, innocents = jobs[0], jobs[1:]
+    crashes = 0
+    while True:
+        worker = start_worker(*FOUR, **QUICK)
+        wait_for(partial(exited_or_dead, worker.process, poison), timeout=30)
+        if worker.process.poll() is None:
+            break
+        assert worker.process.returncode == 9
+        crashes += 1
+        assert crashes <= 4, "the poison killed its worker more often than its budget allows"
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=30)
+    assert (poison.status, poison.attempts, poison.last_error_code) == (
+        JobStatus.DEAD,
+        3,
+        "lease_expired",
+    )
+    assert crashes == 4  # the first, beside the innocents, given back; then three alone
+    for job in innocents:
+        assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1), job.last_error_summary
+        assert SideEffect.objects.filter(job_id=job.pk, event="end").count() == 1
+    assert nothing_leased()
+    assert worker.process.poll() is None
+
+
+def suspect_beside(neighbour_sleep: float) -> tuple[Job, Job]:
+    """A neighbour (claimed first: a higher priority) and a suspect, due together."""
+    neighbour, suspect = enqueue_many(
+        [
+            {"job_type": "tests.behave", "payload": {"sleep": neighbour_sleep}, "priority": 5},
+            {"job_type": "tests.behave", "payload": {}},
+        ]
+    )
+    Job.objects.filter(pk=suspect.pk).update(
+        status=JobStatus.RETRYING, last_error_code="lease_expired", attempts=1
+    )
+    return neighbour, suspect
+
+
+def event_at(job: Job, event: str) -> Any:
+    return SideEffect.objects.get(job_id=job.pk, event=event).at
+
+
+def test_a_suspect_starts_once_the_attempts_beside_it_have_ended(start_worker: Any) -> None:
+    neighbour, suspect = suspect_beside(0.5)
+    worker = start_worker(*FOUR, **QUICK)
+    wait_for(lambda: ended(suspect, JobStatus.COMPLETED) and ended(neighbour, JobStatus.COMPLETED))
+    assert event_at(suspect, "start") >= event_at(neighbour, "end")
+    assert Job.objects.get(pk=suspect.pk).alone_attempt == 2
+    assert "runs alone" in worker.output()
+
+
+def test_a_suspect_waits_at_most_a_lease_for_a_neighbour_that_hangs(start_worker: Any) -> None:
+    """A neighbour that outlives the lease period (no timeout): the suspect starts beside it,
+    unmarked (a crash now would give it its attempt back), rather than wait for good."""
+    neighbour, suspect = suspect_beside(4.0)
+    worker = start_worker(*FOUR, **QUICK)
+    wait_for(lambda: ended(suspect, JobStatus.COMPLETED))
+    assert not SideEffect.objects.filter(job_id=neighbour.pk, event="end").exists()
+    assert Job.objects.get(pk=suspect.pk).alone_attempt is None
+    assert "runs beside them" in worker.output()
+    wait_for(lambda: ended(neighbour, JobStatus.COMPLETED))
+
+
+def test_a_suspect_held_at_shutdown_gets_its_attempt_back(start_worker: Any) -> None:
+    neighbour, suspect = suspect_beside(2.0)
+    worker = start_worker(*FOUR, **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(job_id=neighbour.pk, event="start").exists())
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=15) == 0
+    held = Job.objects.get(pk=suspect.pk)
+    assert (held.status, held.attempts) == (JobStatus.PENDING, 1)
+    assert not SideEffect.objects.filter(job_id=suspect.pk).exists()
