@@ -91,6 +91,7 @@ def test_added_columns() -> None:
         "result",
         "worker_ids",
         "cancel_requested_at",
+        "alone_attempt",
     }
     assert set(columns("outbox_events")) - set(SEED_OUTBOX) == {"last_error_code", "dead_at"}
     assert set(columns("worker_heartbeats")) == {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import threading
 import time
@@ -274,6 +275,23 @@ def _execute(
     return outcome
 
 
+def _leave_forked_child(job: ClaimedJob) -> None:
+    """The handler called ``os.fork()`` and this is the child, returning into the worker: it
+    must not go on as a second worker with a copy of the first's state and its connections'
+    sockets (an outcome written twice, a protocol stream broken, an orphan process). It leaves
+    at once, with no cleanup that could write to those sockets, and says so on stderr (not
+    through ``logging``, whose locks another thread of the parent may have held at the fork).
+    """
+    message = (
+        f"job {job.id} ({job.job_type}) attempt {job.attempt}: its handler forked, and the "
+        f"child (pid {os.getpid()}) returned into the worker; the child exits\n"
+    )
+    try:
+        os.write(2, message.encode("utf-8", "replace"))
+    finally:
+        os._exit(70)  # EX_SOFTWARE
+
+
 def _failed(job: ClaimedJob, error: BaseException, policy: RetrySettings) -> Outcome:
     """The outcome of an attempt that failed outside its handler, as the policy decides it."""
     try:
@@ -383,7 +401,12 @@ def _run(
         if definition.isolation == "process":
             returned = run_isolated(job, definition, cancel, using)
         else:
-            returned = definition(job.payload, ctx)
+            pid = os.getpid()
+            try:
+                returned = definition(job.payload, ctx)
+            finally:
+                if os.getpid() != pid:
+                    _leave_forked_child(job)
         if isinstance(returned, Snooze):
             raise returned
         result_json = None if returned is None else _result_json(returned)

@@ -330,3 +330,13 @@ def poison_neighbour(payload: dict[str, Any], ctx: JobContext) -> Any:
     time.sleep(payload.get("sleep", 1.0))
     record(ctx, "end")
     return {"attempt": ctx.attempt}
+
+
+@job("tests.hostile_fork", max_attempts=2)
+def hostile_fork(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Fork, and return (or raise, with ``raise``) in both processes: the parent's outcome is
+    the job's; the child must not go on as a worker."""
+    child = os.fork()
+    if payload.get("raise"):
+        raise RuntimeError(f"forked {child}")
+    return {"child": child}

@@ -8,6 +8,7 @@ nothing stays leased.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,6 +73,44 @@ def test_a_transaction_left_open_by_a_handler_does_not_swallow_the_next_jobs_wri
     settle(worker, poison, innocents, JobStatus.COMPLETED, None)
     recorded = SideEffect.objects.filter(job_id__in=[j.pk for j in innocents], event="end")
     assert recorded.count() == len(innocents), worker.output()[-3000:]
+
+
+def live_children(pid: int) -> list[int]:
+    """The children of process ``pid`` that are still running (not zombies waiting for it)."""
+    children: list[int] = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        children += [int(child) for child in path.read_text().split()]
+    live = []
+    for child in children:
+        try:
+            state = Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            live.append(child)
+    return live
+
+
+@pytest.mark.parametrize("raises", [False, True])
+def test_a_handler_that_forks_leaves_no_second_worker_behind(
+    start_worker: Any, raises: bool
+) -> None:
+    """The handler calls ``os.fork()`` and returns (or raises) in both processes. The child,
+    back in the worker's code, exits at once instead of living on as an orphan copy of the
+    worker with its sockets; the parent's outcome is the job's."""
+    worker, poison, innocents = run_beside_innocents(
+        start_worker, {"job_type": "tests.hostile_fork", "payload": {"raise": raises}}
+    )
+    if raises:
+        ended = settle(worker, poison, innocents, JobStatus.DEAD, "RuntimeError")
+        assert ended.attempts == 2
+    else:
+        ended = settle(worker, poison, innocents, JobStatus.COMPLETED, None)
+        assert ended.attempts == 1
+        assert ended.result is not None
+        assert ended.result["child"] > 0
+    wait_for(lambda: not live_children(worker.pid), timeout=10)
+    assert "the child exits" in worker.output()
 
 
 def test_a_row_whose_attempts_are_at_the_int4_limit_fails_no_claim(start_worker: Any) -> None:
