@@ -82,8 +82,11 @@ def clamp_delay(seconds: Any, ceiling: float = MAX_DELAY_CEILING) -> float:
     infinity as the ceiling.
     """
     ceiling = min(ceiling, MAX_DELAY_CEILING)
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+    kind = type(seconds)
+    if kind is bool or not issubclass(kind, int | float):
         return 0.0
+    # A plain copy of a subclass, whose own comparisons could raise.
+    seconds = float.__float__(seconds) if issubclass(kind, float) else int.__int__(seconds)
     if not seconds >= 0:  # negative, or NaN
         return 0.0
     if seconds >= ceiling:  # compared before float(): an int too large for a float
@@ -98,8 +101,8 @@ def error_code(error: BaseException) -> str:
     raises, gives the class name).
     """
     try:
-        code = error.code if isinstance(error, JobFailure) else None
-    except Exception:
+        code = error.code if issubclass(type(error), JobFailure) else None  # type: ignore[attr-defined]
+    except BaseException:
         code = None
     if not isinstance(code, str) or not code:
         code = _class_name(error)
@@ -109,18 +112,18 @@ def error_code(error: BaseException) -> str:
 def summarize(error: BaseException, limit: int = MAX_SUMMARY_LENGTH) -> str:
     """``ClassName: message``, cut to ``limit`` characters; tracebacks belong in the log.
 
-    Never raises: an exception whose ``str()`` raises (or returns no string) is summarized as
-    ``ClassName (its message could not be read: ...)``.
+    Never raises: an exception whose ``str()`` raises anything (``SystemExit`` included) or
+    returns no string is summarized as ``ClassName (its message could not be read: ...)``.
     """
     name = _class_name(error)
     try:
         # str.__str__: a plain copy of a str subclass, whose own methods could raise later.
         message = str.__str__(str(error))
-    except Exception as problem:
+    except BaseException as problem:
         try:
-            why = f"{type(problem).__name__}: {str.__str__(str(problem))}"
-        except Exception:
-            why = type(problem).__name__
+            why = f"{_class_name(problem)}: {str.__str__(str(problem))}"
+        except BaseException:
+            why = _class_name(problem)
         return bound(f"{name} (its message could not be read: {why})", limit)
     return bound(f"{name}: {message}" if message else name, limit)
 
@@ -129,7 +132,7 @@ def _class_name(error: BaseException) -> str:
     """The exception's class name, which is a plain string even if its class is unusual."""
     try:
         name = type(error).__name__
-    except Exception:  # a metaclass's __getattribute__
+    except BaseException:  # a metaclass's __getattribute__
         return "Exception"
     return str.__str__(name) if isinstance(name, str) and name else "Exception"
 
@@ -164,25 +167,28 @@ def decide(
     """Decide the fate of attempt number ``attempt`` (1-based) that raised ``error``.
 
     Never raises, whatever ``error`` is; every delay is between 0 and ``policy.max_delay``.
+    The kind of failure is read from ``type(error)``, never from the instance: an exception's
+    ``__class__`` (which ``isinstance`` consults) can be a property that raises.
     """
     code = error_code(error)
     summary = summarize(error)
-    if isinstance(error, Revoked):
+    kind = type(error)
+    if issubclass(kind, Revoked):
         return Decision(Action.CANCEL, code, summary)
-    if isinstance(error, PermanentError):
+    if issubclass(kind, PermanentError):
         return Decision(Action.DEAD, code, summary)
     if attempt >= max_attempts:
         exhausted = f"attempts exhausted ({attempt}/{max_attempts}): {summary}"
         return Decision(Action.DEAD, code, bound(exhausted))
-    if isinstance(error, RateLimited):
+    if issubclass(kind, RateLimited):
         try:
-            hint = error.retry_after
-        except Exception:  # a subclass's property: the backoff instead
+            hint = error.retry_after  # type: ignore[attr-defined]
+        except BaseException:  # a subclass's property: the backoff instead
             hint = None
         if hint is not None:
             return Decision(Action.RETRY, code, summary, clamp_delay(hint, policy.max_delay))
         return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))
-    if isinstance(error, TransientError):
+    if issubclass(kind, TransientError):
         return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))
     if attempt > policy.unknown_error_retries:
         return Decision(Action.DEAD, code, summary)

@@ -209,8 +209,38 @@ class _NulCode(TransientError):
     code = "bad\x00code\udc80"
 
 
+class _StrExits(Exception):
+    def __str__(self) -> str:
+        raise SystemExit(4)
+
+
+class _ClassRaises(Exception):
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        raise SystemExit(5)
+
+
 class TestHostileErrors:
     """``decide`` and its parts never raise, whatever the handler raised."""
+
+    def test_an_exception_whose_str_raises_system_exit(self) -> None:
+        assert summarize(_StrExits()) == (
+            "_StrExits (its message could not be read: SystemExit: 4)"
+        )
+
+    def test_an_exception_whose_class_raises(self) -> None:
+        assert summarize(_ClassRaises("x")).startswith("_ClassRaises")
+        decision = decide(_ClassRaises("x"), attempt=1, max_attempts=3, policy=POLICY)
+        assert (decision.action, decision.code) == (Action.RETRY, "_ClassRaises")
+
+    def test_a_delay_of_a_float_subclass_whose_comparisons_raise(self) -> None:
+        class Hostile(float):
+            def __ge__(self, other: object) -> bool:
+                raise SystemExit(6)
+
+            __lt__ = __gt__ = __le__ = __ge__
+
+        assert clamp_delay(Hostile(5.0)) == 5.0
 
     def test_an_unprintable_exception_is_named_by_its_class(self) -> None:
         assert summarize(_Unprintable()) == (

@@ -176,11 +176,11 @@ class Relay:
                     ):
                         logger.warning(
                             "relay: database unavailable (%s); retrying in %.1fs",
-                            _describe(error.__cause__ or error),
+                            summarize(error.__cause__ or error),
                             pause,
                         )
                     else:
-                        failure = _describe(error)
+                        failure = summarize(error)
                         repeats = repeats + 1 if failure == last_failure else 1
                         last_failure = failure
                         if repeats >= SAME_FAILURE_LIMIT:
@@ -501,7 +501,7 @@ class Relay:
         attempt = event.attempts if event.id in self._suspects else event.attempts + 1
         dead = attempt >= self.settings.max_attempts
         delay = 0.0 if dead else backoff(attempt, self.policy)
-        summary = _describe(error)
+        summary = summarize(error)
         if code == UNWRITABLE_JOB:
             summary = bound(f"a job it enqueued cannot be written: {summary}")
         elif code == CLOSED_RELAY_CONNECTION:
@@ -534,11 +534,3 @@ def _code(error: BaseException) -> str:
         return bound(error_code(error), 200)
     except Exception:
         return bound(type(error).__name__, 200)
-
-
-def _describe(error: BaseException) -> str:
-    """``summarize(error)``, or its class name when even printing it fails."""
-    try:
-        return summarize(error)
-    except Exception:
-        return bound(f"{type(error).__name__} (its message cannot be printed)")

@@ -51,7 +51,7 @@ from django_pgoutbox.errors import JobTimeout, LeaseLost
 from django_pgoutbox.jobs import CancelFlag, get_job
 from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.models import JobStatus
-from django_pgoutbox.retry import backoff, bound, decide
+from django_pgoutbox.retry import backoff, bound, decide, summarize
 from django_pgoutbox.worker.execute import ClaimedJob, Outcome, execute
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -124,16 +124,6 @@ RATE_LIMIT_RETRY_CAP = 1.0
 
 #: A running attempt's key: the job and its attempt number (the fencing token).
 Key = tuple[uuid.UUID, int]
-
-
-def _describe(error: BaseException) -> str:
-    """``ClassName: message`` of ``error``, whatever its ``__str__`` does."""
-    try:
-        name = type(error).__name__
-        text = str(error)
-    except BaseException:
-        return "an exception that cannot be printed"
-    return f"{name}: {text}" if text else name
 
 
 def _retried_kind(error: BaseException) -> ErrorKind:
@@ -808,7 +798,7 @@ class QueueRunner:
         summary = bound(
             f"the outcome of attempt {job.attempt} ({outcome.status.value}"
             f"{', ' + outcome.code if outcome.code else ''}) could not be stored, so its result "
-            f"was dropped: {_describe(error)}"
+            f"was dropped: {summarize(error)}"
         )
         logger.error(
             "job %s attempt %d: %s -> dead",
@@ -1071,7 +1061,7 @@ class QueueRunner:
         dead = code == UNREADABLE_JOB or job.attempt >= job.max_attempts
         status = JobStatus.DEAD if dead else JobStatus.RETRYING
         what = "could not read this job" if code == UNREADABLE_JOB else "failed to run this attempt"
-        summary = bound(f"the worker {what} ({_describe(error)}); see the worker's log")
+        summary = bound(f"the worker {what} ({summarize(error)}); see the worker's log")
         fields = {"job_id": str(job.id), "queue": self.queue, "error_code": code}
         try:
             logger.error(
