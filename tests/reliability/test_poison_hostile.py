@@ -8,6 +8,8 @@ nothing stays leased.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -101,16 +103,21 @@ def test_a_handler_that_forks_leaves_no_second_worker_behind(
     worker, poison, innocents = run_beside_innocents(
         start_worker, {"job_type": "tests.hostile_fork", "payload": {"raise": raises}}
     )
-    if raises:
-        ended = settle(worker, poison, innocents, JobStatus.DEAD, "RuntimeError")
-        assert ended.attempts == 2
-    else:
-        ended = settle(worker, poison, innocents, JobStatus.COMPLETED, None)
-        assert ended.attempts == 1
-        assert ended.result is not None
-        assert ended.result["child"] > 0
-    wait_for(lambda: not live_children(worker.pid), timeout=10)
-    assert "the child exits" in worker.output()
+    try:
+        if raises:
+            ended = settle(worker, poison, innocents, JobStatus.DEAD, "RuntimeError")
+            assert ended.attempts == 2
+        else:
+            ended = settle(worker, poison, innocents, JobStatus.COMPLETED, None)
+            assert ended.attempts == 1
+            assert ended.result is not None
+            assert ended.result["child"] > 0
+        wait_for(lambda: not live_children(worker.pid), timeout=10)
+        assert "the child exits" in worker.output()
+    finally:
+        # Should a child live on, it holds connections to the test database: end it here.
+        for child in live_children(worker.pid):
+            os.kill(child, signal.SIGKILL)
 
 
 def test_a_row_whose_attempts_are_at_the_int4_limit_fails_no_claim(start_worker: Any) -> None:
