@@ -309,18 +309,36 @@ class TestLeases:
         before = metrics.LEASE_EXPIRATIONS.value(queue="default")
         drain()
         job.refresh_from_db()
-        assert (job.status, job.attempts) == (JobStatus.COMPLETED, 2)
+        # The lost attempt did not run alone: given back. Two claims, one attempt counted.
+        assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1)
+        assert job.worker_ids == ["crashed-worker", job.worker_ids[1]]
+        assert job.alone_attempt == 1  # the suspect's next attempt ran alone
         assert job.last_error_code == "lease_expired"
         assert metrics.LEASE_EXPIRATIONS.value(queue="default") == before + 1
 
-    def test_expired_last_attempt_is_dead(self, fast: Any) -> None:
+    def test_expired_last_attempt_is_dead_if_it_ran_alone(self, fast: Any) -> None:
+        job = behave()
+        Job.objects.filter(pk=job.pk).update(max_attempts=1)
+        with connection.cursor() as cursor:
+            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "crashed-worker", 0.0])
+            cursor.execute(queries.MARK_ALONE, [job.pk, 1, "crashed-worker"])
+            assert cursor.fetchall() == [(job.pk,)]
+        drain()
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.last_error_code) == (
+            JobStatus.DEAD,
+            1,
+            "lease_expired",
+        )
+
+    def test_expired_last_attempt_beside_others_is_given_back(self, fast: Any) -> None:
         job = behave()
         Job.objects.filter(pk=job.pk).update(max_attempts=1)
         with connection.cursor() as cursor:
             cursor.execute(queries.CLAIM_JOBS, ["default", 1, "crashed-worker", 0.0])
         drain()
         job.refresh_from_db()
-        assert (job.status, job.last_error_code) == (JobStatus.DEAD, "lease_expired")
+        assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1)
 
     def test_stale_outcome_is_fenced(self, fast: Any) -> None:
         job = behave()
@@ -336,10 +354,12 @@ class TestLeases:
                 )
                 return cursor.fetchall()
 
+            # The lost attempt was given back: worker-b's claim is attempt 1 again, and
+            # locked_by tells the two holders apart.
             assert write("worker-a", 1, "completed") == []  # the stale holder: rejected
-            assert write("worker-b", 1, "completed") == []  # right worker, wrong attempt
-            assert write("worker-b", 2, "dead") == [(job.pk,)]
-            assert write("worker-b", 2, "completed") == []  # no longer leased
+            assert write("worker-b", 2, "completed") == []  # right worker, wrong attempt
+            assert write("worker-b", 1, "dead") == [(job.pk,)]
+            assert write("worker-b", 1, "completed") == []  # no longer leased
         job.refresh_from_db()
         assert (job.status, job.locked_by) == (JobStatus.DEAD, "worker-b")
 
