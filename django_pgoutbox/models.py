@@ -138,8 +138,11 @@ class Job(models.Model):
     # Added: when someone asked a running attempt to stop (cancel()); the handler sees it at
     # its next lease renewal, and the attempt ends 'cancelled' instead of being retried.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
-    # Added: the attempt that ran alone in its worker's queue (a suspect: the attempt before it
-    # was lost with its worker). Only an attempt lost while alone counts (see the recovery).
+    # Added: how many attempts in a row were lost with their worker (its lease expired); each is
+    # given back, and from two on the job is a suspect whose next attempt runs alone.
+    lost_attempts = models.IntegerField(default=0, db_default=0)
+    # Added: the attempt of a suspect that started alone in its worker's process: only such an
+    # attempt, if lost too, counts (see the lease recovery). Every claim clears it.
     alone_attempt = models.IntegerField(null=True, blank=True)
 
     class Meta:

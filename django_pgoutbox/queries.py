@@ -145,7 +145,8 @@ SET status = 'leased',
     locked_by = w.id,
     lease_expires_at = now() + make_interval(secs => w.lease),
     attempts = least(j.attempts, 2147483646) + 1,  -- a row at the int4 limit fails no claim
-    worker_ids = j.worker_ids || jsonb_build_array(w.id)
+    worker_ids = j.worker_ids || jsonb_build_array(w.id),
+    alone_attempt = NULL  -- only MARK_ALONE of this attempt says it counts
 FROM (SELECT %s::text AS id, %s::float8 AS lease) AS w
 WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
 RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
@@ -153,8 +154,8 @@ RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organ
           -- run_at '-infinity' (a row written by hand) is due now: no infinite subtraction
           CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM now() - j.run_at)::float8 ELSE 0 END,
           j.worker_ids::text,
-          -- a suspect: its last attempt was lost with its worker (see RECOVER_EXPIRED_LEASES)
-          coalesce(j.last_error_code = 'lease_expired', false)
+          -- a suspect: lost with its worker twice in a row (see RECOVER_EXPIRED_LEASES)
+          coalesce(j.last_error_code = 'lease_expired' AND j.lost_attempts >= 2, false)
 """
 
 #: Lease up to ``limit`` due jobs of one queue, in priority order, and count the attempt.
@@ -399,7 +400,8 @@ SET status = 'leased',
     locked_by = %(worker_id)s,
     lease_expires_at = now() + make_interval(secs => %(lease)s),
     attempts = least(j.attempts, 2147483646) + 1,  -- a row at the int4 limit fails no claim
-    worker_ids = j.worker_ids || jsonb_build_array(%(worker_id)s::text)
+    worker_ids = j.worker_ids || jsonb_build_array(%(worker_id)s::text),
+    alone_attempt = NULL
 FROM candidates AS c
 WHERE j.id = c.id
 RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
@@ -407,7 +409,8 @@ RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organ
           -- run_at '-infinity' (a row written by hand) is due now: no infinite subtraction
           CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM now() - j.run_at)::float8 ELSE 0 END,
           j.worker_ids::text,
-          coalesce(j.last_error_code = 'lease_expired', false)  -- a suspect, as in CLAIM_JOBS
+          -- a suspect, as in CLAIM_JOBS
+          coalesce(j.last_error_code = 'lease_expired' AND j.lost_attempts >= 2, false)
 """
 
 
@@ -464,13 +467,14 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL
 #: Parameters: queue text or NULL (every queue).
 #:
 #: A worker that crashed or stalled past its lease never recorded an outcome; its job goes back
-#: to 'retrying' due now, or to 'cancelled' if its cancellation was requested. Whether the lost
-#: attempt counts depends on whether the job ran **alone** (``alone_attempt = attempts``, see
-#: MARK_ALONE): a job lost beside others, or claimed and never started (prefetched), may have
-#: died for a neighbour's fault, so it gets its attempt back (``attempts`` goes down by one, as
-#: for a snooze) and, being now a *suspect* (``last_error_code = 'lease_expired'``), its next
-#: attempt runs alone. A job lost while it ran alone spends the attempt, and is 'dead' if that
-#: was its last. So a job that kills its process spends its own attempts and nobody else's.
+#: to 'retrying' due now, or to 'cancelled' if its cancellation was requested. The worker may
+#: have died for any job it held, or for nothing they did (a deploy's SIGKILL, a lost host), and
+#: held some it never started (prefetched). So the lost attempt is **given back** (``attempts``
+#: goes down by one, as for a snooze), and ``lost_attempts`` counts the losses in a row (code
+#: ``lease_expired`` since). A job lost twice in a row is a *suspect*: its next attempt starts
+#: alone in the process, marked by MARK_ALONE (``alone_attempt = attempts``), and such an
+#: attempt, if lost too, counts, and is 'dead' if it was the last. So one crash costs nobody an
+#: attempt, and a job that kills its process again and again spends its own attempts only.
 #:
 #: Concurrent recoverers are safe: under READ COMMITTED the second re-checks ``status =
 #: 'leased'`` on the locked row after the first commits and skips it, so each expiry is
@@ -483,6 +487,7 @@ SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
                   ELSE 'retrying' END,
     attempts = CASE WHEN alone_attempt IS DISTINCT FROM attempts THEN attempts - 1
                     ELSE attempts END,
+    lost_attempts = CASE WHEN last_error_code = 'lease_expired' THEN lost_attempts + 1 ELSE 1 END,
     run_at = now(),
     finished_at = CASE WHEN cancel_requested_at IS NOT NULL
                          OR (alone_attempt = attempts AND attempts >= max_attempts)
@@ -490,8 +495,11 @@ SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
     last_error_code = 'lease_expired',
     last_error_summary = 'lease of attempt ' || attempts || ' held by ' || coalesce(locked_by, '?')
         || ' expired at ' || lease_expires_at
-        || CASE WHEN alone_attempt = attempts THEN '; it ran alone: the attempt counts'
-                ELSE '; it was not running alone: the attempt is given back, the next runs alone'
+        || CASE WHEN alone_attempt = attempts
+                THEN '; it ran as a suspect, alone: the attempt counts'
+                ELSE '; the attempt is given back (lost ' || CASE WHEN last_error_code =
+                     'lease_expired' THEN lost_attempts + 1 ELSE 1 END || ' time(s) in a row;'
+                     || ' from 2, its next attempt runs alone and counts)'
            END,
     lease_expires_at = NULL
 WHERE status = 'leased'
@@ -500,12 +508,12 @@ WHERE status = 'leased'
 RETURNING id, queue, status
 """
 
-#: Say that a suspect (a job whose last attempt was lost with its worker) now runs alone in
-#: this worker's queue: nothing else of the queue runs there until it ends. Should its lease
-#: expire, the attempt counts (RECOVER_EXPIRED_LEASES).
+#: Say that a suspect (a job lost with its worker twice in a row) now starts alone in this
+#: worker's process: should its lease expire, the attempt counts (RECOVER_EXPIRED_LEASES).
 #:
 #: Parameters: id uuid, attempt int, worker_id text. Fenced like RENEW_LEASES; returns the id
-#: while the lease is held. ``alone_attempt`` is in no index: a HOT update.
+#: while the lease is held. ``alone_attempt`` is in no index: a HOT update. Every claim clears
+#: it, so it speaks of the current attempt only.
 MARK_ALONE = """
 UPDATE jobs
 SET alone_attempt = attempts

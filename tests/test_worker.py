@@ -312,7 +312,8 @@ class TestLeases:
         # The lost attempt did not run alone: given back. Two claims, one attempt counted.
         assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1)
         assert job.worker_ids == ["crashed-worker", job.worker_ids[1]]
-        assert job.alone_attempt == 1  # the suspect's next attempt ran alone
+        assert job.lost_attempts == 1  # one loss: not a suspect; it ran as any job
+        assert job.alone_attempt is None
         assert job.last_error_code == "lease_expired"
         assert metrics.LEASE_EXPIRATIONS.value(queue="default") == before + 1
 

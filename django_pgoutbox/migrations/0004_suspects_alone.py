@@ -11,6 +11,11 @@ class Migration(migrations.Migration):
     operations = [
         migrations.AddField(
             model_name="job",
+            name="lost_attempts",
+            field=models.IntegerField(db_default=0, default=0),
+        ),
+        migrations.AddField(
+            model_name="job",
             name="alone_attempt",
             field=models.IntegerField(blank=True, null=True),
         ),

@@ -38,6 +38,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -352,6 +353,36 @@ class _Helper:
         self.thread.start()
 
 
+class AloneGate:
+    """The one token of a worker process that lets a suspect run alone, passed from queue to
+    queue: at most one queue holds it, and the holder alone owns it until it gives it back.
+
+    The queues of one process share one gate, so that two suspects never run marked at once
+    there (a crash would then count against both). The wake-ups are registered when the
+    queues are made, before any thread runs, and only read afterwards.
+    """
+
+    def __init__(self) -> None:
+        self._token: queue_module.SimpleQueue[bool] = queue_module.SimpleQueue()
+        self._token.put(True)
+        self._wakes: list[Callable[[], None]] = []
+
+    def register(self, wake: Callable[[], None]) -> None:
+        self._wakes.append(wake)
+
+    def take(self) -> bool:
+        """Take the token if it is free; False when another queue holds it."""
+        try:
+            return self._token.get_nowait()
+        except queue_module.Empty:
+            return False
+
+    def give_back(self) -> None:
+        self._token.put(True)
+        for wake in self._wakes:  # a queue may have a suspect waiting for it
+            wake()
+
+
 class QueueRunner:
     """Claims, runs and records the jobs of one queue."""
 
@@ -365,6 +396,7 @@ class QueueRunner:
         concurrency: int | None = None,
         burst: bool = False,
         grace_period: float = 30.0,
+        gate: AloneGate | None = None,
     ) -> None:
         self.queue = settings.name
         self.settings = settings
@@ -424,9 +456,18 @@ class QueueRunner:
         #: its worker, each to run alone (see ``_start_alone``). While any is held, or one runs
         #: alone (``_alone``), the queue claims nothing. Under ``_lock``.
         self._suspects: deque[_Running] = deque()
+        #: The suspect started alone, until it ends or ``_alone_until`` (monotonic) passes:
+        #: the queue claims nothing meanwhile, and holds the process's gate.
         self._alone: _Running | None = None
-        #: When the first suspect held began to wait for the queue's other attempts to end.
+        self._alone_until = 0.0
+        #: When the suspect held began to wait for the queue's other attempts to end.
         self._suspect_since = 0.0
+        #: Suspects claimed while one is held or runs alone: given back at once, for another
+        #: worker to run alone meanwhile. Under ``_lock``.
+        self._give_back: list[_Running] = []
+        self._gate = gate or AloneGate()
+        self._gate.register(self.wake)
+        self._has_token = False  # this queue holds the gate's token (the dispatcher's own)
         self._threads = _HandlerThreads(
             self.concurrency, f"pgoutbox-{self.queue}", self._run_attempt, self._post_lost
         )
@@ -489,6 +530,8 @@ class QueueRunner:
                 try:
                     if self._lost:
                         self._forget_lost()
+                    if self._alone is not None:
+                        self._end_alone(now)
                     if self._suspects and not self._stopping.is_set():
                         self._start_alone(now)
                     self._expire_timeouts(now)
@@ -531,6 +574,8 @@ class QueueRunner:
                             return
                         if requested and len(claimed) == requested:
                             continue  # the queue may hold more: fill the threads that free up
+                        if claimed and self._suspects:
+                            continue  # a suspect held: it may start now
                     pause = ERROR_BACKOFF[0]
                 except STATEMENT_ERRORS as error:
                     kind = _retried_kind(error)
@@ -553,10 +598,15 @@ class QueueRunner:
                     deadlines.extend(r.deadline for r in list(self._timed.values()) if r.deadline)
                 if self._suspects:
                     deadlines.append(self._suspect_since + self.lease_seconds)
+                if self._alone is not None:
+                    deadlines.append(self._alone_until)
                 if stop_deadline is not None:
                     deadlines.append(stop_deadline)
                 self._wake.wait(max(0.0, min(deadlines) - time.monotonic()))
         finally:
+            if self._has_token:
+                self._has_token = False
+                self._gate.give_back()
             self._join_helpers()
             self._threads.shutdown()
             self._disconnect()
@@ -750,7 +800,31 @@ class QueueRunner:
             self._reserved -= limit
             self._writing -= finishing
             self._settle(batch, applied)
-            return self._start(rows), limit, retry_in
+            claimed = self._start(rows)
+            extra, self._give_back = self._give_back, []
+        if extra:
+            self._unclaim_suspects(connection, extra)
+        return claimed, limit, retry_in
+
+    def _unclaim_suspects(self, connection: psycopg.Connection[Any], extra: list[_Running]) -> None:
+        """Give back the suspects claimed beyond the one this queue holds, attempt and all:
+        another worker may run them alone meanwhile. Should this fail, their leases expire."""
+        try:
+            with connection.cursor() as cursor:
+                _execute(
+                    cursor,
+                    "UNCLAIM_JOBS",
+                    [[r.id for r in extra], [r.attempt for r in extra], self.worker_id],
+                )
+        except STATEMENT_ERRORS as error:
+            logger.warning(
+                "queue %s: %d suspect(s) claimed beyond the one held could not be given back "
+                "(%s); their leases will expire",
+                self.queue,
+                len(extra),
+                summarize(error),
+                extra={"queue": self.queue},
+            )
 
     def _outcome_params(self, batch: list[Outcome]) -> list[Any]:
         """RECORD_OUTCOMES's parameters for ``batch``."""
@@ -907,60 +981,83 @@ class QueueRunner:
                     extra={"job_id": str(entry.id), "queue": self.queue},
                 )
                 continue
-            self._running[key] = entry
-            if row[11]:  # a suspect: it waits to run alone
+            if row[11]:  # a suspect: it waits to run alone, one at a time
+                if self._suspects or self._alone is not None:
+                    self._give_back.append(entry)
+                    continue
                 entry.held = True
-                if not self._suspects:
-                    self._suspect_since = time.monotonic()
+                self._suspect_since = time.monotonic()
                 self._suspects.append(entry)
             else:
                 self._threads.submit(entry)
+            self._running[key] = entry
             started.append(entry)
         return started
 
     def _holding_alone(self) -> bool:
         """Whether a suspect waits to run alone, or runs alone (under ``_lock``): then the
         queue claims nothing, so that nothing starts beside it."""
-        alone = self._alone
-        return bool(self._suspects) or (
-            alone is not None
-            and not alone.finished
-            and self._running.get((alone.id, alone.attempt)) is alone
-        )
+        return bool(self._suspects) or self._alone is not None
 
     def _start_alone(self, now: float) -> None:
-        """Start the first suspect held, once nothing else of the queue runs in this worker.
+        """Start the suspect held, once nothing else of the queue runs in this worker and the
+        process's gate is this queue's.
 
         A suspect is a job whose last attempt was lost with its worker (``lease_expired``):
-        perhaps a neighbour killed the process, perhaps it did. Its attempt came back at the
-        recovery, and it runs alone: MARK_ALONE says so in its row before it starts, so that
-        should the process die again now, the attempt counts (RECOVER_EXPIRED_LEASES), and
-        nobody else's does. Should the others not end within a lease period (a handler that
-        hangs with no timeout), it starts beside them, unmarked, rather than wait for good.
+        perhaps a neighbour killed the process, perhaps it did. Its attempts came back at the
+        recoveries. MARK_ALONE writes in its row, before it starts, that this attempt counts
+        should the process die now (RECOVER_EXPIRED_LEASES); it starts alone, and for a lease
+        period nothing else starts in the queue, nor another suspect in the process: a crash
+        then is its own, and costs the others nothing. Should the attempts beside it not end
+        within a lease period (a handler longer than that), it is given back unstarted, its
+        attempt with it, and claims resume: it runs alone later, here or in another worker.
         """
         with self._lock:
             if not self._suspects:
                 return
             entry = self._suspects[0]
+            if entry.cancel.is_set():  # ends cancelled at once, without its handler
+                self._suspects.popleft()
+                entry.held = False
+                self._threads.submit(entry)
+                return
             busy = sum(1 for e in self._running.values() if not e.finished and not e.held)
-        alone = busy == 0
-        if not alone and now < self._suspect_since + self.lease_seconds:
+            busy += self._reserved + len(self._abandoned)
+        if busy and now < self._suspect_since + self.lease_seconds:
             return  # the dispatcher looks again when an attempt ends, or at that deadline
-        held = True
-        if alone:
-            with self._connection().cursor() as cursor:
-                cursor.execute(queries.MARK_ALONE, [entry.id, entry.attempt, self.worker_id])
-                held = cursor.fetchone() is not None
+        if busy:
+            self._unclaim_suspects(self._connection(), [entry])
+            with self._lock:
+                self._suspects.popleft()
+                self._running.pop((entry.id, entry.attempt), None)
+            logger.warning(
+                "job %s attempt %d: a suspect, given back unstarted: %d other attempt(s) did "
+                "not end within %gs for it to run alone",
+                entry.id,
+                entry.attempt,
+                busy,
+                self.lease_seconds,
+                extra={"job_id": str(entry.id), "queue": self.queue},
+            )
+            return
+        if not self._has_token:
+            if not self._gate.take():
+                return  # another queue's suspect runs alone; its queue wakes this one after
+            self._has_token = True
+        with self._connection().cursor() as cursor:
+            cursor.execute(queries.MARK_ALONE, [entry.id, entry.attempt, self.worker_id])
+            held = cursor.fetchone() is not None
         with self._lock:
             self._suspects.popleft()
-            self._suspect_since = now
             entry.held = False
-            if not held:
+            if held:
+                self._alone, self._alone_until = entry, now + self.lease_seconds
+            else:
                 self._running.pop((entry.id, entry.attempt), None)
-            elif alone:
-                self._alone = entry
         fields = {"job_id": str(entry.id), "queue": self.queue}
         if not held:
+            self._has_token = False
+            self._gate.give_back()
             logger.warning(
                 "job %s attempt %d: lease lost before it started; not run",
                 entry.id,
@@ -968,24 +1065,27 @@ class QueueRunner:
                 extra=fields,
             )
             return
-        if alone:
-            logger.warning(
-                "job %s attempt %d: its last attempt was lost with its worker; it runs alone",
-                entry.id,
-                entry.attempt,
-                extra=fields,
-            )
-        else:
-            logger.warning(
-                "job %s attempt %d: its last attempt was lost with its worker; %d other "
-                "attempt(s) did not end within %gs, so it runs beside them",
-                entry.id,
-                entry.attempt,
-                busy,
-                self.lease_seconds,
-                extra=fields,
-            )
+        logger.warning(
+            "job %s attempt %d: lost with its worker twice in a row; it runs alone",
+            entry.id,
+            entry.attempt,
+            extra=fields,
+        )
         self._threads.submit(entry)
+
+    def _end_alone(self, now: float) -> None:
+        """The suspect running alone ended, or its lease period is over: claims resume, and
+        the process's gate goes to the next queue with a suspect."""
+        alone = self._alone
+        assert alone is not None
+        with self._lock:
+            ended = alone.finished or self._running.get((alone.id, alone.attempt)) is not alone
+            if not ended and now < self._alone_until:
+                return
+            self._alone = None
+        if self._has_token:
+            self._has_token = False
+            self._gate.give_back()
 
     def _prefetch(self, finished: int) -> int:
         """How many jobs beyond the busy threads to claim now: about PREFETCH_SECONDS of work."""

@@ -17,7 +17,7 @@ from django_pgoutbox.models import Job
 from django_pgoutbox.scheduler import Scheduler, load_schedules
 from django_pgoutbox.worker.listener import Listener
 from django_pgoutbox.worker.relay import Relay
-from django_pgoutbox.worker.runner import QueueRunner
+from django_pgoutbox.worker.runner import AloneGate, QueueRunner
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -67,6 +67,7 @@ class Worker:
         self.listen = conf.notify and not burst
         self.runners: dict[str, QueueRunner] = {}
         if "jobs" in self.roles:
+            gate = AloneGate()  # one suspect runs alone at a time in this process
             for name in self._queue_names(conf.queues, queues, exclude_queues):
                 self.runners[name] = QueueRunner(
                     conf.queues[name],
@@ -76,6 +77,7 @@ class Worker:
                     concurrency=concurrency,
                     burst=burst,
                     grace_period=grace_period,
+                    gate=gate,
                 )
         self.relay = (
             Relay(

@@ -340,3 +340,14 @@ def hostile_fork(payload: dict[str, Any], ctx: JobContext) -> Any:
     if payload.get("raise"):
         raise RuntimeError(f"forked {child}")
     return {"child": child}
+
+
+@job("tests.snooze_then_sleep", max_attempts=2)
+def snooze_then_sleep(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Snooze at its first start, then sleep ``sleep`` seconds and complete: an innocent job."""
+    record(ctx, "start")
+    if SideEffect.objects.filter(job_id=ctx.job_id, event="start").count() < 2:
+        raise Snooze(payload.get("seconds", 0.1))
+    time.sleep(payload.get("sleep", 3.0))
+    record(ctx, "end")
+    return {"attempt": ctx.attempt}

@@ -16,7 +16,7 @@ import logging
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any
@@ -32,7 +32,7 @@ from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.runner import QueueRunner, _execute, _Running
 from testproject.testjobs.models import SideEffect
-from tests.processes import wait_for
+from tests.processes import scaled, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -347,9 +347,14 @@ def test_recovery_counts_only_an_attempt_lost_while_it_ran_alone() -> None:
     expected = {beside.pk: 2, alone_last.pk: 3, alone_early.pk: 1, marked_before.pk: 1}
     for job in Job.objects.filter(pk__in=expected):
         assert job.attempts == expected[job.pk]
-        assert job.last_error_code == "lease_expired"
+        assert (job.last_error_code, job.lost_attempts) == ("lease_expired", 1)
     assert "given back" in str(Job.objects.get(pk=beside.pk).last_error_summary)
     assert "counts" in str(Job.objects.get(pk=alone_last.pk).last_error_summary)
+    # A second loss in a row: given back again, and now a suspect (lost_attempts 2).
+    expire(Job.objects.get(pk=beside.pk), attempts=3)
+    recover_expired_leases()
+    again = Job.objects.get(pk=beside.pk)
+    assert (again.status, again.attempts, again.lost_attempts) == (JobStatus.RETRYING, 2, 2)
 
 
 def exited_or_dead(process: subprocess.Popen[bytes], job: Job) -> bool:
@@ -358,9 +363,10 @@ def exited_or_dead(process: subprocess.Popen[bytes], job: Job) -> bool:
 
 def test_a_job_that_kills_its_process_dies_alone(start_worker: Any) -> None:
     """``os._exit(9)`` beside three 1 s jobs that have two attempts each, in one claim, the
-    worker started again after each crash. The first crash takes every job the worker held;
-    they all get that attempt back and run alone next: the poison dies alone three times (its
-    budget), each counted, and the innocents complete at their first counted attempt."""
+    worker started again after each crash. The first two crashes take every job the worker
+    held, and give every attempt back; lost twice in a row, each job is a suspect and runs
+    alone: the poison dies alone three times (its budget), each counted, and the innocents
+    complete at their first counted attempt."""
     jobs = enqueue_many(
         [{"job_type": "tests.poison_exit", "payload": {"after": 0.2}}]
         + [{"job_type": "tests.poison_neighbour", "payload": {"sleep": 1.0}}] * 3
@@ -374,14 +380,14 @@ def test_a_job_that_kills_its_process_dies_alone(start_worker: Any) -> None:
             break
         assert worker.process.returncode == 9
         crashes += 1
-        assert crashes <= 4, "the poison killed its worker more often than its budget allows"
+        assert crashes <= 5, "the poison killed its worker more often than its budget allows"
     wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=30)
     assert (poison.status, poison.attempts, poison.last_error_code) == (
         JobStatus.DEAD,
         3,
         "lease_expired",
     )
-    assert crashes == 4  # the first, beside the innocents, given back; then three alone
+    assert crashes == 5  # two beside the innocents, given back; then three alone
     for job in innocents:
         assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1), job.last_error_summary
         assert SideEffect.objects.filter(job_id=job.pk, event="end").count() == 1
@@ -397,10 +403,15 @@ def suspect_beside(neighbour_sleep: float) -> tuple[Job, Job]:
             {"job_type": "tests.behave", "payload": {}},
         ]
     )
-    Job.objects.filter(pk=suspect.pk).update(
-        status=JobStatus.RETRYING, last_error_code="lease_expired", attempts=1
-    )
+    make_suspect(suspect)
     return neighbour, suspect
+
+
+def make_suspect(job: Job) -> None:
+    """Make ``job`` a suspect: lost with its worker twice in a row, its attempts given back."""
+    Job.objects.filter(pk=job.pk).update(
+        status=JobStatus.RETRYING, last_error_code="lease_expired", attempts=1, lost_attempts=2
+    )
 
 
 def event_at(job: Job, event: str) -> Any:
@@ -416,15 +427,18 @@ def test_a_suspect_starts_once_the_attempts_beside_it_have_ended(start_worker: A
     assert "runs alone" in worker.output()
 
 
-def test_a_suspect_waits_at_most_a_lease_for_a_neighbour_that_hangs(start_worker: Any) -> None:
-    """A neighbour that outlives the lease period (no timeout): the suspect starts beside it,
-    unmarked (a crash now would give it its attempt back), rather than wait for good."""
+def test_a_suspect_waits_at_most_a_lease_then_is_given_back(start_worker: Any) -> None:
+    """A neighbour that outlives the lease period: the suspect is given back unstarted (its
+    attempt with it) and claims resume, again and again, until it can run alone."""
     neighbour, suspect = suspect_beside(4.0)
     worker = start_worker(*FOUR, **QUICK)
-    wait_for(lambda: ended(suspect, JobStatus.COMPLETED))
+    wait_for(lambda: "given back unstarted" in worker.output())
+    quick = enqueue_many([{"job_type": "tests.behave", "payload": {}}] * 2)
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in quick))
     assert not SideEffect.objects.filter(job_id=neighbour.pk, event="end").exists()
-    assert Job.objects.get(pk=suspect.pk).alone_attempt is None
-    assert "runs beside them" in worker.output()
+    wait_for(lambda: ended(suspect, JobStatus.COMPLETED))
+    assert event_at(suspect, "start") >= event_at(neighbour, "end")
+    assert (suspect.attempts, Job.objects.get(pk=suspect.pk).alone_attempt) == (2, 2)
     wait_for(lambda: ended(neighbour, JobStatus.COMPLETED))
 
 
@@ -437,3 +451,113 @@ def test_a_suspect_held_at_shutdown_gets_its_attempt_back(start_worker: Any) -> 
     held = Job.objects.get(pk=suspect.pk)
     assert (held.status, held.attempts) == (JobStatus.PENDING, 1)
     assert not SideEffect.objects.filter(job_id=suspect.pk).exists()
+
+
+def crash_loop(
+    start_worker: Any,
+    args: Sequence[str],
+    poison: Job,
+    rounds: int,
+    before: Callable[[], object] | None = None,
+) -> int:
+    """Start a worker again after each crash, at most ``rounds`` times; return the crashes."""
+    crashes = 0
+    while crashes < rounds:
+        if before is not None:
+            before()
+        worker = start_worker(*args, **QUICK)
+        wait_for(partial(exited_or_dead, worker.process, poison), timeout=30)
+        if worker.process.poll() is None:
+            return crashes
+        crashes += 1
+    return crashes
+
+
+def test_a_poison_in_another_queue_of_the_process_spends_no_innocents_attempts(
+    start_worker: Any,
+) -> None:
+    """One process, two queues: the poison in one, an innocent 1 s job with two attempts in
+    the other. Once both are suspects, the process's gate lets one of them run alone at a
+    time, so the poison's crashes never count against the innocent."""
+    poison, innocent = enqueue_many(
+        [
+            {"job_type": "tests.poison_exit", "payload": {"after": 0.3}, "queue": "notifications"},
+            {"job_type": "tests.poison_neighbour", "payload": {"sleep": 1.0}},
+        ]
+    )
+    args = ("--queues", "default,notifications", "--concurrency", "4")
+    assert crash_loop(start_worker, args, poison, 6) <= 5
+    wait_for(lambda: ended(innocent, JobStatus.COMPLETED) or ended(innocent, JobStatus.DEAD))
+    assert (innocent.status, innocent.attempts) == (JobStatus.COMPLETED, 1)
+    assert ended(poison, JobStatus.DEAD)
+
+
+def test_a_poison_beside_a_neighbour_longer_than_a_lease_still_reaches_dead(
+    start_worker: Any,
+) -> None:
+    """Each round, a job that runs longer than a lease is claimed before the poison: the
+    suspect poison waits a lease for it, then starts beside it, marked, so its crashes count;
+    the long jobs it takes down are given their attempts back."""
+
+    def enqueue_long() -> None:
+        enqueue_many(
+            [{"job_type": "tests.poison_neighbour", "payload": {"sleep": 4.0}, "priority": 5}]
+        )
+
+    (poison,) = enqueue_many([{"job_type": "tests.poison_exit", "payload": {"after": 0.2}}])
+    crashes = crash_loop(start_worker, FOUR, poison, 7, before=enqueue_long)
+    assert ended(poison, JobStatus.DEAD), (crashes, poison.attempts, poison.last_error_summary)
+    assert crashes <= 5
+    assert not Job.objects.filter(job_type="tests.poison_neighbour", status="dead").exists()
+
+
+def test_a_claim_clears_the_mark_of_an_earlier_attempt(start_worker: Any) -> None:
+    """A suspect starts alone (marked), then snoozes: its attempt goes back down, so its next
+    attempt has the same number. That claim clears the mark: a neighbour's crash during the
+    next attempt gives the attempt back instead of counting it."""
+    (snoozer,) = enqueue_many([{"job_type": "tests.snooze_then_sleep", "payload": {"sleep": 3.0}}])
+    make_suspect(snoozer)
+    worker = start_worker(*FOUR, **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(job_id=snoozer.pk, event="start").count() == 2)
+    assert Job.objects.get(pk=snoozer.pk).alone_attempt is None
+    enqueue_many([{"job_type": "tests.poison_exit", "payload": {"after": 0.3}}])
+    worker.wait(timeout=20)  # the poison kills it
+    wait_for(lambda: recover_expired_leases(), timeout=10)
+    snoozer.refresh_from_db()
+    assert (snoozer.status, snoozer.attempts) == (JobStatus.RETRYING, 1), snoozer.last_error_summary
+
+
+def test_a_long_suspect_holds_its_queue_for_a_lease_period_only(start_worker: Any) -> None:
+    (suspect,) = enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 8.0}}])
+    make_suspect(suspect)
+    start_worker(*FOUR, **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(job_id=suspect.pk, event="start").exists())
+    quick = enqueue_many([{"job_type": "tests.behave", "payload": {}}] * 3)
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in quick), timeout=5)
+    assert not SideEffect.objects.filter(job_id=suspect.pk, event="end").exists()
+
+
+def test_a_lone_suspect_starts_as_soon_as_it_is_claimed(start_worker: Any) -> None:
+    (suspect,) = enqueue_many([{"job_type": "tests.behave", "payload": {}}])
+    make_suspect(suspect)
+    start_worker(*FOUR, LEASE_SECONDS=30, POLL_INTERVAL=4)
+    wait_for(lambda: ended(suspect, JobStatus.COMPLETED), timeout=30)
+    locked_at = Job.objects.get(pk=suspect.pk).locked_at
+    assert locked_at is not None
+    started = SideEffect.objects.get(job_id=suspect.pk, event="start").at
+    assert (started - locked_at).total_seconds() < scaled(1.0)
+
+
+def test_suspects_claimed_together_are_handed_back_but_one(start_worker: Any) -> None:
+    """Two workers, four suspects: each worker holds one at a time and gives the others back
+    at once, so both run suspects alone at the same time, and every suspect runs once."""
+    suspects = enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 1.0}}] * 4)
+    for job in suspects:
+        make_suspect(job)
+    first = start_worker(*FOUR, **QUICK)
+    second = start_worker(*FOUR, **QUICK)
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in suspects), timeout=30)
+    pids = {effect.pid for effect in SideEffect.objects.filter(event="start")}
+    assert pids == {first.pid, second.pid}
+    for job in suspects:
+        assert SideEffect.objects.filter(job_id=job.pk, event="start").count() == 1
