@@ -174,7 +174,7 @@ class _Running:
         self.lease_lost = False
         #: Its handler returned: its outcome waits to be written, or is being written.
         self.finished = False
-        #: A suspect (its last attempt was lost with its worker) held back until it can run
+        #: A suspect (lost with its worker twice in a row) held back until it can run
         #: alone; see ``QueueRunner._start_alone``.
         self.held = False
 
@@ -1003,7 +1003,7 @@ class QueueRunner:
         """Start the suspect held, once nothing else of the queue runs in this worker and the
         process's gate is this queue's.
 
-        A suspect is a job whose last attempt was lost with its worker (``lease_expired``):
+        A suspect is a job lost with its worker twice in a row (``lost_attempts`` >= 2):
         perhaps a neighbour killed the process, perhaps it did. Its attempts came back at the
         recoveries. MARK_ALONE writes in its row, before it starts, that this attempt counts
         should the process die now (RECOVER_EXPIRED_LEASES); it starts alone, and for a lease
