@@ -452,9 +452,9 @@ class QueueRunner:
         #: Whether this queue is stuck, as the dispatcher last told the heartbeat row (None:
         #: not told yet); see ``_publish_health``.
         self._published_stuck: bool | None = False
-        #: Suspects claimed and held back, in claim order: jobs whose last attempt was lost with
-        #: its worker, each to run alone (see ``_start_alone``). While any is held, or one runs
-        #: alone (``_alone``), the queue claims nothing. Under ``_lock``.
+        #: The suspect claimed and held back (one at most): a job lost with its worker twice in
+        #: a row, to run alone (see ``_start_alone``). While one is held, or runs alone
+        #: (``_alone``), the queue claims nothing. Under ``_lock``.
         self._suspects: deque[_Running] = deque()
         #: The suspect started alone, until it ends or ``_alone_until`` (monotonic) passes:
         #: the queue claims nothing meanwhile, and holds the process's gate.
