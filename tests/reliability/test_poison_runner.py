@@ -25,7 +25,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_pgoutbox import enqueue_many
+from django_pgoutbox import cancel, enqueue_many
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.models import Job, JobStatus
@@ -561,3 +561,15 @@ def test_suspects_claimed_together_are_handed_back_but_one(start_worker: Any) ->
     assert pids == {first.pid, second.pid}
     for job in suspects:
         assert SideEffect.objects.filter(job_id=job.pk, event="start").count() == 1
+
+
+def test_a_held_suspect_cancelled_ends_at_once(start_worker: Any) -> None:
+    """Held back behind a neighbour, a suspect whose cancellation is requested ends cancelled
+    without waiting for its turn, and its handler never runs."""
+    neighbour, suspect = suspect_beside(3.0)
+    start_worker(*FOUR, **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(job_id=neighbour.pk, event="start").exists())
+    assert cancel(suspect.pk) == "cancelling"
+    wait_for(lambda: ended(suspect, JobStatus.CANCELLED))
+    assert not SideEffect.objects.filter(job_id=neighbour.pk, event="end").exists()
+    assert not SideEffect.objects.filter(job_id=suspect.pk).exists()
