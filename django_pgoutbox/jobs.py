@@ -975,6 +975,7 @@ def _jobs_from(
         **empty_row(Job),
         "status": JobStatus.PENDING,
         "attempts": 0,
+        "lost_attempts": 0,
         "created_at": created_at,
     }
     jobs: list[Job] = []

@@ -92,6 +92,7 @@ def test_added_columns() -> None:
         "worker_ids",
         "cancel_requested_at",
         "alone_attempt",
+        "lost_attempts",
     }
     assert set(columns("outbox_events")) - set(SEED_OUTBOX) == {"last_error_code", "dead_at"}
     assert set(columns("worker_heartbeats")) == {
