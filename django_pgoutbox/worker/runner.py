@@ -455,7 +455,7 @@ class QueueRunner:
         #: The suspect claimed and held back (one at most): a job lost with its worker twice in
         #: a row, to run alone (see ``_start_alone``). While one is held, or runs alone
         #: (``_alone``), the queue claims nothing. Under ``_lock``.
-        self._suspects: deque[_Running] = deque()
+        self._held: _Running | None = None
         #: The suspect started alone, until it ends or ``_alone_until`` (monotonic) passes:
         #: the queue claims nothing meanwhile, and holds the process's gate.
         self._alone: _Running | None = None
@@ -532,7 +532,7 @@ class QueueRunner:
                         self._forget_lost()
                     if self._alone is not None:
                         self._end_alone(now)
-                    if self._suspects and not self._stopping.is_set():
+                    if self._held is not None and not self._stopping.is_set():
                         self._start_alone(now)
                     self._expire_timeouts(now)
                     if self._published_stuck != self._stuck():
@@ -574,7 +574,7 @@ class QueueRunner:
                             return
                         if requested and len(claimed) == requested:
                             continue  # the queue may hold more: fill the threads that free up
-                        if claimed and self._suspects:
+                        if claimed and self._held is not None:
                             continue  # a suspect held: it may start now
                     pause = ERROR_BACKOFF[0]
                 except STATEMENT_ERRORS as error:
@@ -596,7 +596,7 @@ class QueueRunner:
                 if self._running:
                     deadlines.append(next_renewal)
                     deadlines.extend(r.deadline for r in list(self._timed.values()) if r.deadline)
-                if self._suspects:
+                if self._held is not None:
                     deadlines.append(self._suspect_since + self.lease_seconds)
                 if self._alone is not None:
                     deadlines.append(self._alone_until)
@@ -982,12 +982,12 @@ class QueueRunner:
                 )
                 continue
             if row[11]:  # a suspect: it waits to run alone, one at a time
-                if self._suspects or self._alone is not None:
+                if self._held is not None or self._alone is not None:
                     self._give_back.append(entry)
                     continue
                 entry.held = True
                 self._suspect_since = time.monotonic()
-                self._suspects.append(entry)
+                self._held = entry
             else:
                 self._threads.submit(entry)
             self._running[key] = entry
@@ -997,7 +997,7 @@ class QueueRunner:
     def _holding_alone(self) -> bool:
         """Whether a suspect waits to run alone, or runs alone (under ``_lock``): then the
         queue claims nothing, so that nothing starts beside it."""
-        return bool(self._suspects) or self._alone is not None
+        return self._held is not None or self._alone is not None
 
     def _start_alone(self, now: float) -> None:
         """Start the suspect held, once nothing else of the queue runs in this worker and the
@@ -1013,11 +1013,11 @@ class QueueRunner:
         attempt with it, and claims resume: it runs alone later, here or in another worker.
         """
         with self._lock:
-            if not self._suspects:
+            entry = self._held
+            if entry is None:
                 return
-            entry = self._suspects[0]
             if entry.cancel.is_set():  # ends cancelled at once, without its handler
-                self._suspects.popleft()
+                self._held = None
                 entry.held = False
                 self._threads.submit(entry)
                 return
@@ -1028,7 +1028,7 @@ class QueueRunner:
         if busy:
             self._unclaim_suspects(self._connection(), [entry])
             with self._lock:
-                self._suspects.popleft()
+                self._held = None
                 self._running.pop((entry.id, entry.attempt), None)
             logger.warning(
                 "job %s attempt %d: a suspect, given back unstarted: %d other attempt(s) did "
@@ -1048,7 +1048,7 @@ class QueueRunner:
             cursor.execute(queries.MARK_ALONE, [entry.id, entry.attempt, self.worker_id])
             held = cursor.fetchone() is not None
         with self._lock:
-            self._suspects.popleft()
+            self._held = None
             entry.held = False
             if held:
                 self._alone, self._alone_until = entry, now + self.lease_seconds
@@ -1395,8 +1395,9 @@ class QueueRunner:
         held, attempt and all."""
         waiting = self._threads.take_waiting()
         with self._lock:
-            waiting.extend(self._suspects)
-            self._suspects.clear()
+            if self._held is not None:
+                waiting.append(self._held)
+                self._held = None
         if not waiting:
             return
         with self._connection().cursor() as cursor:
