@@ -150,7 +150,6 @@ class _Running:
         "cancel",
         "deadline",
         "finished",
-        "held",
         "id",
         "lease_lost",
         "row",
@@ -174,9 +173,6 @@ class _Running:
         self.lease_lost = False
         #: Its handler returned: its outcome waits to be written, or is being written.
         self.finished = False
-        #: A suspect (lost with its worker twice in a row) held back until it can run
-        #: alone; see ``QueueRunner._start_alone``.
-        self.held = False
 
     @property
     def job(self) -> ClaimedJob:
@@ -985,7 +981,6 @@ class QueueRunner:
                 if self._held is not None or self._alone is not None:
                     self._give_back.append(entry)
                     continue
-                entry.held = True
                 self._suspect_since = time.monotonic()
                 self._held = entry
             else:
@@ -1018,10 +1013,9 @@ class QueueRunner:
                 return
             if entry.cancel.is_set():  # ends cancelled at once, without its handler
                 self._held = None
-                entry.held = False
                 self._threads.submit(entry)
                 return
-            busy = sum(1 for e in self._running.values() if not e.finished and not e.held)
+            busy = sum(1 for e in self._running.values() if not e.finished and e is not entry)
             busy += self._reserved + len(self._abandoned)
         if busy and now < self._suspect_since + self.lease_seconds:
             return  # the dispatcher looks again when an attempt ends, or at that deadline
@@ -1049,7 +1043,6 @@ class QueueRunner:
             held = cursor.fetchone() is not None
         with self._lock:
             self._held = None
-            entry.held = False
             if held:
                 self._alone, self._alone_until = entry, now + self.lease_seconds
             else:
