@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import struct
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import psycopg
@@ -185,3 +185,27 @@ def require_migrated(alias: str) -> None:
             f"The database {alias!r} lacks django-pgoutbox's migrations {', '.join(missing)}: "
             f"run 'manage.py migrate --database {alias}' first."
         )
+
+
+class DispatcherConnection:
+    """A worker loop's own psycopg connection (autocommit, with ``dispatcher_connection_params``):
+    opened on first use, and again after ``close()`` (the loop closes it on a lost connection)."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self._db: psycopg.Connection[Any] | None = None
+
+    @property
+    def opened(self) -> bool:
+        return self._db is not None
+
+    def get(self) -> psycopg.Connection[Any]:
+        if self._db is None or self._db.closed:
+            self._db = psycopg.connect(**dispatcher_connection_params(self.using), autocommit=True)
+        return self._db
+
+    def close(self) -> None:
+        if self._db is not None:
+            with suppress(psycopg.Error):  # closing a broken connection
+                self._db.close()
+            self._db = None

@@ -6,6 +6,10 @@ order each statement's docstring-comment gives; arrays are passed as Python list
 
 from __future__ import annotations
 
+import uuid
+from datetime import datetime
+from typing import Any, NamedTuple
+
 # -- enqueue -------------------------------------------------------------------------------------
 
 # The row insert and the wake-up that both enqueue statements share.
@@ -126,6 +130,70 @@ ENQUEUE_JOB_UNKEYED = f"""
 
 # -- claim and outcomes --------------------------------------------------------------------------
 
+#: What a claim returns of each job, in order: (name, SQL expression, type). CLAIM_JOBS's and
+#: RECORD_AND_CLAIM's RETURNING, RECORD_AND_CLAIM's typed NULLs, their ORDER BY and ``ClaimRow``
+#: are all made from it, so that they cannot disagree.
+CLAIM_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("id", "j.id", "uuid"),
+    ("job_type", "j.job_type", "text"),
+    ("payload", "j.payload::text", "text"),
+    ("attempt", "j.attempts", "integer"),
+    ("max_attempts", "j.max_attempts", "integer"),
+    ("organization_id", "j.organization_id", "uuid"),
+    ("queue", "j.queue", "text"),
+    ("priority", "j.priority", "integer"),
+    ("created_at", "j.created_at", "timestamptz"),
+    # run_at '-infinity' (a row written by hand) is due now: no infinite subtraction
+    (
+        "waited",
+        "CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM now() - j.run_at)::float8 ELSE 0 END",
+        "float8",
+    ),
+    ("worker_ids", "j.worker_ids::text", "text"),
+    # a suspect: lost with its worker twice in a row (see RECOVER_EXPIRED_LEASES)
+    (
+        "suspect",
+        "coalesce(j.last_error_code = 'lease_expired' AND j.lost_attempts >= 2, false)",
+        "boolean",
+    ),
+)
+
+
+class ClaimRow(NamedTuple):
+    """One row of a claim (CLAIM_JOBS, the claimed rows of RECORD_AND_CLAIM, the fair and
+    limited claims), by the names of ``CLAIM_COLUMNS``."""
+
+    id: uuid.UUID
+    job_type: str
+    payload: str  # JSON text
+    attempt: int
+    max_attempts: int
+    organization_id: uuid.UUID | None
+    queue: str
+    priority: int
+    created_at: datetime
+    waited: float  # seconds from run_at to the claim, by the database clock
+    worker_ids: str  # JSON text: the worker of each attempt, this one last
+    suspect: bool
+
+
+def _claim_position(name: str, offset: int = 0) -> int:
+    """The 1-based position of a claim column, for ORDER BY (``offset``: columns before it)."""
+    return [column[0] for column in CLAIM_COLUMNS].index(name) + 1 + offset
+
+
+_CLAIM_RETURNING = ",\n          ".join(expression for _, expression, _ in CLAIM_COLUMNS)
+#: A claim's order, the order the worker starts the jobs in: priority, then the wait since
+#: ``run_at`` (the longest wait is the earliest ``run_at``), ``created_at``, id.
+_CLAIM_ORDER = "{} DESC, {} DESC, {}, {}"
+
+
+def _claim_order(offset: int = 0) -> str:
+    return _CLAIM_ORDER.format(
+        *(_claim_position(name, offset) for name in ("priority", "waited", "created_at", "id"))
+    )
+
+
 # The claim's two halves, shared by CLAIM_JOBS and RECORD_AND_CLAIM. Parameters: queue text,
 # limit int (candidates); worker_id text, lease seconds float (the update).
 _CLAIM_CANDIDATES = """
@@ -138,7 +206,7 @@ _CLAIM_CANDIDATES = """
     LIMIT %s
     FOR UPDATE SKIP LOCKED
 """
-_CLAIM_UPDATE = """
+_CLAIM_UPDATE = f"""
 UPDATE jobs AS j
 SET status = 'leased',
     locked_at = now(),
@@ -149,13 +217,7 @@ SET status = 'leased',
     alone_attempt = NULL  -- only MARK_ALONE of this attempt says it counts
 FROM (SELECT %s::text AS id, %s::float8 AS lease) AS w
 WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
-RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
-          j.queue, j.priority, j.created_at,
-          -- run_at '-infinity' (a row written by hand) is due now: no infinite subtraction
-          CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM now() - j.run_at)::float8 ELSE 0 END,
-          j.worker_ids::text,
-          -- a suspect: lost with its worker twice in a row (see RECOVER_EXPIRED_LEASES)
-          coalesce(j.last_error_code = 'lease_expired' AND j.lost_attempts >= 2, false)
+RETURNING {_CLAIM_RETURNING}
 """
 
 #: Lease up to ``limit`` due jobs of one queue, in priority order, and count the attempt.
@@ -173,13 +235,12 @@ RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organ
 #: each, rather than by joining ``candidates``: for that join the planner hashed the whole table
 #: (every completed job too), a sequential scan at every claim that took 17 of a 28 ms statement
 #: at 100,000 rows and grew with the table. The probe returns the rows in id order, so they are
-#: sorted back into claim order, the order the worker starts them in: priority, then the wait
-#: since ``run_at`` (column 10; the longest wait is the earliest ``run_at``), ``created_at``, id.
+#: sorted back into claim order (``_CLAIM_ORDER``).
 CLAIM_JOBS = f"""
 WITH candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
 claimed AS ({_CLAIM_UPDATE})
 SELECT * FROM claimed
-ORDER BY 8 DESC, 10 DESC, 9, 1
+ORDER BY {_claim_order()}
 """
 
 #: Record the outcomes of many attempts in one statement; returns the ids it applied.
@@ -223,15 +284,24 @@ SET status = CASE
         ELSE u.summary END,
     result = u.result::jsonb,
     lease_expires_at = NULL
-FROM unnest(
-    %s::uuid[], %s::integer[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::text[]
-) AS u(id, attempt, status, delay, code, summary, result)
+FROM (
+    -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
+    -- would have PostgreSQL apply either to the one row)
+    SELECT DISTINCT ON (id, attempt) id, attempt, status, delay, code, summary, result
+    FROM unnest(
+        %s::uuid[], %s::integer[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::text[]
+    ) WITH ORDINALITY AS u(id, attempt, status, delay, code, summary, result, sent)
+    ORDER BY id, attempt, sent
+) AS u
 WHERE j.id = u.id
   AND j.attempts = u.attempt
   AND j.locked_by = %s
   AND j.status = 'leased'
 RETURNING j.id
 """
+
+# The typed NULLs that pad RECORD_AND_CLAIM's outcome rows to the claim's columns.
+_CLAIM_NULLS = ", ".join(f"NULL::{kind}" for _, _, kind in CLAIM_COLUMNS[1:])
 
 #: RECORD_OUTCOMES and CLAIM_JOBS in one statement: one round trip per dispatcher turn.
 #:
@@ -246,12 +316,11 @@ RECORD_AND_CLAIM = f"""
 WITH recorded AS ({RECORD_OUTCOMES}),
 candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
 claimed AS ({_CLAIM_UPDATE})
-SELECT false, id, NULL, NULL, NULL::integer, NULL::integer, NULL::uuid, NULL, NULL::integer,
-       NULL::timestamptz, NULL::float8, NULL::text, NULL::boolean
+SELECT false, id, {_CLAIM_NULLS}
 FROM recorded
 UNION ALL
 SELECT true, * FROM claimed
-ORDER BY 1, 9 DESC, 11 DESC, 10, 2  -- the outcomes' ids, then the claimed jobs as CLAIM_JOBS
+ORDER BY 1, {_claim_order(offset=1)}  -- the outcomes' ids, then the claimed jobs as CLAIM_JOBS
 """
 
 # -- fair and limited claims ---------------------------------------------------------------------
@@ -404,13 +473,7 @@ SET status = 'leased',
     alone_attempt = NULL
 FROM candidates AS c
 WHERE j.id = c.id
-RETURNING j.id, j.job_type, j.payload::text, j.attempts, j.max_attempts, j.organization_id,
-          j.queue, j.priority, j.created_at,
-          -- run_at '-infinity' (a row written by hand) is due now: no infinite subtraction
-          CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM now() - j.run_at)::float8 ELSE 0 END,
-          j.worker_ids::text,
-          -- a suspect, as in CLAIM_JOBS
-          coalesce(j.last_error_code = 'lease_expired' AND j.lost_attempts >= 2, false)
+RETURNING {returning}
 """
 
 
@@ -435,6 +498,7 @@ def fair_claim(*, fair: bool) -> str:
         organization_branch=_FAIR_BRANCH.format(match="= a.org", where="IS NOT NULL"),
         null_branch=_FAIR_BRANCH.format(match="IS NULL", where="IS NULL"),
         order=f"r.turn, {order}" if fair else order,
+        returning=_CLAIM_RETURNING,
     )
 
 
@@ -875,3 +939,42 @@ SELECT t.id,
        (SELECT count(*) FROM woken)
 FROM targets AS t
 """
+
+
+# -- how the dispatcher sends its statements -----------------------------------------------------
+
+
+class Dispatched(NamedTuple):
+    """A statement as a queue's lanes send it on their own connection (``send``)."""
+
+    #: The SQL with binary parameters (``%b``): psycopg then sends arrays without quoting each
+    #: element in Python. Django's cursors, which the tests use with the same statements, take
+    #: the ``%s`` form of the constant of the same name.
+    sql: str
+    #: psycopg's ``prepare``: None (prepared after a few runs, as the connection says) or False.
+    #: Those that join an array of (id, attempt) pairs to this worker's leased rows are False,
+    #: planned each time knowing how many pairs they carry: a generic plan took the leased rows
+    #: (estimated at one) as the outer side of a nested loop and read the whole array again for
+    #: each row (docs/benchmarks.md, "What profiling found", item 17).
+    prepare: bool | None
+
+
+def _dispatched(name: str, *, prepare: bool | None) -> Dispatched:
+    return Dispatched(globals()[name].replace("%s", "%b"), prepare)
+
+
+#: The statements of a queue's lanes, by name.
+DISPATCHED: dict[str, Dispatched] = {
+    "CLAIM_JOBS": _dispatched("CLAIM_JOBS", prepare=None),
+    "RECORD_AND_CLAIM": _dispatched("RECORD_AND_CLAIM", prepare=False),
+    "RECORD_OUTCOMES": _dispatched("RECORD_OUTCOMES", prepare=False),
+    "RENEW_LEASES": _dispatched("RENEW_LEASES", prepare=False),
+    "UNCLAIM_JOBS": _dispatched("UNCLAIM_JOBS", prepare=False),
+    "RELEASE_JOBS": _dispatched("RELEASE_JOBS", prepare=False),
+}
+
+
+def send(cursor: Any, name: str, params: list[Any]) -> None:
+    """Run the dispatched statement ``name`` on a lane's psycopg ``cursor``."""
+    statement = DISPATCHED[name]
+    cursor.execute(statement.sql, params, prepare=statement.prepare)

@@ -7,6 +7,7 @@ the jobs the test committed.
 from __future__ import annotations
 
 import threading
+from functools import partial
 from datetime import timedelta
 from typing import Any
 
@@ -252,16 +253,18 @@ class TestClaiming:
         self, fast: Any, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 400)
-        batches: list[int] = []
-        original = QueueRunner._settle
+        from django_pgoutbox.worker import outcomes
 
-        def counting(self: QueueRunner, batch: list[Any], applied: list[Any]) -> None:
-            # Each written batch is settled once, on whichever connection wrote it.
+        batches: list[int] = []
+        original = outcomes.count_written
+
+        def counting(queue: str, batch: list[Any], applied: list[Any]) -> None:
+            # Each written batch is counted once, on whichever lane wrote it.
             if batch:
                 batches.append(len(batch))
-            original(self, batch, applied)
+            original(queue, batch, applied)
 
-        monkeypatch.setattr(QueueRunner, "_settle", counting)
+        monkeypatch.setattr(outcomes, "count_written", counting)
         drain(concurrency=8)
         assert Job.objects.filter(status=JobStatus.COMPLETED).count() == 400
         assert sum(batches) == 400
@@ -384,6 +387,30 @@ class TestLeases:
         )
 
 
+class TestTimeoutRace:
+    def test_an_attempt_that_returns_at_its_deadline_has_one_outcome(self, fast: Any) -> None:
+        """A handler that returns a moment before its timeout, while its outcome waits to be
+        written, once got a second, synthetic timeout outcome in the same batch: PostgreSQL
+        applied either, and both were counted. Each attempt now has one outcome, whichever
+        came first; the other, if any, is counted stale."""
+        from django_pgoutbox.models import Job
+
+        jobs = enqueue_many(
+            [
+                {"job_type": "tests.just_in_time", "payload": {"margin": 0.0002 * (i % 10)}}
+                for i in range(40)
+            ]
+        )
+        counted = partial(metrics.JOB_OUTCOMES.value)
+        before = counted()
+        drain(concurrency=40)
+        rows = list(Job.objects.filter(pk__in=[job.pk for job in jobs]))
+        assert all(row.attempts == 1 for row in rows)
+        assert {row.status for row in rows} <= {JobStatus.COMPLETED, JobStatus.DEAD}
+        # One outcome counted per attempt: never both the handler's and the timeout's.
+        assert counted() - before == len(rows)
+
+
 class TestMisbehavingHandlers:
     @pytest.mark.parametrize(
         ("how", "status", "code"),
@@ -496,42 +523,44 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
     they are never prepared, while the claim is."""
     from django.conf import settings as django_settings
 
-    from django_pgoutbox.conf import get_settings
-    from django_pgoutbox.worker.runner import _BINARY, _UNPREPARED, _execute
+    from django_pgoutbox import queries
+    from django_pgoutbox.db import DispatcherConnection
 
-    conf = get_settings()
-    runner = QueueRunner(
-        conf.queues["default"], worker_id="w", using="default", policy=conf.retry, concurrency=1
-    )
+    connection = DispatcherConnection("default")
     try:
-        with runner._connection().cursor() as cursor:
+        with connection.get().cursor() as cursor:
             for _ in range(6):
-                _execute(cursor, "CLAIM_JOBS", ["default", 0, "w", 60.0])
-                _execute(cursor, "RENEW_LEASES", [60.0, [], [], "w"])
-                _execute(cursor, "RECORD_OUTCOMES", [[], [], [], [], [], [], [], "w"])
+                queries.send(cursor, "CLAIM_JOBS", ["default", 0, "w", 60.0])
+                queries.send(cursor, "RENEW_LEASES", [60.0, [], [], "w"])
+                queries.send(cursor, "RECORD_OUTCOMES", [[], [], [], [], [], [], [], "w"])
             cursor.execute("SELECT statement FROM pg_prepared_statements")
             prepared = {row[0] for row in cursor.fetchall()}
     finally:
-        runner._threads.shutdown()
-        runner._disconnect()
+        connection.close()
+    planned_each_time = {
+        name for name, statement in queries.DISPATCHED.items() if statement.prepare is False
+    }
     assert {
         "RECORD_AND_CLAIM",
         "RECORD_OUTCOMES",
         "RENEW_LEASES",
         "UNCLAIM_JOBS",
         "RELEASE_JOBS",
-    } == _UNPREPARED
+    } == planned_each_time
     if "prepare_threshold" in django_settings.DATABASES["default"].get("OPTIONS", {}):
         pytest.skip("the test database's OPTIONS decide on prepared statements")
-    texts = {name: _BINARY[name].replace("%b", "$").split("$")[0] for name in _BINARY}
+    texts = {
+        name: statement.sql.replace("%b", "$").split("$")[0]
+        for name, statement in queries.DISPATCHED.items()
+    }
     assert any(texts["CLAIM_JOBS"].strip() in text for text in prepared)
     assert not any(texts["RENEW_LEASES"].strip() in text for text in prepared)
     assert not any(texts["RECORD_OUTCOMES"].strip() in text for text in prepared)
 
 
 class TestConnections:
-    """A queue's second connection (``CONNECTIONS``): a helper dispatcher that sends the next
-    statement while the main one waits on its own."""
+    """A queue's second connection (``CONNECTIONS``): a lane that sends the next statement
+    while the first waits on its own."""
 
     @staticmethod
     def runner(queue: str = "default", **overrides: Any) -> QueueRunner:
@@ -554,18 +583,19 @@ class TestConnections:
         enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 20_000)
         # A short lease: the main dispatcher renews while the helper writes outcomes.
         runner = self.runner(connections=2, concurrency=2, lease_seconds=0.6)
-        assert len(runner._helpers) == 1
+        assert len(runner.snapshot().lane_turns) == 2
         thread = threading.Thread(target=runner.run)
         thread.start()
         thread.join(timeout=120)
         assert not thread.is_alive(), "the burst did not finish"
-        # The helper sent statements of its own while the main dispatcher waited on its.
-        assert runner._helpers[0].turns > 0
-        assert not runner._helpers[0].connection.opened  # closed at the end
+        # The second lane sent statements of its own while the first waited on its.
+        snapshot = runner.snapshot()
+        assert snapshot.lane_turns[1] > 0
+        assert snapshot.lanes_open == (False, False)  # closed at the end
         # Every job completed, in one attempt: none was claimed twice.
         assert Job.objects.count() == 20_000
         assert Job.objects.filter(status=JobStatus.COMPLETED, attempts=1).count() == 20_000
-        assert (runner._reserved, runner._writing, runner._running) == (0, 0, {})
+        assert (snapshot.reserved, snapshot.writing, snapshot.running) == (0, 0, 0)
         # A renewal that raced an outcome written on the other connection is no lost lease.
         assert not [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
 
@@ -577,28 +607,28 @@ class TestConnections:
         try:
             job = enqueue("tests.noop", {})
             wait_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.COMPLETED, timeout=10)
-            helper = runner._helpers[0]
-            holds_for(lambda: not helper.connection.opened and helper.turns == 0, 0.5)  # polls
+            holds_for(  # polls
+                lambda: (
+                    (snapshot := runner.snapshot()).lane_turns[1] == 0
+                    and not snapshot.lanes_open[1]
+                ),
+                0.5,
+            )
         finally:
             runner.stop()
             thread.join(timeout=10)
         assert not thread.is_alive()
 
     @pytest.mark.parametrize(
-        ("overrides", "helpers"),
+        ("overrides", "lanes"),
         [
-            ({"connections": 1}, 0),
-            ({"connections": 3}, 2),
-            ({"connections": 2, "fair": True}, 0),
-            ({"connections": 2, "max_running": 5}, 0),
-            ({"connections": 2, "rate_limit": 10.0}, 0),
+            ({"connections": 1}, 1),
+            ({"connections": 3}, 3),
+            # one claim at a time under the queue's lock, and a lane for the rest beside it
+            ({"connections": 3, "fair": True}, 2),
+            ({"connections": 1, "max_running": 5}, 2),
+            ({"connections": 2, "rate_limit": 10.0}, 2),
         ],
     )
-    def test_fair_and_limited_queues_claim_on_one_connection(
-        self, overrides: dict[str, Any], helpers: int
-    ) -> None:
-        runner = self.runner(**overrides)
-        try:
-            assert len(runner._helpers) == helpers
-        finally:
-            runner._threads.shutdown()
+    def test_the_lanes_of_each_kind_of_queue(self, overrides: dict[str, Any], lanes: int) -> None:
+        assert len(self.runner(**overrides).snapshot().lane_turns) == lanes

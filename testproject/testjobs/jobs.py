@@ -136,6 +136,13 @@ def timeout(payload: dict[str, Any], ctx: JobContext) -> Any:
     return {"attempt": ctx.attempt}
 
 
+@job("tests.just_in_time", timeout=0.5, max_attempts=1)
+def just_in_time(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Return ``margin`` seconds before the 0.5 s timeout: the outcome and the timeout race."""
+    time.sleep(0.5 - payload["margin"])
+    return None
+
+
 @job("tests.isolated", timeout=1, max_attempts=2, isolation="process")
 def isolated(payload: dict[str, Any], ctx: JobContext) -> Any:
     """In its own process: sleep ``sleep`` seconds on attempt 1, fail or return its pid."""

@@ -25,12 +25,15 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_pgoutbox import cancel, enqueue_many
+from django_pgoutbox import cancel, enqueue_many, queries
 from django_pgoutbox.conf import get_settings
+from django_pgoutbox.db import DispatcherConnection
 from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.models import Job, JobStatus
+from django_pgoutbox.worker.attempt import Attempt
+from django_pgoutbox.worker.claims import RecordAndClaim
 from django_pgoutbox.worker.execute import Outcome
-from django_pgoutbox.worker.runner import QueueRunner, _execute, _Running
+from django_pgoutbox.worker.runner import QueueRunner
 from testproject.testjobs.models import SideEffect
 from tests.processes import scaled, wait_for
 
@@ -108,8 +111,8 @@ def test_a_payload_too_deep_for_python_is_dead_and_the_threads_survive(start_wor
 
 @pytest.fixture
 def runner() -> Iterator[QueueRunner]:
-    """A dispatcher of the default queue run in this process (four threads, 1 s leases), for
-    the paths that no handler can reach: its thread runs ``run()`` until the test ends."""
+    """A queue's coordinator run in this process (four threads, 1 s leases), for the paths
+    that no handler can reach: its thread runs ``run()`` until the test ends."""
     conf = get_settings()
     settings = dataclasses.replace(
         conf.queues["default"], lease_seconds=1.0, poll_interval=0.2, connections=1
@@ -119,13 +122,8 @@ def runner() -> Iterator[QueueRunner]:
     )
     yield runner
     runner.stop()
-    if any(t.name == "test-dispatcher" for t in threading.enumerate()):
-        runner.finished.wait(10)
-    else:  # driven by hand: what ``run()`` does as it ends
-        runner._threads.shutdown()
-        runner._disconnect()
-    for thread in runner._threads._threads:
-        thread.join(10)
+    runner.finished.wait(10)
+    runner._handlers.join(10)
 
 
 def run_in_thread(runner: QueueRunner) -> threading.Thread:
@@ -149,13 +147,14 @@ def test_an_attempt_left_without_an_outcome_is_no_longer_renewed(
     dispatcher stops renewing that attempt (logged at ERROR), frees its slot, and its lease
     expires into recovery. No handler reaches it; the test makes the thread's path do so."""
     innocents, poison = innocents_and({"job_type": "tests.behave", "payload": {}})
-    run_attempt = runner._threads._run
+    run_attempt = runner._handlers.run
 
-    def lose_the_poison(entry: _Running) -> None:
+    def lose_the_poison(entry: Attempt) -> Outcome | None:
         if entry.id != poison.pk:
-            run_attempt(entry)
+            return run_attempt(entry)
+        return None
 
-    runner._threads._run = lose_the_poison
+    runner._handlers.run = lose_the_poison
     caplog.set_level(logging.ERROR, logger="django_pgoutbox.worker")
     thread = run_in_thread(runner)
     wait_for(lambda: "returned without an outcome" in caplog.text, timeout=10)
@@ -177,12 +176,12 @@ def test_a_handler_thread_that_dies_is_replaced_and_its_attempt_expires(
     that reports its failure) is replaced, so the queue keeps its four threads; its attempt
     is no longer renewed and recovery takes it."""
     innocents, poison = innocents_and({"job_type": "tests.behave", "payload": {}})
-    run_attempt = runner._threads._run
+    run_attempt = runner._handlers.run
 
-    def fail_on_the_poison(entry: _Running) -> None:
+    def fail_on_the_poison(entry: Attempt) -> Outcome | None:
         if entry.id == poison.pk and entry.attempt == 1:
             raise RuntimeError("the worker's own path failed")
-        run_attempt(entry)
+        return run_attempt(entry)
 
     def die(record: logging.LogRecord) -> bool:
         if record.getMessage().endswith("running a job failed in the worker"):
@@ -191,7 +190,7 @@ def test_a_handler_thread_that_dies_is_replaced_and_its_attempt_expires(
 
     worker_logger = logging.getLogger("django_pgoutbox.worker")
     worker_logger.addFilter(die)
-    runner._threads._run = fail_on_the_poison
+    runner._handlers.run = fail_on_the_poison
     caplog.set_level(logging.ERROR, logger="django_pgoutbox.worker")
     try:
         run_in_thread(runner)
@@ -210,26 +209,28 @@ def test_a_handler_thread_that_dies_is_replaced_and_its_attempt_expires(
 # -- 5: an outcome PostgreSQL refuses is that job's dead letter, not its batch's -----------------
 
 
-def test_an_outcome_jsonb_refuses_is_dead_and_the_rest_of_its_batch_is_written(
-    runner: QueueRunner,
-) -> None:
+def test_an_outcome_jsonb_refuses_is_dead_and_the_rest_of_its_batch_is_written() -> None:
     """One statement carries four outcomes and a claim; one result overflows jsonb's numeric
     (22003). The outcomes go again one by one: the three innocents' are written, the poison's
     becomes ``unwritable_outcome`` (result dropped), and the claim runs once."""
     batch = enqueue_many([{"job_type": "tests.behave", "payload": {"record": False}}] * 4)
     waiting = enqueue_many([{"job_type": "tests.behave", "payload": {"record": False}}] * 2)
-    with runner._connection().cursor() as cursor:
-        _execute(cursor, "CLAIM_JOBS", ["default", 4, runner.worker_id, 60.0])
-        claimed = [_Running(row) for row in cursor.fetchall()]
-    assert {entry.id for entry in claimed} == {job.pk for job in batch}
-    poison = claimed[-1]
-    for entry in claimed:
-        runner._running[(entry.id, entry.attempt)] = entry
-        result = '{"n": 1' + "0" * 140_000 + "}" if entry is poison else '{"ok": true}'
-        runner._outcomes.append(Outcome.completed(entry.job, result))
-
-    started, requested, _ = runner._record_and_claim(claim=True)
-
+    settings = get_settings().queues["default"]
+    connection = DispatcherConnection("default")
+    try:
+        with connection.get().cursor() as cursor:
+            queries.send(cursor, "CLAIM_JOBS", ["default", 4, "w-poison", 60.0])
+            claimed = [Attempt(queries.ClaimRow._make(row)) for row in cursor.fetchall()]
+        assert {entry.id for entry in claimed} == {job.pk for job in batch}
+        poison = claimed[-1]
+        sent = []
+        for entry in claimed:
+            result = '{"n": 1' + "0" * 140_000 + "}" if entry is poison else '{"ok": true}'
+            sent.append(Outcome.completed(entry.job(), result))
+        request = RecordAndClaim(settings, "w-poison", sent, 6).run(connection.get())
+    finally:
+        connection.close()
+    requested, started = request.limit, request.rows
     assert requested > 0
     assert {entry.id for entry in started} == {job.pk for job in waiting}  # claimed once
     for job in Job.objects.filter(pk__in=[j.pk for j in waiting]):

@@ -1,0 +1,78 @@
+"""Suspects: jobs lost with their worker twice in a row, each run alone in its process.
+
+A suspect may have killed its process, or a neighbour may have. It is held back when claimed,
+starts once nothing else of its queue runs here and the process's ``AloneGate`` is its queue's,
+and for a lease period nothing else starts beside it: a crash then is its own (MARK_ALONE wrote
+that this attempt counts) and costs the others nothing. Should the attempts beside it not end
+within a lease period, it is given back unstarted, its attempt with it. Suspects claimed while
+one is held are given back at once, for another worker to run alone meanwhile.
+"""
+
+from __future__ import annotations
+
+import queue as queue_module
+from collections.abc import Callable
+
+from django_pgoutbox.worker.attempt import Attempt
+
+
+class AloneGate:
+    """The one token of a worker process that lets a suspect run alone, passed from queue to
+    queue: at most one queue holds it, and the holder alone owns it until it gives it back.
+
+    The queues of one process share one gate, so that two suspects never run marked at once
+    there (a crash would then count against both). The wake-ups are registered when the
+    queues are made, before any thread runs, and only read afterwards.
+    """
+
+    def __init__(self) -> None:
+        self._token: queue_module.SimpleQueue[bool] = queue_module.SimpleQueue()
+        self._token.put(True)
+        self._wakes: list[Callable[[], None]] = []
+
+    def register(self, wake: Callable[[], None]) -> None:
+        self._wakes.append(wake)
+
+    def take(self) -> bool:
+        """Take the token if it is free; False when another queue holds it."""
+        try:
+            return self._token.get_nowait()
+        except queue_module.Empty:
+            return False
+
+    def give_back(self) -> None:
+        self._token.put(True)
+        for wake in self._wakes:  # a queue may have a suspect waiting for it
+            wake()
+
+
+class Suspects:
+    """A queue's suspects, as its coordinator sees them (the coordinator's own state)."""
+
+    def __init__(self, gate: AloneGate) -> None:
+        self.gate = gate
+        #: The suspect claimed and held back (one at most), and since when it waits.
+        self.held: Attempt | None = None
+        self.held_since = 0.0
+        #: MARK_ALONE of the held suspect is in flight.
+        self.marking = False
+        #: The suspect started alone, until it ends or ``alone_until`` (monotonic) passes.
+        self.alone: Attempt | None = None
+        self.alone_until = 0.0
+        #: This queue holds the gate's token.
+        self.has_token = False
+
+    @property
+    def holding(self) -> bool:
+        """A suspect waits to run alone, or runs alone: the queue claims nothing meanwhile."""
+        return self.held is not None or self.alone is not None
+
+    def take_token(self) -> bool:
+        if not self.has_token:
+            self.has_token = self.gate.take()
+        return self.has_token
+
+    def give_token_back(self) -> None:
+        if self.has_token:
+            self.has_token = False
+            self.gate.give_back()

@@ -1,0 +1,59 @@
+"""Timeouts (thread isolation): the outcome of an attempt that ran past its job type's timeout.
+
+The coordinator learns when an attempt's clock starts (its handler thread posts ``STARTED``),
+and fails it at its deadline unless its handler's outcome came first. Its thread is left running
+(Python cannot stop a thread); the queue gets another in its place, and whatever that handler
+returns at last is discarded.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.errors import JobTimeout
+from django_pgoutbox.jobs import get_job
+from django_pgoutbox.models import JobStatus
+from django_pgoutbox.retry import decide
+from django_pgoutbox.worker.attempt import Attempt
+from django_pgoutbox.worker.execute import Outcome
+
+logger = logging.getLogger("django_pgoutbox.worker")
+
+
+def timed_out(attempt: Attempt, policy: RetrySettings, queue: str) -> Outcome:
+    """The outcome of ``attempt``, failed for its timeout (logged)."""
+    job = attempt.bare_job()
+    definition = get_job(job.job_type)
+    timeout = definition.timeout if definition is not None and definition.timeout else 0.0
+    error = JobTimeout(
+        f"attempt {job.attempt} ran longer than its timeout of {timeout:g}s; its thread "
+        "was left running and its result will be discarded"
+    )
+    decision = decide(error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy)
+    status = JobStatus.DEAD if decision.action.value == "dead" else JobStatus.RETRYING
+    logger.error(
+        "job %s (%s) attempt %d/%d: %s -> %s",
+        job.id,
+        job.job_type,
+        job.attempt,
+        job.max_attempts,
+        decision.summary,
+        status.value,
+        extra={
+            "job_id": str(job.id),
+            "job_type": job.job_type,
+            "queue": queue,
+            "attempt": job.attempt,
+            "outcome": status.value,
+            "error_code": decision.code,
+        },
+    )
+    return Outcome(
+        job,
+        status,
+        delay=decision.delay,
+        code=decision.code,
+        summary=decision.summary,
+        timed_out=True,
+    )
