@@ -7,8 +7,8 @@ the jobs the test committed.
 from __future__ import annotations
 
 import threading
-from functools import partial
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest

@@ -27,19 +27,32 @@ STATEMENT_ERRORS = (DatabaseError, psycopg.Error)
 UNWRITABLE_OUTCOME = "unwritable_outcome"
 
 
-class DuplicateOutcome(AssertionError):
-    """A batch held two outcomes for one attempt: a bug of the coordinator."""
+def unique(batch: list[Outcome], queue: str) -> list[Outcome]:
+    """``batch``, with one outcome for each (job, attempt): the first.
 
-
-def check_unique(batch: Sequence[Outcome]) -> None:
-    """Raise ``DuplicateOutcome`` if two outcomes of ``batch`` are for one (job, attempt).
-
-    The coordinator's states make it impossible; this says so where the batch is built, and
-    RECORD_OUTCOMES would still apply only the first of them.
+    The coordinator's states make a second one impossible; should a bug bring one, it is
+    logged and left out here, where the batch is built (and RECORD_OUTCOMES would still apply
+    only the first), rather than have PostgreSQL apply either.
     """
     keys = {(o.job.id, o.job.attempt) for o in batch}
-    if len(keys) != len(batch):
-        raise DuplicateOutcome(f"{len(batch) - len(keys)} attempt(s) with two outcomes in a batch")
+    if len(keys) == len(batch):
+        return batch
+    kept: list[Outcome] = []
+    for outcome in batch:
+        key = (outcome.job.id, outcome.job.attempt)
+        if key in keys:
+            keys.discard(key)
+            kept.append(outcome)
+        else:
+            logger.error(
+                "job %s attempt %d: a second outcome (%s) left out of its batch; a bug of the "
+                "worker, please report it",
+                outcome.job.id,
+                outcome.job.attempt,
+                outcome.status.value,
+                extra={"job_id": str(outcome.job.id), "queue": queue},
+            )
+    return kept
 
 
 def params(batch: Sequence[Outcome], worker_id: str) -> list[Any]:

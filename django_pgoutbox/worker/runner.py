@@ -117,6 +117,8 @@ class RunnerSnapshot:
     #: Statements sent on each lane, and whether its connection is open.
     lane_turns: tuple[int, ...]
     lanes_open: tuple[bool, ...]
+    #: The loop has ended (stopped, or a burst found nothing more).
+    ended: bool
 
 
 class QueueRunner:
@@ -518,9 +520,8 @@ class QueueRunner:
         )
 
     def _send_outcomes(self, index: int, limit: int) -> None:
-        batch, self._outcomes = self._outcomes, []
+        batch, self._outcomes = outcome_writes.unique(self._outcomes, self.queue), []
         self._flush_at = None
-        outcome_writes.check_unique(batch)
         attempts = self._attempts
         for outcome in batch:
             if not outcome.timed_out:
@@ -847,4 +848,5 @@ class QueueRunner:
             suspect_alone=self._suspects.alone is not None,
             lane_turns=tuple(self._turns),
             lanes_open=tuple(self._lanes_open),
+            ended=self._done,
         )
