@@ -12,6 +12,7 @@ import queue as queue_module
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.jobs import get_job
@@ -32,6 +33,19 @@ LOST = "lost"
 #: (docs/workers.md, "When the worker itself fails").
 WORKER_ERROR = "worker_error"
 UNREADABLE_JOB = "unreadable_job"
+
+
+class Handlers(Protocol):
+    """What a coordinator asks of its handler threads (``HandlerThreads``, or a test's fake)."""
+
+    run: Callable[[Attempt], Outcome | None]
+
+    def start(self) -> None: ...
+    def submit(self, attempt: Attempt) -> None: ...
+    def take_waiting(self) -> list[Attempt]: ...
+    def add_thread(self) -> None: ...
+    def retire_thread(self) -> None: ...
+    def shutdown(self) -> None: ...
 
 
 class HandlerThreads:
@@ -94,10 +108,6 @@ class HandlerThreads:
     def shutdown(self) -> None:
         for _ in self._threads:
             self._tasks.put(None)
-
-    def join(self, timeout: float) -> None:
-        for thread in list(self._threads):
-            thread.join(timeout)
 
     def _work(self) -> None:
         attempt: Attempt | None = None

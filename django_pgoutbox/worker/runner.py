@@ -40,16 +40,13 @@ from django_pgoutbox import metrics
 from django_pgoutbox.conf import QueueSettings, RetrySettings
 from django_pgoutbox.db import ErrorKind, classify_error
 from django_pgoutbox.errors import LeaseLost
-from django_pgoutbox.queries import ClaimRow
 from django_pgoutbox.retry import summarize
 from django_pgoutbox.worker import outcomes as outcome_writes
 from django_pgoutbox.worker.attempt import (
-    FINISHED,
     HELD,
     LOST,
     QUEUED,
     TIMED_OUT,
-    WRITING,
     Attempt,
     Key,
 )
@@ -64,6 +61,7 @@ from django_pgoutbox.worker.handlers import (
 from django_pgoutbox.worker.handlers import (
     STARTED,
     AttemptRunner,
+    Handlers,
     HandlerThreads,
 )
 from django_pgoutbox.worker.lanes import REPLY, Lane, Request
@@ -77,7 +75,8 @@ from django_pgoutbox.worker.leases import (
     RenewalRequest,
 )
 from django_pgoutbox.worker.mailbox import Mailbox, Message
-from django_pgoutbox.worker.suspects import AloneGate, Suspects
+from django_pgoutbox.worker.state import QueueState
+from django_pgoutbox.worker.suspects import GIVE_BACK, SUBMIT, AloneGate, Suspects
 from django_pgoutbox.worker.timeouts import timed_out
 
 __all__ = ["AloneGate", "QueueRunner", "RunnerSnapshot"]
@@ -137,7 +136,8 @@ class QueueRunner:
         gate: AloneGate | None = None,
         clock: Callable[[], float] = time.monotonic,
         lane: Callable[[int, Mailbox], Any] | None = None,
-        handlers: Callable[[int, Mailbox, Callable[[Attempt], Outcome | None]], Any] | None = None,
+        handlers: Callable[[int, Mailbox, Callable[[Attempt], Outcome | None]], Handlers]
+        | None = None,
     ) -> None:
         """``clock``, ``lane`` and ``handlers`` are for tests that drive the coordinator with
         fakes (``step()``): what makes a lane from its index, and the handler threads."""
@@ -156,15 +156,7 @@ class QueueRunner:
         self.finished = threading.Event()
         # -- the coordinator's own state (its thread alone touches it) ----------------------------
         now = clock()
-        self._attempts: dict[Key, Attempt] = {}
-        #: Attempts QUEUED or HELD: holding a thread, or waiting for one.
-        self._queued = 0
-        self._outcomes: list[Outcome] = []
-        self._writing = 0
-        self._reserved = 0
-        #: QUEUED attempts whose handler started with a timeout (thread isolation).
-        self._timed: dict[Key, Attempt] = {}
-        self._abandoned: dict[Key, Attempt] = {}
+        self._state = QueueState(self.queue)
         #: A queue with FAIR or a limit claims under the queue's lock, one claim at a time.
         self._special = settings.fair or settings.limited
         self._pace = Pace(0 if self._special else settings.prefetch, now)
@@ -172,16 +164,12 @@ class QueueRunner:
         self._low_water = self.concurrency
         self._suspects = Suspects(gate or AloneGate())
         self._suspects.gate.register(self.wake)
-        #: Attempts to give back unstarted (UNCLAIM_JOBS) as soon as a lane is free: extra
-        #: suspects, a suspect whose neighbours outlast a lease, the unstarted ones at shutdown.
-        self._to_unclaim: list[Attempt] = []
         self._renew_asked: list[RenewalRequest] = []
         self._renewing = self._recovering = self._publishing = False
         self._check_cancel = False
         #: Whether the queue is stuck, as the coordinator last told the heartbeat row (None:
         #: to be told again).
         self._published_stuck: bool | None = False
-        self._claims_in_flight = 0
         self._want_claim = True  # woken, or the poll interval passed, since the last claim
         self._backlog = False  # the last claim came back full: the queue may hold more
         self._next_renewal = now + self.lease_seconds * RENEW_FRACTION
@@ -213,7 +201,7 @@ class QueueRunner:
             renew=lambda attempt: self.renew(attempt.key),
         )
         if handlers is None:
-            self._handlers: Any = HandlerThreads(
+            self._handlers: Handlers = HandlerThreads(
                 self.concurrency, f"pgoutbox-{self.queue}", run, self._mailbox
             )
         else:
@@ -267,7 +255,7 @@ class QueueRunner:
             self._handlers.start()
             while not self._done:
                 timeout = max(0.0, self._next_deadline() - self._clock())
-                quiet = not self._outcomes  # while outcomes wait, sleep through more of them
+                quiet = not self._state.outcomes  # while outcomes wait, sleep through more
                 self._handle(self._mailbox.wait(timeout, quiet=quiet), self._clock())
         finally:
             self._suspects.give_token_back()
@@ -284,23 +272,16 @@ class QueueRunner:
         self._handle(self._mailbox.take(), self._clock())
 
     def _handle(self, messages: list[Message], now: float) -> None:
+        state = self._state
         for message in messages:
             kind = message[0]
             if kind is FINISHED_MESSAGE:
-                attempt, outcome = message[1], message[2]
-                if attempt.state == QUEUED:
-                    attempt.state = FINISHED
-                    self._queued -= 1
-                    self._outcomes.append(outcome)
-                else:
-                    self._late(attempt, outcome)
+                if not state.finished(message[1], message[2]):
+                    self._late(message[1], message[2])
             elif kind is REPLY:
                 self._on_reply(message[1], message[2], message[3], message[4], message[5], now)
             elif kind is STARTED:
-                attempt = message[1]
-                if attempt.state == QUEUED:
-                    attempt.deadline = message[2]
-                    self._timed[attempt.key] = attempt
+                state.started(message[1], message[2])
             elif kind is WAKE:
                 self._want_claim = True
             elif kind is RENEW:
@@ -317,21 +298,23 @@ class QueueRunner:
         self._turn(now)
 
     def _turn(self, now: float) -> None:
-        suspects = self._suspects
+        state, suspects = self._state, self._suspects
         if suspects.alone is not None:
-            self._end_alone(now)
+            suspects.end_alone(now)
         if suspects.held is not None and not self._stopping:
             self._start_alone(now)
-        if self._timed:
-            self._expire_timeouts(now)
-        stuck = len(self._abandoned) >= self.concurrency
+        if state.timed:
+            for attempt in state.expired(now):
+                self._handlers.add_thread()  # in place of the one its handler still holds
+                state.outcomes.insert(0, timed_out(attempt, self.policy, self.queue))
+        stuck = len(state.abandoned) >= self.concurrency
         if stuck != self._published_stuck and not self._publishing:
             self._publish_health(now, stuck)
-        if self._to_unclaim:
+        if state.to_unclaim:
             self._unclaim(now)
         if not self._renewing and (
             self._renew_asked
-            or (self._attempts and (self._check_cancel or now >= self._next_renewal))
+            or (state.attempts and (self._check_cancel or now >= self._next_renewal))
         ):
             self._renew(now)
         if self._stopping:
@@ -344,18 +327,18 @@ class QueueRunner:
             self._done = True
 
     def _next_deadline(self) -> float:
-        """When the coordinator must look again if no message comes first."""
-        now = self._clock()
+        """When the coordinator must look again if no message comes first. A deadline whose
+        work needs a lane counts only while one is free: else a lane's reply wakes it."""
+        now, state, suspects = self._clock(), self._state, self._suspects
         deadlines = [now + self.settings.poll_interval]
         if self._free_lane(now) is not None:
             deadlines += [self._next_poll, self._next_recovery]
-            if self._attempts and not self._renewing:
+            if state.attempts and not self._renewing:
                 deadlines.append(self._next_renewal)
             if self._gathering_until is not None:
                 deadlines.append(self._gathering_until)
         deadlines += [at for at in self._ready_at if at > now]
-        deadlines += [a.deadline for a in self._timed.values() if a.deadline is not None]
-        suspects = self._suspects
+        deadlines += [a.deadline for a in state.timed.values() if a.deadline is not None]
         if suspects.held is not None and now < suspects.held_since + self.lease_seconds:
             deadlines.append(suspects.held_since + self.lease_seconds)
         if suspects.alone is not None:
@@ -409,16 +392,27 @@ class QueueRunner:
         self._lanes_open[index] = opened
         if error is not None:
             self._on_error(index, request, error, now)
-            return
-        self._pause[index] = ERROR_BACKOFF[0]
-        if isinstance(request, RecordAndClaim):
+        elif isinstance(request, RecordAndClaim):
+            self._pause[index] = ERROR_BACKOFF[0]
             self._on_recorded(request, now)
-        elif isinstance(request, Renew):
-            self._on_renewed(request, result)
+        else:
+            self._pause[index] = ERROR_BACKOFF[0]
+            self._on_done(request, result, now)
+
+    def _on_done(self, request: Request, result: Any, now: float) -> None:
+        if isinstance(request, Renew):
+            self._renewing = False
+            self._state.renewed(request, result)
         elif isinstance(request, Recover):
             self._recovering = False
         elif isinstance(request, MarkAlone):
-            self._on_marked(request, result, now)
+            attempt = self._suspects.held
+            if attempt is not None and attempt.key == request.key:
+                if self._suspects.marked(attempt, result, now, self.lease_seconds):
+                    attempt.state = QUEUED
+                    self._handlers.submit(attempt)
+                else:
+                    self._state.forget(attempt)
         elif isinstance(request, PublishHealth):
             self._publishing = False
         elif isinstance(request, GiveBack) and request.reason == "grace":
@@ -452,16 +446,7 @@ class QueueRunner:
         if self._stopping and self._stop_deadline is not None and now >= self._stop_deadline:
             self._done = True  # the grace period is over: what is left, the leases recover
         if isinstance(request, RecordAndClaim):
-            # Not written: keep them (and their leases, still renewed) for the next turn.
-            for outcome in request.batch:
-                attempt = self._attempts.get((outcome.job.id, outcome.job.attempt))
-                if not outcome.timed_out and attempt is not None and attempt.state == WRITING:
-                    attempt.state = FINISHED
-                    self._writing -= 1
-            self._outcomes[:0] = request.batch
-            self._reserved -= request.limit
-            if request.limit:
-                self._claims_in_flight -= 1
+            self._state.not_written(request)
         elif isinstance(request, Renew):
             self._renewing = False
             self._renew_asked[:0] = request.asked
@@ -484,6 +469,7 @@ class QueueRunner:
 
     def _record_and_claim(self, now: float) -> None:
         """Write the outcomes waiting and, with them or alone, claim for the free threads."""
+        state = self._state
         self._gathering_until = None
         if now >= self._next_poll:
             self._want_claim = True
@@ -491,181 +477,95 @@ class QueueRunner:
         while True:
             limit = 0
             claimable = not self._suspects.holding and not (
-                self._special and self._claims_in_flight
+                self._special and state.claims_in_flight
             )
-            if claimable and (self._want_claim or self._outcomes or self._backlog):
+            if claimable and (self._want_claim or state.outcomes or self._backlog):
                 prefetch = self._pace.prefetch(now)
                 self._low_water = max(self.concurrency, prefetch // 2)
-                limit = max(0, self.concurrency + prefetch - self._queued - self._reserved)
-            if not self._outcomes and not limit:
+                limit = max(0, self.concurrency + prefetch - state.queued - state.reserved)
+            if not state.outcomes and not limit:
                 return
-            if self._outcomes and self._gathering(now):
+            if state.outcomes and self._gathering(now):
                 self._gathering_until = self._flush_at
                 return
             index = self._free_lane(now)
-            if index is None or (index and not limit and len(self._outcomes) < FLUSH_SIZE):
+            if index is None or (index and not limit and len(state.outcomes) < FLUSH_SIZE):
                 return  # a second lane only to claim: these outcomes go with the first's turn
             self._send_outcomes(index, limit)
 
     def _gathering(self, now: float) -> bool:
         """Whether the outcomes waiting now should wait for more, to go in one statement: for
         at most ``FLUSH_DELAY`` and ``FLUSH_SIZE``, while the threads have enough work."""
+        state = self._state
         if self._flush_at is None:
             self._flush_at = now + FLUSH_DELAY
         return (
             now < self._flush_at
-            and len(self._outcomes) < FLUSH_SIZE
-            and self._queued - self.concurrency >= self._low_water
+            and len(state.outcomes) < FLUSH_SIZE
+            and state.queued - self.concurrency >= self._low_water
             and not self._renew_asked
         )
 
     def _send_outcomes(self, index: int, limit: int) -> None:
-        batch, self._outcomes = outcome_writes.unique(self._outcomes, self.queue), []
+        batch = self._state.take_batch(limit)
         self._flush_at = None
-        attempts = self._attempts
-        for outcome in batch:
-            if not outcome.timed_out:
-                attempt = attempts.get((outcome.job.id, outcome.job.attempt))
-                if attempt is not None and attempt.state == FINISHED:
-                    attempt.state = WRITING
-                    self._writing += 1
         self._pace.count(len(batch))
-        self._reserved += limit
         if limit:
-            self._claims_in_flight += 1
             self._want_claim = False
         self._send(index, RecordAndClaim(self.settings, self.worker_id, batch, limit))
 
     def _on_recorded(self, request: RecordAndClaim, now: float) -> None:
-        attempts = self._attempts
-        for outcome in request.batch:
-            if not outcome.timed_out:
-                attempt = attempts.pop((outcome.job.id, outcome.job.attempt), None)
-                if attempt is not None and attempt.state == WRITING:
-                    self._writing -= 1
-        outcome_writes.count_written(self.queue, request.written, request.applied)
-        limit = request.limit
-        self._reserved -= limit
-        if limit:
-            self._claims_in_flight -= 1
-            self._backlog = len(request.rows) == limit
+        state = self._state
+        state.written(request)
+        if request.limit:
+            self._backlog = len(request.rows) == request.limit
             self._next_poll = now + min(self.settings.poll_interval, request.retry_in)
             if (
                 self.burst
                 and not request.rows
-                and not self._attempts
-                and not self._reserved
-                and not self._outcomes
+                and not state.attempts
+                and not state.reserved
+                and not state.outcomes
                 and request.retry_in == math.inf
             ):
                 self._exiting = True
-        self._start(request.rows, now)
-
-    def _start(self, rows: list[ClaimRow], now: float) -> None:
-        if not rows:
+        if not request.rows:
             return
-        metrics.JOBS_CLAIMED.inc(len(rows), queue=self.queue)
-        own, alone = self._own_worker_ids
-        attempts, suspects, submit = self._attempts, self._suspects, self._handlers.submit
-        low_water = self._low_water
-        for row in rows:
-            # A first attempt's worker_ids are this worker's id alone: no JSON to parse.
-            attempt = Attempt(row, alone if row.worker_ids == own else None, low_water)
-            key = (attempt.id, attempt.attempt)
-            running = attempts.get(key)
-            if running is not None:
-                # Still running here: its lease expired (a stall past it) and was recovered,
-                # its attempt given back, and this worker claimed it again. The run goes on
-                # under the new lease; no second one starts.
-                running.lease_lost = False
-                logger.warning(
-                    "job %s attempt %d: claimed again while its attempt still runs here; it "
-                    "goes on under the new lease",
-                    attempt.id,
-                    attempt.attempt,
-                    extra={"job_id": str(attempt.id), "queue": self.queue},
-                )
-                continue
-            if row.suspect:  # it waits to run alone, one at a time
-                if suspects.holding:
-                    attempt.state = LOST  # never ours to run: given back at once
-                    self._to_unclaim.append(attempt)
-                    continue
-                attempt.state = HELD
-                suspects.held, suspects.held_since = attempt, now
+        metrics.JOBS_CLAIMED.inc(len(request.rows), queue=self.queue)
+        new, suspects = state.admit(request.rows, self._own_worker_ids, self._low_water)
+        submit = self._handlers.submit
+        for attempt in new:
+            state.hold(attempt, QUEUED)
+            submit(attempt)
+        for attempt in suspects:  # each waits to run alone, one at a time
+            if self._suspects.holding:
+                attempt.state = LOST  # never this queue's to run: given back at once
+                state.to_unclaim.append(attempt)
             else:
-                submit(attempt)
-            attempts[key] = attempt
-            self._queued += 1
+                state.hold(attempt, HELD)
+                self._suspects.held, self._suspects.held_since = attempt, now
 
     def _late(self, attempt: Attempt, outcome: Outcome) -> None:
         """The handler of an attempt the coordinator no longer runs returned: after its
         timeout (its thread is free again, and the replacement started meanwhile can go), or
         after the grace period gave it back. Its outcome is not written."""
         if attempt.state == TIMED_OUT:
-            del self._abandoned[attempt.key]
+            del self._state.abandoned[attempt.key]
             self._handlers.retire_thread()
             outcome_writes.stale(self.queue, outcome, "it came after the attempt's timeout")
 
-    # -- leases, timeouts and lost attempts ----------------------------------------------------
+    # -- leases, lost attempts, health ---------------------------------------------------------
 
     def _renew(self, now: float) -> None:
         index = self._free_lane(now)
         if index is None:
             return
-        keys = [key for key, attempt in self._attempts.items() if not attempt.lease_lost]
         asked, self._renew_asked = self._renew_asked, []
         self._check_cancel = False
         self._renewing = True
         self._next_renewal = now + self.lease_seconds * RENEW_FRACTION
+        keys = self._state.renewable()
         self._send(index, Renew(keys, self.lease_seconds, self.worker_id, asked))
-
-    def _on_renewed(self, request: Renew, held: dict[Any, bool]) -> None:
-        self._renewing = False
-        for key in request.keys:
-            attempt = self._attempts.get(key)
-            if attempt is None:
-                continue  # written meanwhile
-            fields = {"job_id": str(attempt.id), "queue": self.queue}
-            if attempt.id not in held:
-                if attempt.state in (FINISHED, WRITING) or attempt.lease_lost:
-                    continue  # if the lease was really lost, the outcome's write says so
-                attempt.lease_lost = True
-                logger.warning(
-                    "job %s attempt %d: lease lost; its outcome will be discarded",
-                    attempt.id,
-                    attempt.attempt,
-                    extra=fields,
-                )
-            elif held[attempt.id] and not attempt.cancel.is_set():
-                attempt.cancel.set()
-                logger.info(
-                    "job %s attempt %d: cancellation requested; told the handler",
-                    attempt.id,
-                    attempt.attempt,
-                    extra=fields,
-                )
-        for asked in request.asked:
-            attempt = self._attempts.get(asked.key)
-            asked.held = attempt is not None and not attempt.lease_lost and asked.key[0] in held
-            asked.done.set()
-
-    def _expire_timeouts(self, now: float) -> None:
-        """Fail the attempts that ran past their timeout; their handlers' threads are replaced.
-        Only a QUEUED attempt can time out: once its handler's outcome came, it has one."""
-        for key, attempt in list(self._timed.items()):
-            if attempt.state != QUEUED:
-                del self._timed[key]
-                continue
-            if attempt.deadline is None or now < attempt.deadline:
-                continue
-            del self._timed[key]
-            del self._attempts[key]
-            self._queued -= 1
-            attempt.state = TIMED_OUT
-            self._abandoned[key] = attempt
-            self._handlers.add_thread()
-            self._outcomes.insert(0, timed_out(attempt, self.policy, self.queue))
 
     def _on_lost(self, attempt: Attempt | None, thread_died: bool) -> None:
         """The last resort, for an attempt left without an outcome: stop renewing its lease,
@@ -674,9 +574,9 @@ class QueueRunner:
         if attempt is not None:
             abandoned = attempt.state == TIMED_OUT
             if abandoned:
-                del self._abandoned[attempt.key]
+                del self._state.abandoned[attempt.key]
             else:
-                self._forget(attempt)
+                self._state.forget(attempt)
             logger.error(
                 "job %s attempt %d: its handler thread %s without an outcome; its lease is "
                 "no longer renewed and will expire",
@@ -691,23 +591,14 @@ class QueueRunner:
         elif abandoned and not thread_died:
             self._handlers.retire_thread()  # its replacement can go, as in ``_late``
 
-    def _forget(self, attempt: Attempt) -> None:
-        """``attempt`` is no longer this queue's to run or renew."""
-        key = attempt.key
-        if self._attempts.get(key) is attempt:
-            del self._attempts[key]
-            if attempt.state in (QUEUED, HELD):
-                self._queued -= 1
-        self._timed.pop(key, None)
-        attempt.state = LOST
-
     def _unclaim(self, now: float) -> None:
         index = self._free_lane(now)
         if index is None:
             return
-        given, self._to_unclaim = self._to_unclaim, []
+        given, self._state.to_unclaim = self._state.to_unclaim, []
         reason = "shutdown" if self._stopping else "suspects"
-        self._send(index, GiveBack("UNCLAIM_JOBS", [a.key for a in given], self.worker_id, reason))
+        keys = [attempt.key for attempt in given]
+        self._send(index, GiveBack("UNCLAIM_JOBS", keys, self.worker_id, reason))
 
     def _publish_health(self, now: float, stuck: bool) -> None:
         """Tell this worker's heartbeat row whether the queue is stuck: every handler thread
@@ -724,90 +615,32 @@ class QueueRunner:
                 extra={"queue": self.queue},
             )
 
-    # -- suspects (docs in ``suspects``) ---------------------------------------------------------
-
     def _start_alone(self, now: float) -> None:
-        """Start the suspect held, once nothing else of the queue runs in this worker and the
-        process's gate is this queue's; give it back if its neighbours outlast a lease."""
-        suspects = self._suspects
+        """The suspect held: see ``suspects``."""
+        suspects, state = self._suspects, self._state
         attempt = suspects.held
-        if attempt is None or suspects.marking:
+        step = suspects.next_step(state, now, self.lease_seconds)
+        if attempt is None or step is None:
             return
-        if attempt.cancel.is_set():  # ends cancelled at once, without its handler
-            suspects.held, attempt.state = None, QUEUED
+        if step == SUBMIT:
+            attempt.state = QUEUED
             self._handlers.submit(attempt)
-            return
-        busy = self._queued - 1 + self._reserved + len(self._abandoned)
-        if busy and now < suspects.held_since + self.lease_seconds:
-            return  # the coordinator looks again when an attempt ends, or at that deadline
-        if busy:
-            suspects.held = None
-            self._forget(attempt)
-            self._to_unclaim.append(attempt)
-            logger.warning(
-                "job %s attempt %d: a suspect, given back unstarted: %d other attempt(s) did "
-                "not end within %gs for it to run alone",
-                attempt.id,
-                attempt.attempt,
-                busy,
-                self.lease_seconds,
-                extra={"job_id": str(attempt.id), "queue": self.queue},
-            )
-            return
-        if not suspects.take_token():
-            return  # another queue's suspect runs alone; its queue wakes this one after
-        index = self._free_lane(now)
-        if index is not None:
+        elif step == GIVE_BACK:
+            state.forget(attempt)
+            state.to_unclaim.append(attempt)
+        elif (index := self._free_lane(now)) is not None:
             suspects.marking = True
             self._send(index, MarkAlone(attempt.key, self.worker_id))
-
-    def _on_marked(self, request: MarkAlone, held: bool, now: float) -> None:
-        suspects = self._suspects
-        suspects.marking = False
-        attempt = suspects.held
-        if attempt is None or attempt.key != request.key:
-            return
-        suspects.held = None
-        fields = {"job_id": str(attempt.id), "queue": self.queue}
-        if not held:
-            self._forget(attempt)
-            suspects.give_token_back()
-            logger.warning(
-                "job %s attempt %d: lease lost before it started; not run",
-                attempt.id,
-                attempt.attempt,
-                extra=fields,
-            )
-            return
-        suspects.alone, suspects.alone_until = attempt, now + self.lease_seconds
-        attempt.state = QUEUED
-        logger.warning(
-            "job %s attempt %d: lost with its worker twice in a row; it runs alone",
-            attempt.id,
-            attempt.attempt,
-            extra=fields,
-        )
-        self._handlers.submit(attempt)
-
-    def _end_alone(self, now: float) -> None:
-        """The suspect running alone ended, or its lease period is over: claims resume, and
-        the process's gate goes to the next queue with a suspect."""
-        suspects = self._suspects
-        alone = suspects.alone
-        assert alone is not None
-        if alone.state == QUEUED and now < suspects.alone_until:
-            return
-        suspects.alone = None
-        suspects.give_token_back()
 
     # -- stopping ------------------------------------------------------------------------------
 
     def _stop_turn(self, now: float) -> None:
         """Give back the jobs no thread started, write the outcomes, and end once the running
         attempts have finished, or release them when the grace period is over."""
+        state = self._state
         if self._stop_deadline is None:
             self._stop_deadline = now + self.grace_period
-        if self._claims_in_flight or self._suspects.marking:
+        if state.claims_in_flight or self._suspects.marking:
             return  # a claim in flight lands before the waiting jobs are given back
         if not self._gave_back_waiting:
             self._gave_back_waiting = True
@@ -816,34 +649,33 @@ class QueueRunner:
                 waiting.append(self._suspects.held)
                 self._suspects.held = None
             for attempt in waiting:
-                self._forget(attempt)
-            self._to_unclaim += waiting
-            if self._to_unclaim:
+                state.forget(attempt)
+            state.to_unclaim += waiting
+            if state.to_unclaim:
                 self._unclaim(now)
-        if self._outcomes:
-            index = self._free_lane(now)
-            if index is not None:
-                self._send_outcomes(index, 0)
+        if state.outcomes and (index := self._free_lane(now)) is not None:
+            self._send_outcomes(index, 0)
         if now >= self._stop_deadline and not self._released:
-            unfinished = [a for a in self._attempts.values() if a.state == QUEUED]
+            unfinished = [a for a in state.attempts.values() if a.state == QUEUED]
             index = self._free_lane(now) if unfinished else None
             if not unfinished or index is not None:
                 self._released = True
             if unfinished and index is not None:
                 for attempt in unfinished:
-                    self._forget(attempt)
-                keys = [a.key for a in unfinished]
+                    state.forget(attempt)
+                keys = [attempt.key for attempt in unfinished]
                 self._send(index, GiveBack("RELEASE_JOBS", keys, self.worker_id, "grace"))
-        if not (self._attempts or self._outcomes or self._to_unclaim or any(self._in_flight)):
+        if not (state.attempts or state.outcomes or state.to_unclaim or any(self._in_flight)):
             self._done = True
 
     def _snapshot(self) -> RunnerSnapshot:
+        state = self._state
         return RunnerSnapshot(
-            running=len(self._attempts),
-            outcomes_waiting=len(self._outcomes),
-            writing=self._writing,
-            reserved=self._reserved,
-            abandoned=len(self._abandoned),
+            running=len(state.attempts),
+            outcomes_waiting=len(state.outcomes),
+            writing=state.writing,
+            reserved=state.reserved,
+            abandoned=len(state.abandoned),
             suspect_held=self._suspects.held is not None,
             suspect_alone=self._suspects.alone is not None,
             lane_turns=tuple(self._turns),

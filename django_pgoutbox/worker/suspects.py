@@ -10,10 +10,19 @@ one is held are given back at once, for another worker to run alone meanwhile.
 
 from __future__ import annotations
 
+import logging
 import queue as queue_module
 from collections.abc import Callable
 
-from django_pgoutbox.worker.attempt import Attempt
+from django_pgoutbox.worker.attempt import QUEUED, Attempt
+from django_pgoutbox.worker.state import QueueState
+
+logger = logging.getLogger("django_pgoutbox.worker")
+
+# What ``Suspects.next_step`` says to do with the suspect held.
+SUBMIT = "submit"
+GIVE_BACK = "give back"
+MARK = "mark"
 
 
 class AloneGate:
@@ -76,3 +85,68 @@ class Suspects:
         if self.has_token:
             self.has_token = False
             self.gate.give_back()
+
+    # -- the held suspect's turn -----------------------------------------------------------------
+
+    def next_step(self, state: QueueState, now: float, lease_seconds: float) -> str | None:
+        """What to do now with the suspect held (the caller does it): ``SUBMIT`` it (it was
+        cancelled: it ends at once, without its handler), ``GIVE_BACK`` (the attempts beside
+        it did not end within a lease period), ``MARK`` (nothing else runs and the gate is
+        this queue's: send MARK_ALONE, then start it), or None (wait)."""
+        attempt = self.held
+        if attempt is None or self.marking:
+            return None
+        if attempt.cancel.is_set():
+            self.held = None
+            return SUBMIT
+        busy = state.busy_beside(attempt)
+        if busy and now < self.held_since + lease_seconds:
+            return None  # the coordinator looks again when an attempt ends, or at that deadline
+        if busy:
+            self.held = None
+            logger.warning(
+                "job %s attempt %d: a suspect, given back unstarted: %d other attempt(s) did "
+                "not end within %gs for it to run alone",
+                attempt.id,
+                attempt.attempt,
+                busy,
+                lease_seconds,
+                extra={"job_id": str(attempt.id), "queue": state.queue},
+            )
+            return GIVE_BACK
+        if not self.take_token():
+            return None  # another queue's suspect runs alone; its queue wakes this one after
+        return MARK
+
+    def marked(self, attempt: Attempt, held: bool, now: float, lease_seconds: float) -> bool:
+        """MARK_ALONE of the suspect held came back: whether it starts (its lease was still
+        this worker's), alone until it ends or a lease period passes."""
+        self.marking = False
+        self.held = None
+        fields = {"job_id": str(attempt.id), "queue": attempt.row.queue}
+        if not held:
+            self.give_token_back()
+            logger.warning(
+                "job %s attempt %d: lease lost before it started; not run",
+                attempt.id,
+                attempt.attempt,
+                extra=fields,
+            )
+            return False
+        self.alone, self.alone_until = attempt, now + lease_seconds
+        logger.warning(
+            "job %s attempt %d: lost with its worker twice in a row; it runs alone",
+            attempt.id,
+            attempt.attempt,
+            extra=fields,
+        )
+        return True
+
+    def end_alone(self, now: float) -> None:
+        """The suspect running alone ended, or its lease period is over: claims resume, and
+        the process's gate goes to the next queue with a suspect."""
+        alone = self.alone
+        if alone is None or (alone.state == QUEUED and now < self.alone_until):
+            return
+        self.alone = None
+        self.give_token_back()

@@ -123,7 +123,9 @@ def runner() -> Iterator[QueueRunner]:
     yield runner
     runner.stop()
     runner.finished.wait(10)
-    runner._handlers.join(10)
+    for thread in threading.enumerate():
+        if thread.name.startswith(f"pgoutbox-{runner.queue}"):
+            thread.join(10)
 
 
 def run_in_thread(runner: QueueRunner) -> threading.Thread:

@@ -157,7 +157,7 @@ class Harness:
             handlers=handlers,
         )
         assert self.handlers is not None
-        self.threads = self.handlers
+        self.threads: FakeHandlers = self.handlers
 
     def step(self, seconds: float = 0.0) -> None:
         self.clock.now += seconds

@@ -1,0 +1,218 @@
+"""A queue's claimed attempts, and the counts its claims are sized by.
+
+One ``QueueState`` per queue, owned by the queue's coordinator thread: that thread alone writes
+and reads every field (the handler threads and lanes only post messages, which the coordinator
+applies here). Each attempt moves QUEUED (or HELD) -> FINISHED -> WRITING -> forgotten once its
+outcome is written; or QUEUED -> TIMED_OUT (its timeout's outcome written in its place, its
+handler's outcome stale if it ever comes); or -> LOST (left to its lease's expiry). An attempt
+has one outcome at most, because only a QUEUED one can take one.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django_pgoutbox.queries import ClaimRow
+from django_pgoutbox.worker import outcomes as outcome_writes
+from django_pgoutbox.worker.attempt import (
+    FINISHED,
+    HELD,
+    LOST,
+    QUEUED,
+    TIMED_OUT,
+    WRITING,
+    Attempt,
+    Key,
+)
+from django_pgoutbox.worker.claims import RecordAndClaim
+from django_pgoutbox.worker.execute import Outcome
+from django_pgoutbox.worker.leases import Renew
+
+logger = logging.getLogger("django_pgoutbox.worker")
+
+
+class QueueState:
+    """The attempts a queue's coordinator holds, and what it has asked of its lanes."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        #: Attempts claimed and not yet written (nor forgotten), by (job id, attempt).
+        self.attempts: dict[Key, Attempt] = {}
+        #: Attempts QUEUED or HELD: holding a thread, or waiting for one.
+        self.queued = 0
+        #: Outcomes waiting to be written, in order (a timeout's goes first).
+        self.outcomes: list[Outcome] = []
+        #: Outcomes of attempts being written by a statement in flight.
+        self.writing = 0
+        #: Jobs asked for by claims in flight, and how many claims are in flight.
+        self.reserved = 0
+        self.claims_in_flight = 0
+        #: QUEUED attempts whose handler started with a timeout (thread isolation).
+        self.timed: dict[Key, Attempt] = {}
+        #: Attempts failed for their timeout whose handler has not returned yet.
+        self.abandoned: dict[Key, Attempt] = {}
+        #: Attempts to give back unstarted (UNCLAIM_JOBS) as soon as a lane is free.
+        self.to_unclaim: list[Attempt] = []
+
+    # -- what the handler threads post -----------------------------------------------------------
+
+    def finished(self, attempt: Attempt, outcome: Outcome) -> bool:
+        """Take the outcome of a QUEUED attempt; False when it is not one (its timeout came
+        first, or it was given back): that outcome is not written."""
+        if attempt.state != QUEUED:
+            return False
+        attempt.state = FINISHED
+        self.queued -= 1
+        self.outcomes.append(outcome)
+        return True
+
+    def started(self, attempt: Attempt, deadline: float) -> None:
+        if attempt.state == QUEUED:
+            attempt.deadline = deadline
+            self.timed[attempt.key] = attempt
+
+    def forget(self, attempt: Attempt) -> None:
+        """``attempt`` is no longer this queue's to run or renew."""
+        key = attempt.key
+        if self.attempts.get(key) is attempt:
+            del self.attempts[key]
+            if attempt.state in (QUEUED, HELD):
+                self.queued -= 1
+        self.timed.pop(key, None)
+        attempt.state = LOST
+
+    def expired(self, now: float) -> list[Attempt]:
+        """The QUEUED attempts past their deadline, now TIMED_OUT (their outcomes are the
+        caller's to make); attempts that have an outcome already are dropped from ``timed``."""
+        ended: list[Attempt] = []
+        for key, attempt in list(self.timed.items()):
+            if attempt.state != QUEUED:
+                del self.timed[key]
+                continue
+            if attempt.deadline is None or now < attempt.deadline:
+                continue
+            del self.timed[key]
+            del self.attempts[key]
+            self.queued -= 1
+            attempt.state = TIMED_OUT
+            self.abandoned[key] = attempt
+            ended.append(attempt)
+        return ended
+
+    # -- claims and outcome writes ---------------------------------------------------------------
+
+    def admit(
+        self, rows: list[ClaimRow], own: tuple[str, tuple[str, ...]], low_water: int
+    ) -> tuple[list[Attempt], list[Attempt]]:
+        """Take the claimed ``rows``: the new attempts (QUEUED, or HELD for a suspect, which
+        the caller may hold) and the suspects among them. A row of an attempt still running
+        here (its lease expired under it and this worker claimed it back) goes on as it is."""
+        new: list[Attempt] = []
+        suspects: list[Attempt] = []
+        own_text, own_ids = own
+        attempts = self.attempts
+        for row in rows:
+            # A first attempt's worker_ids are this worker's id alone: no JSON to parse.
+            attempt = Attempt(row, own_ids if row.worker_ids == own_text else None, low_water)
+            key = (attempt.id, attempt.attempt)
+            running = attempts.get(key)
+            if running is not None:
+                running.lease_lost = False
+                logger.warning(
+                    "job %s attempt %d: claimed again while its attempt still runs here; it "
+                    "goes on under the new lease",
+                    attempt.id,
+                    attempt.attempt,
+                    extra={"job_id": str(attempt.id), "queue": self.queue},
+                )
+                continue
+            (suspects if row.suspect else new).append(attempt)
+        return new, suspects
+
+    def hold(self, attempt: Attempt, state: int) -> None:
+        """Count ``attempt`` as this queue's, QUEUED or HELD."""
+        attempt.state = state
+        self.attempts[attempt.key] = attempt
+        self.queued += 1
+
+    def take_batch(self, limit: int) -> list[Outcome]:
+        """The outcomes waiting, now being written with a claim of ``limit`` jobs."""
+        batch, self.outcomes = outcome_writes.unique(self.outcomes, self.queue), []
+        attempts = self.attempts
+        for outcome in batch:
+            if not outcome.timed_out:
+                attempt = attempts.get((outcome.job.id, outcome.job.attempt))
+                if attempt is not None and attempt.state == FINISHED:
+                    attempt.state = WRITING
+                    self.writing += 1
+        self.reserved += limit
+        if limit:
+            self.claims_in_flight += 1
+        return batch
+
+    def written(self, request: RecordAndClaim) -> None:
+        """The statement of ``request`` went through: forget the attempts it wrote."""
+        attempts = self.attempts
+        for outcome in request.batch:
+            if not outcome.timed_out:
+                attempt = attempts.pop((outcome.job.id, outcome.job.attempt), None)
+                if attempt is not None and attempt.state == WRITING:
+                    self.writing -= 1
+        outcome_writes.count_written(self.queue, request.written, request.applied)
+        self.reserved -= request.limit
+        if request.limit:
+            self.claims_in_flight -= 1
+
+    def not_written(self, request: RecordAndClaim) -> None:
+        """The statement of ``request`` failed: its outcomes wait again (their leases still
+        renewed), first; its claim took nothing."""
+        for outcome in request.batch:
+            attempt = self.attempts.get((outcome.job.id, outcome.job.attempt))
+            if not outcome.timed_out and attempt is not None and attempt.state == WRITING:
+                attempt.state = FINISHED
+                self.writing -= 1
+        self.outcomes[:0] = request.batch
+        self.reserved -= request.limit
+        if request.limit:
+            self.claims_in_flight -= 1
+
+    # -- leases ------------------------------------------------------------------------------------
+
+    def renewable(self) -> list[Key]:
+        return [key for key, attempt in self.attempts.items() if not attempt.lease_lost]
+
+    def renewed(self, request: Renew, held: dict[Any, bool]) -> None:
+        """Apply a renewal's result: the leases lost, the cancellations requested; answer the
+        handlers that asked for it."""
+        for key in request.keys:
+            attempt = self.attempts.get(key)
+            if attempt is None:
+                continue  # written meanwhile
+            fields = {"job_id": str(attempt.id), "queue": self.queue}
+            if attempt.id not in held:
+                if attempt.state in (FINISHED, WRITING) or attempt.lease_lost:
+                    continue  # if the lease was really lost, the outcome's write says so
+                attempt.lease_lost = True
+                logger.warning(
+                    "job %s attempt %d: lease lost; its outcome will be discarded",
+                    attempt.id,
+                    attempt.attempt,
+                    extra=fields,
+                )
+            elif held[attempt.id] and not attempt.cancel.is_set():
+                attempt.cancel.set()
+                logger.info(
+                    "job %s attempt %d: cancellation requested; told the handler",
+                    attempt.id,
+                    attempt.attempt,
+                    extra=fields,
+                )
+        for asked in request.asked:
+            attempt = self.attempts.get(asked.key)
+            asked.held = attempt is not None and not attempt.lease_lost and asked.key[0] in held
+            asked.done.set()
+
+    def busy_beside(self, attempt: Attempt) -> int:
+        """How many attempts run, wait or are being claimed here besides ``attempt``."""
+        return self.queued - 1 + self.reserved + len(self.abandoned)
