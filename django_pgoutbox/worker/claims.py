@@ -10,7 +10,7 @@ import math
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -19,6 +19,9 @@ from django_pgoutbox.conf import QueueSettings
 from django_pgoutbox.queries import ClaimRow
 from django_pgoutbox.worker import outcomes
 from django_pgoutbox.worker.execute import Outcome
+
+if TYPE_CHECKING:
+    from django_pgoutbox.worker.state import QueueState
 
 #: The prefetch aims at this many seconds of work, at the queue's recent pace.
 PREFETCH_SECONDS = 0.1
@@ -181,3 +184,80 @@ def claim_limited(
             # Some organization may be out of tokens: look again when one may have refilled.
             retry_in = min(RATE_LIMIT_RETRY_CAP, 1 / rate)
     return rows, retry_in
+
+
+#: Outcomes wait at most this long (seconds) to be written with others in one statement.
+FLUSH_DELAY = 0.005
+#: ... or until this many have gathered.
+FLUSH_SIZE = 500
+
+
+class Claims:
+    """When a queue claims and how much, and the outcomes that go with each claim: the
+    coordinator's own (``next`` is called at each turn, ``recorded`` with each result)."""
+
+    def __init__(self, settings: QueueSettings, concurrency: int, worker_id: str, now: float):
+        self.settings = settings
+        self.concurrency = concurrency
+        self.worker_id = worker_id
+        #: A queue with FAIR or a limit claims under the queue's lock, one claim at a time.
+        self.one_at_a_time = settings.fair or settings.limited
+        self.pace = Pace(0 if self.one_at_a_time else settings.prefetch, now)
+        #: Wake the coordinator to claim more once fewer jobs than this wait for a thread.
+        self.low_water = concurrency
+        self.wanted = True  # woken, or the poll interval passed, since the last claim
+        self.backlog = False  # the last claim came back full: the queue may hold more
+        self.next_poll = now
+        self._flush_at: float | None = None
+        #: While outcomes gather for one statement: until when (the coordinator's deadline).
+        self.gathering_until: float | None = None
+
+    def poll(self, now: float) -> None:
+        """At each turn: once the poll interval has passed, claim even with nothing written."""
+        self.gathering_until = None
+        if now >= self.next_poll:
+            self.wanted = True
+            self.next_poll = now + self.settings.poll_interval
+
+    def next(
+        self, now: float, state: QueueState, *, claimable: bool, hurry: bool
+    ) -> tuple[list[Outcome], int] | None:
+        """The outcomes to write now and how many jobs to claim with them, or None (nothing
+        to send, or the outcomes gather for more: ``hurry``, a renewal asked by a handler
+        waits). The caller sends them (``take``) on a free lane."""
+        limit = 0
+        claimable = claimable and not (self.one_at_a_time and state.claims_in_flight)
+        if claimable and (self.wanted or state.outcomes or self.backlog):
+            prefetch = self.pace.prefetch(now)
+            # Claim again while half the prefetch is still waiting, so that the threads never
+            # run dry during the round trip.
+            self.low_water = max(self.concurrency, prefetch // 2)
+            limit = max(0, self.concurrency + prefetch - state.queued - state.reserved)
+        if not state.outcomes and not limit:
+            return None
+        if state.outcomes and not hurry:
+            if self._flush_at is None:
+                self._flush_at = now + FLUSH_DELAY
+            # While the threads have enough work, let more outcomes gather for one statement.
+            if (
+                now < self._flush_at
+                and len(state.outcomes) < FLUSH_SIZE
+                and state.queued - self.concurrency >= self.low_water
+            ):
+                self.gathering_until = self._flush_at
+                return None
+        return state.outcomes, limit
+
+    def take(self, state: QueueState, limit: int) -> RecordAndClaim:
+        """The request that writes the outcomes waiting and claims ``limit`` jobs."""
+        batch = state.take_batch(limit)
+        self._flush_at = None
+        self.pace.count(len(batch))
+        if limit:
+            self.wanted = False
+        return RecordAndClaim(self.settings, self.worker_id, batch, limit)
+
+    def recorded(self, request: RecordAndClaim, now: float) -> None:
+        if request.limit:
+            self.backlog = len(request.rows) == request.limit
+            self.next_poll = now + min(self.settings.poll_interval, request.retry_in)

@@ -20,14 +20,9 @@ from django_pgoutbox.models import JobStatus
 from django_pgoutbox.retry import backoff, bound, summarize
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.execute import Outcome, execute
-from django_pgoutbox.worker.mailbox import Mailbox
+from django_pgoutbox.worker.mailbox import FINISHED, LOST, STARTED, Mailbox
 
 logger = logging.getLogger("django_pgoutbox.worker")
-
-# The messages a handler thread posts (the first item of each).
-STARTED = "started"
-FINISHED = "finished"
-LOST = "lost"
 
 #: Error codes of the outcomes that the worker writes when it cannot write the attempt's own
 #: (docs/workers.md, "When the worker itself fails").

@@ -18,12 +18,9 @@ from typing import Any, Protocol
 import psycopg
 
 from django_pgoutbox.db import DispatcherConnection, ErrorKind, classify_error
-from django_pgoutbox.worker.mailbox import Mailbox
+from django_pgoutbox.worker.mailbox import REPLY, Mailbox
 
 logger = logging.getLogger("django_pgoutbox.worker")
-
-#: The message a lane posts: ``(REPLY, lane index, request, result, error, opened)``.
-REPLY = "reply"
 
 
 class Request(Protocol):
@@ -69,3 +66,65 @@ class Lane:
                 self._mailbox.post((REPLY, self.index, request, result, error, connection.opened))
         finally:
             connection.close()
+
+
+#: Back-off bounds (seconds) of a lane after a database error.
+ERROR_BACKOFF = (0.2, 10.0)
+
+
+class Lanes:
+    """A queue's lanes as its coordinator sees them (the coordinator's own): the request each
+    has in flight, the statements it sent, whether its connection is open, its back-off."""
+
+    def __init__(self, lanes: list[Any], now: float) -> None:
+        count = len(lanes)
+        self.lanes = lanes
+        self.in_flight: list[Request | None] = [None] * count
+        self.turns = [0] * count
+        self.open = [False] * count
+        self.ready_at = [now] * count
+        self._pause = [ERROR_BACKOFF[0]] * count
+
+    def free(self, now: float, *, beyond_first: bool) -> int | None:
+        """The lane to send on now, if any: the first, else, with ``beyond_first``, another."""
+        in_flight, ready_at = self.in_flight, self.ready_at
+        if in_flight[0] is None and now >= ready_at[0]:
+            return 0
+        if beyond_first:
+            for index in range(1, len(in_flight)):
+                if in_flight[index] is None and now >= ready_at[index]:
+                    return index
+        return None
+
+    def send(self, index: int, request: Request) -> None:
+        self.in_flight[index] = request
+        self.turns[index] += 1
+        self.lanes[index].send(request)
+
+    def busy(self) -> bool:
+        return any(request is not None for request in self.in_flight)
+
+    def replied(self, index: int, opened: bool, *, failed: bool, now: float) -> float:
+        """Lane ``index`` answered; after a failure it backs off: returns for how long."""
+        self.in_flight[index] = None
+        self.open[index] = opened
+        if not failed:
+            self._pause[index] = ERROR_BACKOFF[0]
+            return 0.0
+        pause = self._pause[index]
+        self.ready_at[index] = now + pause
+        self._pause[index] = min(pause * 2, ERROR_BACKOFF[1])
+        return pause
+
+    def backing_off(self, now: float) -> list[float]:
+        """When the lanes that back off now may send again."""
+        return [at for at in self.ready_at if at > now]
+
+    def start(self) -> None:
+        for lane in self.lanes:
+            lane.start()
+
+    def stop(self) -> None:
+        for lane in self.lanes:
+            lane.stop()
+        self.open = [False] * len(self.lanes)

@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from django_pgoutbox import health, queries
+from django_pgoutbox.conf import QueueSettings
 from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.worker.attempt import Key
 
@@ -111,3 +112,50 @@ class PublishHealth:
 
     def run(self, connection: psycopg.Connection[Any]) -> None:
         health.publish_stuck(connection, self.worker_id, self.queue, self.stuck)
+
+
+class Upkeep:
+    """When a queue renews its leases (and delivers cancellations) and recovers expired ones:
+    the coordinator's own."""
+
+    def __init__(self, settings: QueueSettings, worker_id: str, now: float) -> None:
+        self.settings = settings
+        self.worker_id = worker_id
+        self.lease_seconds = settings.lease_seconds
+        #: The handlers' own renewal requests (``ctx.renew_lease()``) not sent yet.
+        self.asked: list[RenewalRequest] = []
+        self.check_cancel = False  # a cancellation was requested: renew now to learn of it
+        self.renewing = self.recovering = False
+        self.next_renewal = now + self.lease_seconds * RENEW_FRACTION
+        self.next_recovery = now
+
+    def renewal_due(self, now: float, running: bool) -> bool:
+        return not self.renewing and (
+            bool(self.asked) or (running and (self.check_cancel or now >= self.next_renewal))
+        )
+
+    def renew(self, now: float, keys: list[Key]) -> Renew:
+        asked, self.asked = self.asked, []
+        self.check_cancel = False
+        self.renewing = True
+        self.next_renewal = now + self.lease_seconds * RENEW_FRACTION
+        return Renew(keys, self.lease_seconds, self.worker_id, asked)
+
+    def renewal_failed(self, request: Renew) -> None:
+        self.renewing = False
+        self.asked[:0] = request.asked
+
+    def recovery_due(self, now: float) -> bool:
+        return not self.recovering and now >= self.next_recovery
+
+    def recover(self, now: float) -> Recover:
+        self.recovering = True
+        self.next_recovery = now + self.settings.poll_interval
+        return Recover(self.settings.name)
+
+    def deadlines(self, running: bool) -> list[float]:
+        """When to look again, while a lane is free."""
+        deadlines = [self.next_recovery]
+        if running and not self.renewing:
+            deadlines.append(self.next_renewal)
+        return deadlines

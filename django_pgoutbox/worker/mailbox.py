@@ -15,8 +15,23 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-#: A message: a tuple whose first item says what it is (the kinds in ``runner``).
+#: A message: a tuple whose first item says what it is, one of the kinds below.
 Message = tuple[Any, ...]
+
+# Posted by a handler thread: ``(STARTED, attempt, deadline)`` when an attempt's timeout starts
+# to run, ``(FINISHED, attempt, outcome)``, ``(LOST, attempt or None, thread_died)``.
+STARTED = "started"
+FINISHED = "finished"
+LOST = "lost"
+#: Posted by a lane: ``(REPLY, lane index, request, result, error, connection open)``.
+REPLY = "reply"
+# Posted by the listener, the supervisor, a handler's ``ctx.renew_lease()``, a test: ``(WAKE,)``,
+# ``(STOP,)``, ``(CANCELS,)``, ``(RENEW, RenewalRequest)``, ``(SNAPSHOT, reply)``.
+WAKE = "wake"
+STOP = "stop"
+CANCELS = "cancels"
+RENEW = "renew"
+SNAPSHOT = "snapshot"
 
 
 class Mailbox:

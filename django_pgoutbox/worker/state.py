@@ -11,6 +11,7 @@ has one outcome at most, because only a QUEUED one can take one.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from django_pgoutbox.queries import ClaimRow
@@ -30,6 +31,28 @@ from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.leases import Renew
 
 logger = logging.getLogger("django_pgoutbox.worker")
+
+
+@dataclass(frozen=True)
+class RunnerSnapshot:
+    """What a queue's coordinator holds at one moment (``QueueRunner.snapshot()``)."""
+
+    #: Attempts claimed and not yet written: waiting for a thread, running, or their outcome
+    #: waiting to be written or being written.
+    running: int
+    outcomes_waiting: int
+    writing: int
+    #: Jobs asked for by claims in flight.
+    reserved: int
+    #: Attempts failed for their timeout whose handler has not returned.
+    abandoned: int
+    suspect_held: bool
+    suspect_alone: bool
+    #: Statements sent on each lane, and whether its connection is open.
+    lane_turns: tuple[int, ...]
+    lanes_open: tuple[bool, ...]
+    #: The loop has ended (stopped, or a burst found nothing more).
+    ended: bool
 
 
 class QueueState:
@@ -66,6 +89,42 @@ class QueueState:
         self.queued -= 1
         self.outcomes.append(outcome)
         return True
+
+    def late(self, attempt: Attempt, outcome: Outcome) -> bool:
+        """The handler of an attempt this queue no longer runs returned: after its timeout, or
+        after the grace period gave it back. Its outcome is not written. Returns whether the
+        thread started in place of its own can go (after a timeout)."""
+        if attempt.state != TIMED_OUT:
+            return False
+        del self.abandoned[attempt.key]
+        outcome_writes.stale(self.queue, outcome, "it came after the attempt's timeout")
+        return True
+
+    def lost(self, attempt: Attempt | None, thread_died: bool) -> bool | None:
+        """The last resort, for an attempt its handler thread left without an outcome (None:
+        the thread died between two): it is no longer renewed, so that its lease expires into
+        recovery. Returns True to start a thread in place of a dead one, False to let one go
+        (an abandoned attempt's replacement), None for neither."""
+        abandoned = attempt is not None and attempt.state == TIMED_OUT
+        if attempt is not None:
+            if abandoned:
+                del self.abandoned[attempt.key]
+            else:
+                self.forget(attempt)
+            logger.error(
+                "job %s attempt %d: its handler thread %s without an outcome; its lease is "
+                "no longer renewed and will expire",
+                attempt.id,
+                attempt.attempt,
+                "died" if thread_died else "returned",
+                extra={"job_id": str(attempt.id), "queue": self.queue, "outcome": "lost"},
+            )
+        if thread_died and not abandoned:
+            logger.error("queue %s: a handler thread died; starting another", self.queue)
+            return True
+        if abandoned and not thread_died:
+            return False
+        return None
 
     def started(self, attempt: Attempt, deadline: float) -> None:
         if attempt.state == QUEUED:

@@ -16,9 +16,7 @@ from django_pgoutbox.queries import ClaimRow
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.claims import RecordAndClaim
 from django_pgoutbox.worker.execute import Outcome
-from django_pgoutbox.worker.handlers import FINISHED, LOST, STARTED
-from django_pgoutbox.worker.lanes import REPLY
-from django_pgoutbox.worker.mailbox import Mailbox
+from django_pgoutbox.worker.mailbox import FINISHED, LOST, REPLY, STARTED, Mailbox
 from django_pgoutbox.worker.runner import QueueRunner
 
 WORKER = "w-unit"
