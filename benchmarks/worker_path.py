@@ -1,22 +1,25 @@
-"""The worker's own Python per job, without the database: what a no-op job costs a runner.
+"""The worker's own Python per job, without the database: what a no-op job costs a queue.
 
     python benchmarks/worker_path.py [--jobs 100000] [--runs 5]
 
-Builds N rows shaped like the claim's, then drives one ``QueueRunner``'s per-job path in this
-thread: ``_Running`` (what ``_start()`` makes of each claimed row), ``_run_attempt()`` (the
+Builds N rows shaped like the claim's, then drives one ``QueueRunner``'s coordinator in this
+thread (``step()``) with a lane that answers each claim at once with the next rows, and handler
+threads that run each attempt as it is handed out: the ``Attempt`` made of each row, the
 ``ClaimedJob``, ``execute()`` with its metrics, signals and ``JobContext``, the no-op handler,
-the ``Outcome``) and ``_settle()`` (forgetting the attempts, counting outcomes). No statement is
+the ``Outcome``, its message to the coordinator, the batch and its settling. No statement is
 sent: this is the part of a drain that no database tuning changes.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -33,38 +36,80 @@ def main() -> None:
 
     from django_pgoutbox import ids
     from django_pgoutbox.conf import get_settings
-    from django_pgoutbox.worker.runner import QueueRunner, _Running
+    from django_pgoutbox.queries import ClaimRow
+    from django_pgoutbox.worker.claims import RecordAndClaim
+    from django_pgoutbox.worker.mailbox import FINISHED, REPLY, Mailbox
+    from django_pgoutbox.worker.runner import QueueRunner
 
-    conf = get_settings()
-    runner = QueueRunner(
-        conf.queues["default"], worker_id="w-1", using="default", policy=conf.retry, concurrency=1
-    )
     now = datetime.now(UTC)
     own = json.dumps(["w-1"])
     rows = [
-        (ids.uuid7(), "tests.noop", "{}", 1, 25, None, "default", 0, now, 0.01, own)
+        ClaimRow(ids.uuid7(), "tests.noop", "{}", 1, 25, None, "default", 0, now, 0.01, own, False)
         for _ in range(args.jobs)
     ]
+
+    class Handlers:
+        """Runs each attempt as it is handed out, and posts its outcome as a thread would."""
+
+        def __init__(self, size: int, mailbox: Mailbox, run: Any) -> None:
+            self.mailbox, self.run = mailbox, run
+
+        def submit(self, attempt: Any) -> None:
+            self.mailbox.post((FINISHED, attempt, self.run(attempt)), urgent=False)
+
+        def start(self) -> None: ...
+        def take_waiting(self) -> list[Any]:
+            return []
+
+        def add_thread(self) -> None: ...
+        def retire_thread(self) -> None: ...
+        def shutdown(self) -> None: ...
+
+    class Lane:
+        """Answers each claim at once with the next rows; every other request with nothing."""
+
+        def __init__(self, index: int, mailbox: Mailbox) -> None:
+            self.index, self.mailbox, self.next, self.written = index, mailbox, 0, 0
+
+        def send(self, request: Any) -> None:
+            result = None
+            if isinstance(request, RecordAndClaim):
+                request.written = request.batch
+                request.applied = [o.job.id for o in request.batch]
+                self.written += len(request.batch)
+                request.rows = rows[self.next : self.next + request.limit]
+                self.next += len(request.rows)
+                result = request
+            self.mailbox.post((REPLY, self.index, request, result, None, True))
+
+        def start(self) -> None: ...
+        def stop(self, timeout: float | None = None) -> None: ...
+
+    conf = get_settings()
     totals = []
-    try:
-        for _ in range(args.runs):
-            runner._outcomes.clear()
-            runner._running.clear()
-            started = time.perf_counter()
-            entries = []
-            for row in rows:
-                entry = _Running(row, ("w-1",))
-                runner._running[(entry.id, entry.attempt)] = entry
-                entries.append(entry)
-            for entry in entries:
-                runner._run_attempt(entry)
-            batch = list(runner._outcomes)
-            runner._outcomes.clear()
-            runner._settle(batch, [outcome.job.id for outcome in batch])
-            totals.append((time.perf_counter() - started) / args.jobs * 1e6)
-            print(f"{totals[-1]:.2f} µs per job")
-    finally:
-        runner._threads.shutdown()
+    lanes: list[Lane] = []
+
+    def lane(index: int, mailbox: Mailbox) -> Lane:
+        lanes.append(Lane(index, mailbox))
+        return lanes[-1]
+
+    for _ in range(args.runs):
+        lanes.clear()
+        settings = dataclasses.replace(conf.queues["default"], prefetch=0, connections=1)
+        runner = QueueRunner(
+            settings,
+            worker_id="w-1",
+            using="default",
+            policy=conf.retry,
+            concurrency=1000,
+            lane=lane,
+            handlers=Handlers,
+        )
+        started = time.perf_counter()
+        while lanes[0].written < args.jobs:
+            runner.step()
+        totals.append((time.perf_counter() - started) / args.jobs * 1e6)
+        print(f"{totals[-1]:.2f} µs per job")
     print(f"median {statistics.median(totals):.2f} µs per job over {args.runs} runs")
 
 

@@ -86,11 +86,12 @@ class Lanes:
         self._pause = [ERROR_BACKOFF[0]] * count
 
     def free(self, now: float, *, beyond_first: bool) -> int | None:
-        """The lane to send on now, if any: the first, else, with ``beyond_first``, another."""
+        """The lane to send on now, if any: the first, else, with ``beyond_first`` or while the
+        first backs off after an error, another."""
         in_flight, ready_at = self.in_flight, self.ready_at
         if in_flight[0] is None and now >= ready_at[0]:
             return 0
-        if beyond_first:
+        if beyond_first or in_flight[0] is None:  # the first backs off: another may send
             for index in range(1, len(in_flight)):
                 if in_flight[index] is None and now >= ready_at[index]:
                     return index

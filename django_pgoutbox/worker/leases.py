@@ -126,6 +126,8 @@ class Upkeep:
         self.asked: list[RenewalRequest] = []
         self.check_cancel = False  # a cancellation was requested: renew now to learn of it
         self.renewing = self.recovering = False
+        #: The last statement answered was a renewal: the next turn writes and claims first.
+        self.renewed_last = False
         self.next_renewal = now + self.lease_seconds * RENEW_FRACTION
         self.next_recovery = now
 
@@ -141,9 +143,12 @@ class Upkeep:
         self.next_renewal = now + self.lease_seconds * RENEW_FRACTION
         return Renew(keys, self.lease_seconds, self.worker_id, asked)
 
-    def renewal_failed(self, request: Renew) -> None:
+    def renewal_failed(self, request: Renew, now: float) -> None:
+        """Send it again once the lane is ready, not a third of a lease later: another failure
+        then would leave the leases to expire while their attempts run."""
         self.renewing = False
         self.asked[:0] = request.asked
+        self.next_renewal = now
 
     def recovery_due(self, now: float) -> bool:
         return not self.recovering and now >= self.next_recovery
@@ -153,9 +158,9 @@ class Upkeep:
         self.next_recovery = now + self.settings.poll_interval
         return Recover(self.settings.name)
 
-    def deadlines(self, running: bool) -> list[float]:
-        """When to look again, while a lane is free."""
-        deadlines = [self.next_recovery]
+    def deadlines(self, running: bool, *, recovering: bool) -> list[float]:
+        """When to look again, while a lane is free (``recovering``: recovery may be sent)."""
+        deadlines = [self.next_recovery] if recovering and not self.recovering else []
         if running and not self.renewing:
             deadlines.append(self.next_renewal)
         return deadlines

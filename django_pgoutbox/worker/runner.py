@@ -112,6 +112,7 @@ class QueueRunner:
         self._stopping = self._gave_back_waiting = self._released = False
         self._stop_deadline: float | None = None
         self._exiting = False  # burst mode found nothing more: end once the lanes are idle
+        self._giving_up = False  # a statement failed after the grace period: end when idle
         self._done = False
         #: A claim's worker_ids text when this worker ran every attempt (the first, usually),
         #: and the value it stands for.
@@ -238,16 +239,28 @@ class QueueRunner:
             self._publish_health(now, stuck)
         if state.to_unclaim:
             self._give_back(now, "UNCLAIM_JOBS", "shutdown" if self._stopping else "suspects")
-        if upkeep.renewal_due(now, bool(state.attempts)):
-            self._send_if_free(now, lambda: upkeep.renew(now, state.renewable()))
+        # Renewals first, but not twice in a row ahead of the outcomes and claims: handlers
+        # that call ``ctx.renew_lease()`` again as soon as answered would else hold the lane.
+        renew_first, upkeep.renewed_last = not upkeep.renewed_last, False
+        if renew_first:
+            self._renew_if_due(now)
         if self._stopping:
             self._stop_turn(now)
         elif not self._exiting:
             if upkeep.recovery_due(now):
                 self._send_if_free(now, lambda: upkeep.recover(now))
             self._record_and_claim(now)
+        if not renew_first:
+            self._renew_if_due(now)
+        if self._exiting and (state.outcomes or state.attempts):
+            self._exiting = False  # a write failed meanwhile: its outcomes go first
         if self._exiting and not self._lanes.busy():
             self._done = True
+
+    def _renew_if_due(self, now: float) -> None:
+        state, upkeep = self._state, self._upkeep
+        if upkeep.renewal_due(now, bool(state.attempts)):
+            self._send_if_free(now, lambda: upkeep.renew(now, state.renewable()))
 
     def _next_deadline(self) -> float:
         """When the coordinator must look again if no message comes first. A deadline whose
@@ -255,17 +268,23 @@ class QueueRunner:
         now, state, suspects = self._clock(), self._state, self._suspects
         deadlines = [now + self.settings.poll_interval]
         if self._free_lane(now) is not None:
-            deadlines += self._upkeep.deadlines(bool(state.attempts))
-            deadlines.append(self._claims.next_poll)
-            if self._claims.gathering_until is not None:
-                deadlines.append(self._claims.gathering_until)
+            # Only what a turn would act on: stopping (or ending a burst), the coordinator
+            # neither polls, recovers nor gathers, and those deadlines pass and stay past.
+            acting = not (self._stopping or self._exiting)
+            deadlines += self._upkeep.deadlines(bool(state.attempts), recovering=acting)
+            if acting:
+                deadlines.append(self._claims.next_poll)
+                if self._claims.gathering_until is not None:
+                    deadlines.append(self._claims.gathering_until)
         deadlines += self._lanes.backing_off(now)
         deadlines += [a.deadline for a in state.timed.values() if a.deadline is not None]
         if suspects.held is not None and now < suspects.held_since + self.lease_seconds:
             deadlines.append(suspects.held_since + self.lease_seconds)
         if suspects.alone is not None:
             deadlines.append(suspects.alone_until)
-        if self._stop_deadline is not None and not self._released:
+        if self._stop_deadline is not None and not self._released and self._stop_deadline > now:
+            # Once past, what holds the release back (a statement in flight, a lane backing
+            # off) wakes the coordinator itself: its reply, or the lane's back-off.
             deadlines.append(self._stop_deadline)
         return min(deadlines)
 
@@ -303,7 +322,7 @@ class QueueRunner:
         elif isinstance(request, RecordAndClaim):
             self._on_recorded(request, now)
         elif isinstance(request, Renew):
-            self._upkeep.renewing = False
+            self._upkeep.renewing, self._upkeep.renewed_last = False, True
             self._state.renewed(request, result)
         elif isinstance(request, Recover):
             self._upkeep.recovering = False
@@ -337,11 +356,13 @@ class QueueRunner:
             extra=fields,
         )
         if self._stopping and self._stop_deadline is not None and now >= self._stop_deadline:
-            self._done = True  # the grace period is over: what is left, the leases recover
+            self._giving_up = True  # the grace period is over: what is left, leases recover
         if isinstance(request, RecordAndClaim):
             self._state.not_written(request)
+            # What asked for the claim (a notification, a backlog) will not ask again.
+            self._claims.wanted = self._claims.wanted or bool(request.limit)
         elif isinstance(request, Renew):
-            self._upkeep.renewal_failed(request)
+            self._upkeep.renewal_failed(request, now)
         elif isinstance(request, Recover):
             self._upkeep.recovering = False
         elif isinstance(request, MarkAlone):
@@ -381,6 +402,11 @@ class QueueRunner:
         metrics.JOBS_CLAIMED.inc(len(request.rows), queue=self.queue)
         low_water = self._claims.low_water
         new, suspects = state.admit(request.rows, self._own_worker_ids, low_water)
+        if self._stopping:  # a claim in flight at the stop: given back, never started
+            for attempt in new + suspects:
+                attempt.state = LOST
+            state.to_unclaim += new + suspects
+            return
         submit = self._handlers.submit
         for attempt in new:
             state.hold(attempt, QUEUED)
@@ -480,7 +506,8 @@ class QueueRunner:
             self._give_back(now, "RELEASE_JOBS", "grace")
             unfinished = any(attempt.state == QUEUED for attempt in state.attempts.values())
             self._released = len(state.attempts) < before or not unfinished
-        if not (state.attempts or state.outcomes or state.to_unclaim or self._lanes.busy()):
+        left = state.attempts or state.outcomes or state.to_unclaim
+        if not self._lanes.busy() and (self._giving_up or not left):
             self._done = True
 
     def _snapshot(self) -> RunnerSnapshot:

@@ -106,6 +106,8 @@ class QueueState:
         recovery. Returns True to start a thread in place of a dead one, False to let one go
         (an abandoned attempt's replacement), None for neither."""
         abandoned = attempt is not None and attempt.state == TIMED_OUT
+        if attempt is not None and attempt.state in (FINISHED, WRITING):
+            attempt = None  # its thread died after it posted the outcome: that one stands
         if attempt is not None:
             if abandoned:
                 del self.abandoned[attempt.key]

@@ -114,6 +114,19 @@ def cancellable(payload: dict[str, Any], ctx: JobContext) -> Any:
     return {"stopped": "finished"}
 
 
+@job("tests.renew_storm")
+def renew_storm(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Renew its lease again and again, each time as soon as the last one is answered, for
+    ``seconds``."""
+    record(ctx, "start")
+    deadline = time.monotonic() + payload.get("seconds", 10)
+    renewals = 0
+    while time.monotonic() < deadline:
+        ctx.renew_lease()
+        renewals += 1
+    return {"renewals": renewals}
+
+
 @job("tests.snooze")
 def snooze(payload: dict[str, Any], ctx: JobContext) -> Any:
     """Snooze until this job has started ``times`` times, then return the attempt number."""

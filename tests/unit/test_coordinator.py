@@ -169,11 +169,12 @@ class TestStopping:
         harness.runner.stop()
         harness.step()
         assert not harness.sent(GiveBack)  # the claim in flight lands first
-        first, second = harness.claim([claim_row(), claim_row()])
+        first, second = claim_row(), claim_row()
+        assert harness.claim([first, second]) == []  # no thread sees them
         (give_back,) = harness.sent(GiveBack)
         assert (give_back.statement, set(give_back.keys)) == (
             "UNCLAIM_JOBS",
-            {first.key, second.key},
+            {(first.id, first.attempt), (second.id, second.attempt)},
         )
         harness.answer(GiveBack, 2)
         harness.step()
@@ -208,7 +209,7 @@ class TestLanes:
     def test_a_lane_that_loses_its_connection_keeps_its_work_for_later(
         self, caplog: pytest.LogCaptureFixture
     ) -> None:
-        harness = Harness()
+        harness = Harness(connections=1)
         harness.start_up()
         (attempt,) = harness.claim([claim_row()])
         harness.threads.finish(attempt)
