@@ -6,6 +6,7 @@ Each class here is a request that a lane runs; the coordinator reads its result.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,8 @@ from django_pgoutbox import health, queries
 from django_pgoutbox.conf import QueueSettings
 from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.worker.attempt import Key
+
+logger = logging.getLogger("django_pgoutbox.worker")
 
 #: Renew a running attempt's lease when this fraction of it has passed.
 RENEW_FRACTION = 1 / 3
@@ -130,6 +133,9 @@ class Upkeep:
         self.renewed_last = False
         self.next_renewal = now + self.lease_seconds * RENEW_FRACTION
         self.next_recovery = now
+        self.reporting = False
+        #: Whether the queue is stuck, as the heartbeat row was last told (None: tell it again).
+        self.reported_stuck: bool | None = False
 
     def renewal_due(self, now: float, running: bool) -> bool:
         return not self.renewing and (
@@ -143,12 +149,37 @@ class Upkeep:
         self.next_renewal = now + self.lease_seconds * RENEW_FRACTION
         return Renew(keys, self.lease_seconds, self.worker_id, asked)
 
-    def renewal_failed(self, request: Renew, now: float) -> None:
-        """Send it again once the lane is ready, not a third of a lease later: another failure
-        then would leave the leases to expire while their attempts run."""
-        self.renewing = False
-        self.asked[:0] = request.asked
-        self.next_renewal = now
+    def replied(self, request: Any, *, failed: bool, now: float) -> None:
+        """A renewal, a recovery or a health report came back. A renewal that failed goes
+        again once the lane is ready, not a third of a lease later: another failure then would
+        leave the leases to expire while their attempts run."""
+        if isinstance(request, Renew):
+            self.renewing, self.renewed_last = False, not failed
+            if failed:
+                self.asked[:0] = request.asked
+                self.next_renewal = now
+        elif isinstance(request, Recover):
+            self.recovering = False
+        elif isinstance(request, PublishHealth):
+            self.reporting = False
+            if failed:
+                self.reported_stuck = None
+
+    def health_due(self, stuck: bool) -> bool:
+        return stuck != self.reported_stuck and not self.reporting
+
+    def report(self, stuck: bool) -> PublishHealth:
+        """Tell this worker's heartbeat row whether the queue is stuck: every handler thread
+        held by an attempt that outlived its timeout (``/pgoutbox/health`` reads it)."""
+        self.reporting, self.reported_stuck = True, stuck
+        if stuck:
+            logger.error(
+                "queue %s: every handler thread is held by an attempt that outlived its "
+                "timeout; reported unhealthy until they return",
+                self.settings.name,
+                extra={"queue": self.settings.name},
+            )
+        return PublishHealth(self.worker_id, self.settings.name, stuck)
 
     def recovery_due(self, now: float) -> bool:
         return not self.recovering and now >= self.next_recovery

@@ -106,9 +106,6 @@ class QueueRunner:
         self._upkeep = Upkeep(settings, worker_id, now)
         self._suspects = Suspects(gate or AloneGate())
         self._suspects.gate.register(self.wake)
-        self._publishing = False
-        #: Whether the queue is stuck, as the heartbeat row was last told (None: tell it again).
-        self._published_stuck: bool | None = False
         self._stopping = self._gave_back_waiting = self._released = False
         self._stop_deadline: float | None = None
         self._exiting = False  # burst mode found nothing more: end once the lanes are idle
@@ -235,8 +232,8 @@ class QueueRunner:
                 self._handlers.add_thread()  # in place of the one its handler still holds
                 state.outcomes.insert(0, timed_out(attempt, self.policy, self.queue))
         stuck = len(state.abandoned) >= self.concurrency
-        if stuck != self._published_stuck and not self._publishing:
-            self._publish_health(now, stuck)
+        if upkeep.health_due(stuck):
+            self._send_if_free(now, lambda: upkeep.report(stuck))
         if state.to_unclaim:
             self._give_back(now, "UNCLAIM_JOBS", "shutdown" if self._stopping else "suspects")
         # Renewals first, but not twice in a row ahead of the outcomes and claims: handlers
@@ -317,24 +314,20 @@ class QueueRunner:
         now: float,
     ) -> None:
         pause = self._lanes.replied(index, opened, failed=error is not None, now=now)
+        if isinstance(request, Renew | Recover | PublishHealth):
+            self._upkeep.replied(request, failed=error is not None, now=now)
         if error is not None:
             self._on_error(index, request, error, pause, now)
         elif isinstance(request, RecordAndClaim):
             self._on_recorded(request, now)
         elif isinstance(request, Renew):
-            self._upkeep.renewing, self._upkeep.renewed_last = False, True
             self._state.renewed(request, result)
-        elif isinstance(request, Recover):
-            self._upkeep.recovering = False
         elif isinstance(request, MarkAlone):
             self._on_marked(request, result, now)
-        elif isinstance(request, PublishHealth):
-            self._publishing = False
         elif isinstance(request, GiveBack) and request.reason == "grace":
             logger.warning(
                 "queue %s: grace period over; released %d unfinished job(s) for another worker",
-                self.queue,
-                result,
+                *(self.queue, result),
                 extra={"queue": self.queue},
             )
 
@@ -361,14 +354,8 @@ class QueueRunner:
             self._state.not_written(request)
             # What asked for the claim (a notification, a backlog) will not ask again.
             self._claims.wanted = self._claims.wanted or bool(request.limit)
-        elif isinstance(request, Renew):
-            self._upkeep.renewal_failed(request, now)
-        elif isinstance(request, Recover):
-            self._upkeep.recovering = False
         elif isinstance(request, MarkAlone):
             self._suspects.marking = False
-        elif isinstance(request, PublishHealth):
-            self._publishing, self._published_stuck = False, None
         elif isinstance(request, GiveBack):
             logger.warning(
                 "queue %s: %d job(s) could not be given back (%s); their leases will expire",
@@ -438,20 +425,6 @@ class QueueRunner:
             state.to_unclaim = []
         keys = [attempt.key for attempt in given]
         self._lanes.send(index, GiveBack(statement, keys, self.worker_id, reason))
-
-    def _publish_health(self, now: float, stuck: bool) -> None:
-        """Tell this worker's heartbeat row whether the queue is stuck: every handler thread
-        held by an attempt that outlived its timeout."""
-        if not self._send_if_free(now, lambda: PublishHealth(self.worker_id, self.queue, stuck)):
-            return
-        self._publishing, self._published_stuck = True, stuck
-        if stuck:
-            logger.error(
-                "queue %s: all %d handler threads are held by attempts that outlived their "
-                "timeout; reported unhealthy until they return",
-                *(self.queue, self.concurrency),
-                extra={"queue": self.queue},
-            )
 
     def _start_alone(self, now: float) -> None:
         """The suspect held: see ``suspects``."""
