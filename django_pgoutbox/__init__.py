@@ -43,15 +43,18 @@ from django_pgoutbox.errors import (
 )
 
 if TYPE_CHECKING:
-    from django_pgoutbox.jobs import JobContext, cancel, enqueue, enqueue_many, job
+    from django_pgoutbox.context import JobContext
+    from django_pgoutbox.control import cancel
+    from django_pgoutbox.enqueueing import enqueue, enqueue_many
     from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber
+    from django_pgoutbox.registry import job
 
 _LAZY = {
-    "JobContext": "jobs",
-    "cancel": "jobs",
-    "enqueue": "jobs",
-    "enqueue_many": "jobs",
-    "job": "jobs",
+    "JobContext": "context",
+    "cancel": "control",
+    "enqueue": "enqueueing",
+    "enqueue_many": "enqueueing",
+    "job": "registry",
     "Event": "outbox",
     "OutboxModelMixin": "outbox",
     "publish": "outbox",

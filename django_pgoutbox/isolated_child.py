@@ -26,7 +26,8 @@ def run_attempt(
 ) -> None:  # pragma: no cover - runs in the child process; covered by the process tests
     from django.db import connections
 
-    from django_pgoutbox.jobs import JobContext, get_job
+    from django_pgoutbox.context import JobContext
+    from django_pgoutbox.registry import get_job
     from django_pgoutbox.worker.execute import job_logger
 
     # Ctrl-C in a terminal, or a supervisor that signals the whole process group, must not kill
@@ -40,7 +41,7 @@ def run_attempt(
         if definition is None:
             raise LookupError(f"no handler for job type {job_type!r} in the isolated process")
         logger = job_logger(_Fields(fields))  # type: ignore[arg-type]
-        ctx = JobContext(**fields, logger=logger, _renew=lambda: None)
+        ctx = JobContext(**fields, logger=logger)
         message = ("return", definition.func(payload, ctx))
     except BaseException as error:
         message = ("raise", error)

@@ -20,9 +20,10 @@ from django.dispatch import receiver
 
 from django_pgoutbox import metrics, signals
 from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.context import CancelFlag, JobContext
 from django_pgoutbox.errors import InvalidResult, JobFailure, Snooze
-from django_pgoutbox.jobs import CancelFlag, JobContext, JobDefinition, get_job
 from django_pgoutbox.models import JobStatus
+from django_pgoutbox.registry import JobDefinition, get_job
 from django_pgoutbox.retry import (
     MAX_CODE_LENGTH,
     Action,
@@ -392,9 +393,9 @@ def _run(
         organization_id=job.organization_id,
         queue=job.queue,
         logger=job_logger(job),
-        _renew=renew,
+        renew=renew,
+        cancel=cancel,
         worker_ids=list(job.worker_ids),
-        _cancel=cancel,
         using=using,
     )
     try:

@@ -28,7 +28,8 @@ from django_pgoutbox import isolated_child
 from django_pgoutbox.errors import Cancelled, JobTimeout
 
 if TYPE_CHECKING:
-    from django_pgoutbox.jobs import CancelFlag, JobDefinition
+    from django_pgoutbox.context import CancelFlag
+    from django_pgoutbox.registry import JobDefinition
     from django_pgoutbox.worker.execute import ClaimedJob
 
 #: How often (seconds) the worker's thread looks at the cancellation flag while a child runs.

@@ -47,11 +47,12 @@ from django.db import DatabaseError, connections
 
 from django_pgoutbox import health, metrics, queries
 from django_pgoutbox.conf import QueueSettings, RetrySettings
+from django_pgoutbox.context import CancelFlag
 from django_pgoutbox.db import ErrorKind, classify_error, dispatcher_connection_params
 from django_pgoutbox.errors import JobTimeout, LeaseLost
-from django_pgoutbox.jobs import CancelFlag, get_job
 from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.models import JobStatus
+from django_pgoutbox.registry import get_job
 from django_pgoutbox.retry import backoff, bound, decide, summarize
 from django_pgoutbox.worker.execute import ClaimedJob, Outcome, execute
 
