@@ -30,26 +30,39 @@ __all__ = [
     "subscriber",
 ]
 
-from django_pgoutbox.errors import (
-    Cancelled,
-    EnqueueError,
-    JobTimeout,
-    PermanentError,
-    PublishError,
-    RateLimited,
-    Revoked,
-    Snooze,
-    TransientError,
-)
-
 if TYPE_CHECKING:
     from django_pgoutbox.context import JobContext
     from django_pgoutbox.control import cancel
     from django_pgoutbox.enqueueing import enqueue, enqueue_many
+    from django_pgoutbox.errors import (
+        Cancelled,
+        EnqueueError,
+        JobTimeout,
+        PermanentError,
+        PublishError,
+        RateLimited,
+        Revoked,
+        Snooze,
+        TransientError,
+    )
     from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber
     from django_pgoutbox.registry import job
 
 _LAZY = {
+    **dict.fromkeys(
+        (
+            "Cancelled",
+            "EnqueueError",
+            "JobTimeout",
+            "PermanentError",
+            "PublishError",
+            "RateLimited",
+            "Revoked",
+            "Snooze",
+            "TransientError",
+        ),
+        "errors",
+    ),
     "JobContext": "context",
     "cancel": "control",
     "enqueue": "enqueueing",
@@ -63,8 +76,10 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    # jobs.py imports the models, which need the app registry; import it on first use so that
-    # settings files and apps.py can import this package before Django is set up.
+    # Most of the API imports the models, which need the app registry: each name is imported on
+    # first use, so that settings files and apps.py can import this package before Django is set
+    # up. The errors too, so that importing any module of the package never runs this one's
+    # imports first (a circle: errors imports conf, whose package would import errors).
     if name in _LAZY:
         import importlib
 
