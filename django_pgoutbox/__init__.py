@@ -48,21 +48,8 @@ if TYPE_CHECKING:
     from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber
     from django_pgoutbox.registry import job
 
+#: Where each name of the API that is not an exception lives (the exceptions: in errors).
 _LAZY = {
-    **dict.fromkeys(
-        (
-            "Cancelled",
-            "EnqueueError",
-            "JobTimeout",
-            "PermanentError",
-            "PublishError",
-            "RateLimited",
-            "Revoked",
-            "Snooze",
-            "TransientError",
-        ),
-        "errors",
-    ),
     "JobContext": "context",
     "cancel": "control",
     "enqueue": "enqueueing",
@@ -80,8 +67,9 @@ def __getattr__(name: str) -> Any:
     # first use, so that settings files and apps.py can import this package before Django is set
     # up. The errors too, so that importing any module of the package never runs this one's
     # imports first (a circle: errors imports conf, whose package would import errors).
-    if name in _LAZY:
+    if name in __all__:
         import importlib
 
-        return getattr(importlib.import_module(f"django_pgoutbox.{_LAZY[name]}"), name)
+        module = importlib.import_module(f"django_pgoutbox.{_LAZY.get(name, 'errors')}")
+        return getattr(module, name)
     raise AttributeError(f"module 'django_pgoutbox' has no attribute {name!r}")
