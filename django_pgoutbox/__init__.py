@@ -30,28 +30,31 @@ __all__ = [
     "subscriber",
 ]
 
-from django_pgoutbox.errors import (
-    Cancelled,
-    EnqueueError,
-    JobTimeout,
-    PermanentError,
-    PublishError,
-    RateLimited,
-    Revoked,
-    Snooze,
-    TransientError,
-)
-
 if TYPE_CHECKING:
-    from django_pgoutbox.jobs import JobContext, cancel, enqueue, enqueue_many, job
+    from django_pgoutbox.context import JobContext
+    from django_pgoutbox.control import cancel
+    from django_pgoutbox.enqueueing import enqueue, enqueue_many
+    from django_pgoutbox.errors import (
+        Cancelled,
+        EnqueueError,
+        JobTimeout,
+        PermanentError,
+        PublishError,
+        RateLimited,
+        Revoked,
+        Snooze,
+        TransientError,
+    )
     from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber
+    from django_pgoutbox.registry import job
 
+#: Where each name of the API that is not an exception lives (the exceptions: in errors).
 _LAZY = {
-    "JobContext": "jobs",
-    "cancel": "jobs",
-    "enqueue": "jobs",
-    "enqueue_many": "jobs",
-    "job": "jobs",
+    "JobContext": "context",
+    "cancel": "control",
+    "enqueue": "enqueueing",
+    "enqueue_many": "enqueueing",
+    "job": "registry",
     "Event": "outbox",
     "OutboxModelMixin": "outbox",
     "publish": "outbox",
@@ -60,10 +63,13 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    # jobs.py imports the models, which need the app registry; import it on first use so that
-    # settings files and apps.py can import this package before Django is set up.
-    if name in _LAZY:
+    # Most of the API imports the models, which need the app registry: each name is imported on
+    # first use, so that settings files and apps.py can import this package before Django is set
+    # up. The errors too, so that importing any module of the package never runs this one's
+    # imports first (a circle: errors imports conf, whose package would import errors).
+    if name in __all__:
         import importlib
 
-        return getattr(importlib.import_module(f"django_pgoutbox.{_LAZY[name]}"), name)
+        module = importlib.import_module(f"django_pgoutbox.{_LAZY.get(name, 'errors')}")
+        return getattr(module, name)
     raise AttributeError(f"module 'django_pgoutbox' has no attribute {name!r}")

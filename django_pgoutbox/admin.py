@@ -31,8 +31,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
-from django_pgoutbox import maintenance, metrics, scheduler
-from django_pgoutbox.jobs import cancel_jobs
+from django_pgoutbox import control, metrics, scheduler
 from django_pgoutbox.models import DeadLetter, Job, OutboxEvent, ScheduleCursor
 
 
@@ -179,7 +178,7 @@ class DeadLetterAdmin(_ReadOnly):
             title="Retry dead letters",
             explanation="These jobs go back to their queue, due now, with their attempts reset "
             "to zero. Their handlers must be idempotent.",
-            perform=maintenance.retry_dead_jobs,
+            perform=control.retry_dead_jobs,
         )
 
     @admin.action(description="Cancel (never run again)", permissions=["change"])
@@ -192,7 +191,7 @@ class DeadLetterAdmin(_ReadOnly):
             title="Cancel dead letters",
             explanation="These jobs become cancelled: they never run again, and retention "
             "deletes them with the other finished jobs.",
-            perform=maintenance.cancel_dead_jobs,
+            perform=control.cancel_dead_jobs,
         )
 
 
@@ -226,7 +225,7 @@ class JobAdmin(_ReadOnly):
     @admin.action(description="Cancel (running ones are asked to stop)", permissions=["cancel"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         def perform(ids: list[Any]) -> int:
-            states = cancel_jobs(ids, using=queryset.db, by=f"admin user {request.user}")
+            states = control.cancel_jobs(ids, using=queryset.db, by=f"admin user {request.user}")
             return sum(1 for state in states.values() if state in ("cancelled", "cancelling"))
 
         return _confirmed(
@@ -347,7 +346,7 @@ class OutboxEventAdmin(_ReadOnly):
             title="Re-drive dead events",
             explanation="These dead events become claimable again with a fresh attempt budget; "
             "the relay projects them, then their aggregates' later events.",
-            perform=maintenance.redrive_dead_events,
+            perform=control.redrive_dead_events,
         )
 
     @admin.action(description="Discard dead events (mark processed)", permissions=["change"])
@@ -360,7 +359,7 @@ class OutboxEventAdmin(_ReadOnly):
             title="Discard dead events",
             explanation="These dead events are marked processed without being projected, so "
             "the later events of their aggregates go on.",
-            perform=maintenance.discard_dead_events,
+            perform=control.discard_dead_events,
         )
 
 

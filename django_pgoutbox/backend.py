@@ -38,9 +38,11 @@ from django_pgoutbox._tasks import (
     task_started,
 )
 from django_pgoutbox.conf import get_settings
+from django_pgoutbox.context import JobContext
+from django_pgoutbox.enqueueing import enqueue, prepare_job
 from django_pgoutbox.errors import EnqueueError, PermanentError
-from django_pgoutbox.jobs import JobContext, JobDefinition, enqueue, prepare_job
 from django_pgoutbox.models import Job, JobStatus
+from django_pgoutbox.registry import JobDefinition
 from django_pgoutbox.retry import MAX_CODE_LENGTH, bound, summarize
 
 #: Our six states, as Django's four task statuses.

@@ -90,7 +90,7 @@ def check_driver(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list
 
 def check_job_queues(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
     from django_pgoutbox.conf import settings_problems
-    from django_pgoutbox.jobs import registered_jobs
+    from django_pgoutbox.registry import registered_jobs
 
     if settings_problems():
         return []  # check_settings reports those; queue names may not be known

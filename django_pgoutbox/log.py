@@ -1,4 +1,9 @@
-"""A JSON log formatter: one object per line, with every ``extra`` field of the record.
+"""Logging: the loggers of job attempts, and a JSON formatter.
+
+``job_logger()`` is the ``ctx.logger`` of an attempt (in a worker's thread or in the child
+process of an isolated one); ``job_fields()`` are the fields a job's records carry.
+
+``JSONFormatter`` writes one object per line, with every ``extra`` field of the record.
 
 Job records carry ``job_id``, ``job_type``, ``queue``, ``attempt`` and ``outcome``; the relay's
 carry ``event_id`` and ``event_type``. Tracebacks go into ``exc_info`` as text, so a failed job's
@@ -16,8 +21,9 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 #: Attributes every LogRecord has; anything else on a record came from ``extra``.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -37,3 +43,65 @@ class JSONFormatter(logging.Formatter):
         if record.exc_info:
             entry["exc_info"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+class Attempt(Protocol):
+    """What a job's log records say of its attempt (a claimed job has it)."""
+
+    @property
+    def id(self) -> uuid.UUID: ...
+
+    @property
+    def job_type(self) -> str: ...
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+
+_job_loggers: dict[str, logging.Logger] = {}
+
+
+def job_logger(job: Attempt) -> logging.LoggerAdapter[logging.Logger]:
+    """A logger whose records carry the job's id, type, queue and attempt as ``extra`` fields."""
+    base = _job_loggers.get(job.job_type)
+    if base is None:  # getLogger takes the logging module's lock: once per job type
+        base = _job_loggers[job.job_type] = logging.getLogger(
+            f"django_pgoutbox.jobs.{job.job_type}"
+        )
+    return _JobLogger(base, job)
+
+
+class _JobLogger(logging.LoggerAdapter[logging.Logger]):
+    """``job_logger()``'s adapter: its ``extra`` is made at the first record, not for every job.
+
+    Most handlers never log, and spelling out a job's id cost more than a no-op job's handler.
+    """
+
+    def __init__(self, logger: logging.Logger, job: Attempt) -> None:
+        super().__init__(logger)
+        self._job = job
+        self._fields: dict[str, object] | None = None
+
+    @property
+    def extra(self) -> dict[str, object]:
+        if self._fields is None:
+            self._fields = job_fields(self._job)
+        return self._fields
+
+    @extra.setter
+    def extra(self, value: object) -> None:
+        # LoggerAdapter.__init__ assigns its own (empty) extra: the job's fields stand instead.
+        pass
+
+
+def job_fields(job: Attempt) -> dict[str, object]:
+    """A job's fields for a log record's ``extra``."""
+    return {
+        "job_id": str(job.id),
+        "job_type": job.job_type,
+        "queue": job.queue,
+        "attempt": job.attempt,
+    }

@@ -17,8 +17,9 @@ from django.db import connections, router
 
 from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import get_settings
-from django_pgoutbox.jobs import JobContext, job
+from django_pgoutbox.context import JobContext
 from django_pgoutbox.models import Job
+from django_pgoutbox.registry import job
 
 logger = logging.getLogger("django_pgoutbox.maintenance")
 
@@ -156,34 +157,3 @@ def prune_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, int]:
 @job("pgoutbox.reconcile_outbox")
 def reconcile_outbox_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
     return asdict(reconcile_outbox(using=ctx.using))
-
-
-# -- operating on dead letters (the admin and ``pgoutbox deadletters``) ------------------------
-
-
-def _update(sql: str, ids: list[Any], using: str | None) -> int:
-    alias = using or router.db_for_write(Job)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(sql, [list(ids)])
-        count: int = cursor.rowcount
-    return count
-
-
-def retry_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
-    """Put dead jobs back in their queue, due now, with a fresh attempt budget."""
-    return _update(queries.RETRY_DEAD_JOBS, ids, using)
-
-
-def cancel_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
-    """Give up on dead jobs for good: they become ``cancelled`` (and are pruned later)."""
-    return _update(queries.CANCEL_DEAD_JOBS, ids, using)
-
-
-def redrive_dead_events(ids: list[Any], *, using: str | None = None) -> int:
-    """Make dead outbox events claimable again, with a fresh attempt budget."""
-    return _update(queries.REDRIVE_DEAD_EVENTS, ids, using)
-
-
-def discard_dead_events(ids: list[Any], *, using: str | None = None) -> int:
-    """Mark dead events processed without projecting them: their aggregate's later events go on."""
-    return _update(queries.DISCARD_DEAD_EVENTS, ids, using)

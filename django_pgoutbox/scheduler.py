@@ -30,9 +30,10 @@ from django_pgoutbox import metrics
 from django_pgoutbox.conf import MAX_DELAY_CEILING, get_settings
 from django_pgoutbox.cron import Cron, CronError
 from django_pgoutbox.db import ErrorKind, classify_error
+from django_pgoutbox.enqueueing import enqueue, prepare_job
 from django_pgoutbox.errors import EnqueueError
-from django_pgoutbox.jobs import JobDefinition, enqueue, get_job, prepare_job
 from django_pgoutbox.models import Job, ScheduleCursor
+from django_pgoutbox.registry import JobDefinition, get_job
 from django_pgoutbox.retry import summarize
 
 logger = logging.getLogger("django_pgoutbox.scheduler")

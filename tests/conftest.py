@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from django_pgoutbox import db, jobs, outbox
+from django_pgoutbox import db, outbox
+from django_pgoutbox.registry import registered_jobs, restore_registry
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -36,11 +37,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture
 def registry() -> Iterator[None]:
     """Restore the job and subscriber registries after a test that registers its own."""
-    saved_jobs = dict(jobs._registry)
+    saved_jobs = registered_jobs()
     saved_subscribers = {key: list(value) for key, value in outbox._subscribers.items()}
     yield
-    jobs._registry.clear()
-    jobs._registry.update(saved_jobs)
+    restore_registry(saved_jobs)
     outbox._subscribers.clear()
     outbox._subscribers.update(saved_subscribers)
 

@@ -171,7 +171,7 @@ class TestActions:
     def test_retry_never_touches_a_job_that_is_no_longer_dead(self, admin_client: Client) -> None:
         job = dead_job()
         Job.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED)
-        from django_pgoutbox.maintenance import retry_dead_jobs
+        from django_pgoutbox.control import retry_dead_jobs
 
         assert retry_dead_jobs([job.pk]) == 0
         assert Job.objects.get(pk=job.pk).status == JobStatus.COMPLETED

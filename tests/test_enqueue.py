@@ -20,7 +20,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_pgoutbox import EnqueueError, enqueue, enqueue_many, job
-from django_pgoutbox.jobs import COPY_MIN_ROWS, ENQUEUE_CHUNK_SIZE, EnqueuedJobs
+from django_pgoutbox.copy_rows import COPY_MIN_ROWS, EnqueuedJobs
+from django_pgoutbox.insert_rows import ENQUEUE_CHUNK_SIZE
 from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.queries import COPY_JOBS
 from tests.conftest import drain_notifications

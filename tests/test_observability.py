@@ -411,7 +411,7 @@ def test_runworkers_serves_its_metrics_and_heartbeat(start_worker: Any) -> None:
 
 
 def test_a_handlers_logger_carries_the_jobs_fields(caplog: Any) -> None:
-    from django_pgoutbox.worker.execute import job_logger
+    from django_pgoutbox.log import job_logger
     from tests.conftest import claimed_job
 
     job = claimed_job("reports.build", attempt=2, queue="reports")

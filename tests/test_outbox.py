@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_pgoutbox import Event, PublishError, enqueue, publish, subscriber
 from django_pgoutbox.conf import get_settings
-from django_pgoutbox.jobs import COPY_MIN_ROWS
+from django_pgoutbox.copy_rows import COPY_MIN_ROWS
 from django_pgoutbox.models import Job, OutboxEvent
 from django_pgoutbox.queries import COPY_JOBS
 from django_pgoutbox.worker.relay import Relay

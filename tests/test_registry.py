@@ -9,7 +9,7 @@ import pytest
 
 from django_pgoutbox import job
 from django_pgoutbox.errors import JobRegistrationError
-from django_pgoutbox.jobs import get_job, registered_jobs
+from django_pgoutbox.registry import get_job, registered_jobs
 
 pytestmark = pytest.mark.usefixtures("registry")
 

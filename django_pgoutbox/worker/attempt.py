@@ -6,7 +6,7 @@ import json
 import uuid
 from typing import Final
 
-from django_pgoutbox.jobs import CancelFlag
+from django_pgoutbox.context import CancelFlag
 from django_pgoutbox.queries import ClaimRow
 from django_pgoutbox.worker.execute import ClaimedJob
 

@@ -20,9 +20,11 @@ from django.dispatch import receiver
 
 from django_pgoutbox import metrics, signals
 from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.context import CancelFlag, JobContext
 from django_pgoutbox.errors import InvalidResult, JobFailure, Snooze
-from django_pgoutbox.jobs import CancelFlag, JobContext, JobDefinition, get_job
+from django_pgoutbox.log import job_fields, job_logger
 from django_pgoutbox.models import JobStatus
+from django_pgoutbox.registry import JobDefinition, get_job
 from django_pgoutbox.retry import (
     MAX_CODE_LENGTH,
     Action,
@@ -143,52 +145,6 @@ _ACTION_STATUS = {
     Action.DEAD: JobStatus.DEAD,
     Action.CANCEL: JobStatus.CANCELLED,
 }
-
-
-_job_loggers: dict[str, logging.Logger] = {}
-
-
-def job_logger(job: ClaimedJob) -> logging.LoggerAdapter[logging.Logger]:
-    """A logger whose records carry the job's id, type, queue and attempt as ``extra`` fields."""
-    base = _job_loggers.get(job.job_type)
-    if base is None:  # getLogger takes the logging module's lock: once per job type
-        base = _job_loggers[job.job_type] = logging.getLogger(
-            f"django_pgoutbox.jobs.{job.job_type}"
-        )
-    return _JobLogger(base, job)
-
-
-class _JobLogger(logging.LoggerAdapter[logging.Logger]):
-    """``job_logger()``'s adapter: its ``extra`` is made at the first record, not for every job.
-
-    Most handlers never log, and spelling out a job's id cost more than a no-op job's handler.
-    """
-
-    def __init__(self, logger: logging.Logger, job: ClaimedJob) -> None:
-        super().__init__(logger)
-        self._job = job
-        self._fields: dict[str, object] | None = None
-
-    @property
-    def extra(self) -> dict[str, object]:
-        if self._fields is None:
-            self._fields = job_fields(self._job)
-        return self._fields
-
-    @extra.setter
-    def extra(self, value: object) -> None:
-        # LoggerAdapter.__init__ assigns its own (empty) extra: the job's fields stand instead.
-        pass
-
-
-def job_fields(job: ClaimedJob) -> dict[str, object]:
-    """A job's fields for a log record's ``extra``."""
-    return {
-        "job_id": str(job.id),
-        "job_type": job.job_type,
-        "queue": job.queue,
-        "attempt": job.attempt,
-    }
 
 
 def execute(
@@ -392,9 +348,9 @@ def _run(
         organization_id=job.organization_id,
         queue=job.queue,
         logger=job_logger(job),
-        _renew=renew,
+        renew=renew,
+        cancel=cancel,
         worker_ids=list(job.worker_ids),
-        _cancel=cancel,
         using=using,
     )
     try:

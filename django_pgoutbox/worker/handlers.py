@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from django_pgoutbox.conf import RetrySettings
-from django_pgoutbox.jobs import get_job
 from django_pgoutbox.models import JobStatus
+from django_pgoutbox.registry import get_job
 from django_pgoutbox.retry import backoff, bound, summarize
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.execute import Outcome, execute

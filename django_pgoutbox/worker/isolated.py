@@ -7,11 +7,11 @@ cancellation is requested: the handler stops mid-statement, its open transaction
 rolled back by PostgreSQL when the connection drops.
 
 Children come from a ``forkserver`` whose process has imported Django and set it up once
-(``set_forkserver_preload`` of :mod:`django_pgoutbox.isolated_child`), so starting an attempt
-costs a fork, not an interpreter start. The
-child receives the job type and payload, looks the handler up in its own registry, runs it, and
-sends back the return value or the exception, pickled; the worker's thread re-raises the
-exception, so the retry policy decides exactly as for a thread-isolated handler.
+(``set_forkserver_preload`` of :mod:`django_pgoutbox.worker.isolated_child`), so starting an
+attempt costs a fork, not an interpreter start. The child receives the job type and payload, looks
+the handler up in its own registry, runs it, and sends back the return value or the exception,
+pickled; the worker's thread re-raises the exception, so the retry policy decides exactly as for a
+thread-isolated handler.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ import time
 from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Any
 
-from django_pgoutbox import isolated_child
 from django_pgoutbox.errors import Cancelled, JobTimeout
+from django_pgoutbox.worker import isolated_child
 
 if TYPE_CHECKING:
-    from django_pgoutbox.jobs import CancelFlag, JobDefinition
+    from django_pgoutbox.context import CancelFlag
+    from django_pgoutbox.registry import JobDefinition
     from django_pgoutbox.worker.execute import ClaimedJob
 
 #: How often (seconds) the worker's thread looks at the cancellation flag while a child runs.
@@ -47,7 +48,7 @@ def _mp_context() -> BaseContext:
     with _context_lock:
         if _context is None:
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["django_pgoutbox.isolated_child"])
+            context.set_forkserver_preload(["django_pgoutbox.worker.isolated_child"])
             _context = context
         return _context
 

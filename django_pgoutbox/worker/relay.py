@@ -47,7 +47,7 @@ from django.db import connections, transaction
 from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
 from django_pgoutbox.db import ErrorKind, classify_error, server_side_cursor
-from django_pgoutbox.jobs import _Deferred, deferred_enqueues
+from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
 from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.outbox import subscribers_for
 from django_pgoutbox.retry import backoff, bound, error_code, summarize
@@ -446,7 +446,9 @@ class Relay:
         )
         return _Failure(event.id, True, 0.0, "unsupported_schema_version", bound(message))
 
-    def _project_one(self, event: OutboxEvent, jobs: _Deferred, *, flush: bool) -> _Failure | None:
+    def _project_one(
+        self, event: OutboxEvent, jobs: DeferredEnqueues, *, flush: bool
+    ) -> _Failure | None:
         """Project ``event`` in a savepoint (and, with ``flush``, write the jobs it enqueued
         there); its failure, if any.
 

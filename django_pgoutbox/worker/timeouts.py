@@ -12,8 +12,8 @@ import logging
 
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import JobTimeout
-from django_pgoutbox.jobs import get_job
 from django_pgoutbox.models import JobStatus
+from django_pgoutbox.registry import get_job
 from django_pgoutbox.retry import decide
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.execute import Outcome

@@ -25,10 +25,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
 
-from django_pgoutbox import maintenance, metrics, scheduler
+from django_pgoutbox import control, maintenance, metrics, scheduler
 from django_pgoutbox.db import require_migrated
 from django_pgoutbox.health import DEFAULT_MAX_AGE, health_report
-from django_pgoutbox.jobs import cancel_jobs
 from django_pgoutbox.models import Job
 
 
@@ -110,7 +109,7 @@ class Command(BaseCommand):
             self._deadletters(using, options)
         elif action == "cancel":
             ids = [_uuid(value) for value in options["ids"]]
-            states = cancel_jobs(ids, using=using, by="pgoutbox cancel")
+            states = control.cancel_jobs(ids, using=using, by="pgoutbox cancel")
             for job_id in ids:
                 self.stdout.write(f"{job_id}: {states.get(job_id, 'not found')}")
         elif action == "schedules":
@@ -218,7 +217,7 @@ class Command(BaseCommand):
             ids = list(dead.values_list("pk", flat=True))
         else:
             raise CommandError(f"deadletters {action}: give job ids, or --all with filters")
-        perform = maintenance.retry_dead_jobs if action == "retry" else maintenance.cancel_dead_jobs
+        perform = control.retry_dead_jobs if action == "retry" else control.cancel_dead_jobs
         done = perform(ids, using=using)
         verb = "Retried" if action == "retry" else "Discarded"
         self.stdout.write(f"{verb} {done} dead job(s).")

@@ -2,14 +2,16 @@
 
 The forkserver imports this module once, before any fork: importing it sets Django up, so that
 each attempt's child starts with its settings, apps and job registry loaded, and with no database
-connection open. It sits outside ``django_pgoutbox.worker``, whose package imports models, which
-cannot be imported before Django is set up.
+connection open. So that the forkserver can import it before Django is set up, neither it nor its
+package (``django_pgoutbox.worker``, whose ``__init__`` imports nothing eagerly) imports models at
+module level.
 """
 
 from __future__ import annotations
 
 import pickle
 import signal
+import uuid
 from typing import Any
 
 import django
@@ -26,8 +28,9 @@ def run_attempt(
 ) -> None:  # pragma: no cover - runs in the child process; covered by the process tests
     from django.db import connections
 
-    from django_pgoutbox.jobs import JobContext, get_job
-    from django_pgoutbox.worker.execute import job_logger
+    from django_pgoutbox.context import JobContext
+    from django_pgoutbox.log import job_logger
+    from django_pgoutbox.registry import get_job
 
     # Ctrl-C in a terminal, or a supervisor that signals the whole process group, must not kill
     # the attempt: the worker stops it (SIGKILL) at its timeout, at a cancel, or when the grace
@@ -39,8 +42,8 @@ def run_attempt(
     try:
         if definition is None:
             raise LookupError(f"no handler for job type {job_type!r} in the isolated process")
-        logger = job_logger(_Fields(fields))  # type: ignore[arg-type]
-        ctx = JobContext(**fields, logger=logger, _renew=lambda: None)
+        logger = job_logger(_Attempt(fields))
+        ctx = JobContext(**fields, logger=logger)
         message = ("return", definition.func(payload, ctx))
     except BaseException as error:
         message = ("raise", error)
@@ -50,12 +53,14 @@ def run_attempt(
     sender.close()
 
 
-class _Fields:
+class _Attempt:
+    """The attempt that ``job_logger()`` names, from the fields the worker sent."""
+
     def __init__(self, fields: dict[str, Any]) -> None:
-        self.id = fields["job_id"]
-        self.job_type = fields["job_type"]
-        self.queue = fields["queue"]
-        self.attempt = fields["attempt"]
+        self.id: uuid.UUID = fields["job_id"]
+        self.job_type: str = fields["job_type"]
+        self.queue: str = fields["queue"]
+        self.attempt: int = fields["attempt"]
 
 
 def _portable(message: tuple[str, Any]) -> bytes:

@@ -1,0 +1,266 @@
+"""``enqueue()`` and ``enqueue_many()``, and the relay's deferred enqueues.
+
+Enqueueing writes through the Django connection of the chosen database, so it joins whatever
+transaction the caller has open: roll it back and the job never existed. Every argument is checked
+before anything is written, and a bad one raises :class:`~django_pgoutbox.errors.EnqueueError`
+naming the argument (see ``job_rows``). Rows are written by ``insert_rows`` (``INSERT``) or, for
+large batches without idempotency keys, by ``copy_rows`` (``COPY``).
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import transaction
+
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.copy_rows import COPY_MIN_ROWS, EnqueuedJobs, copy_unkeyed, copyable
+from django_pgoutbox.errors import EnqueueError
+from django_pgoutbox.insert_rows import ENQUEUE_CHUNK_SIZE, insert_rows
+from django_pgoutbox.job_rows import (
+    INT32_RANGE,
+    JobRow,
+    job_database,
+    job_from_row,
+    scheduled_run_at,
+    validate_items,
+    validate_job,
+)
+from django_pgoutbox.models import Job
+from django_pgoutbox.registry import Payload
+
+
+def enqueue(
+    job_type: str,
+    payload: Payload,
+    *,
+    idempotency_key: str | None = None,
+    organization_id: uuid.UUID | str | None = None,
+    priority: int | None = None,
+    run_at: datetime | timedelta | None = None,
+    queue: str | None = None,
+    using: str | None = None,
+) -> Job:
+    """Enqueue one job in the caller's transaction and return it.
+
+    ``payload`` is a JSON object (a dict of JSON values). ``run_at`` is an aware datetime or a
+    delay from now. ``queue``, ``priority`` and the attempt budget default to the job type's
+    ``@job`` declaration, then to the ``default`` queue. A repeated ``idempotency_key`` for the
+    same ``(organization_id, job_type)`` returns the job that already holds it, unchanged.
+
+    One statement when the job is new; one more to read the existing job on a repeated key.
+    Inside an outbox subscriber, a job without an idempotency key is written together with the
+    other jobs of the relay's batch, in one statement before the batch commits (see
+    :func:`deferred_enqueues`).
+    """
+    prepared = prepare_job(
+        job_type,
+        payload,
+        idempotency_key=idempotency_key,
+        organization_id=organization_id,
+        priority=priority,
+        run_at=run_at,
+        queue=queue,
+        using=using,
+    )
+    collector: DeferredEnqueues | None = getattr(_deferring, "collector", None)
+    if collector is not None and collector.using == prepared.using and idempotency_key is None:
+        return collector.add(prepared._row)
+    return prepared.insert()
+
+
+_deferring = threading.local()
+
+
+class DeferredEnqueues:
+    """Jobs enqueued during an outbox batch, written together by ``flush()``."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self._rows: list[tuple[JobRow, Job]] = []
+
+    def add(self, row: JobRow) -> Job:
+        _check_writable(row)
+        job = job_from_row(self.using, row, None, None)
+        self._rows.append((row, job))
+        return job
+
+    def mark(self) -> int:
+        return len(self._rows)
+
+    def discard_from(self, mark: int) -> None:
+        """Forget the jobs added since ``mark`` (their subscriber's savepoint rolled back)."""
+        del self._rows[mark:]
+
+    def flush(self) -> None:
+        """Insert every job added since the last flush, and fill in the times the database gave
+        them. Those rows are forgotten even if the statement fails: the caller rolls back (to a
+        savepoint) what it wrote."""
+        rows, self._rows = self._rows, []
+        written = [row for row, _ in rows]
+        if copyable(written):
+            now, _ = copy_unkeyed(self.using, written, get_settings().notify)
+            for row, job in rows:
+                job.run_at, job.created_at = scheduled_run_at(row, now), now
+            return
+        for start in range(0, len(rows), ENQUEUE_CHUNK_SIZE):
+            chunk = rows[start : start + ENQUEUE_CHUNK_SIZE]
+            for (_, job), job_written in zip(
+                chunk, insert_rows(self.using, [r for r, _ in chunk]), strict=True
+            ):
+                job.run_at, job.created_at = job_written.run_at, job_written.created_at
+
+
+#: The latest ``run_at`` a deferred job may have: a day short of Python's last date, so that the
+#: row reads back as a ``datetime`` whatever its time zone (PostgreSQL would store later ones).
+_LAST_RUN_AT = datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
+
+
+def _check_writable(row: JobRow) -> None:
+    """Refuse, inside the subscriber that enqueues it, a job that the batch's flush cannot write.
+
+    ``enqueue()``'s checks let through a ``run_at`` of ``timedelta(days=3_000_000)`` (the date
+    is only computed when the row is written) and a priority that comes from a ``@job``
+    declaration. Raised here, in the subscriber, the error is that event's failure, rather than
+    the failure of the statement that writes the jobs of every event of the batch.
+    """
+    try:
+        late = scheduled_run_at(row, datetime.now(UTC)) > _LAST_RUN_AT
+    except OverflowError:
+        late = True
+    if late:
+        scheduled = row.run_at or f"now + {row.delay:g} seconds"
+        raise EnqueueError(
+            "run_at", f"{scheduled} is outside the dates a job can have (up to {_LAST_RUN_AT:%Y})"
+        )
+    for name, value in (("priority", row.priority), ("max_attempts", row.max_attempts)):
+        if not INT32_RANGE[0] <= value <= INT32_RANGE[1]:
+            raise EnqueueError(name, f"{value} is outside the 32-bit integer range")
+
+
+@contextmanager
+def deferred_enqueues(using: str) -> Iterator[DeferredEnqueues]:
+    """Within this block (on this thread), ``enqueue()`` without an idempotency key on ``using``
+    only collects the job; ``flush()`` writes them all in one statement per 5,000.
+
+    The outbox relay projects a batch of events inside one: the jobs its subscribers enqueue cost
+    one statement for the whole batch instead of one each. The returned ``Job`` objects get their
+    ``run_at`` and ``created_at`` at the flush; until then the rows do not exist, so a subscriber
+    that reads back the job it just enqueued should pass an idempotency key (written at once).
+    """
+    previous = getattr(_deferring, "collector", None)
+    collector = DeferredEnqueues(using)
+    _deferring.collector = collector
+    try:
+        yield collector
+    finally:
+        _deferring.collector = previous
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A validated job with its id, not written yet: ``insert()`` writes it (and returns it)."""
+
+    id: uuid.UUID
+    using: str
+    _row: JobRow = field(repr=False)
+
+    def insert(self) -> Job:
+        return insert_rows(self.using, [self._row])[0]
+
+
+def prepare_job(
+    job_type: str,
+    payload: Payload,
+    *,
+    idempotency_key: str | None = None,
+    organization_id: uuid.UUID | str | None = None,
+    priority: int | None = None,
+    run_at: datetime | timedelta | None = None,
+    queue: str | None = None,
+    using: str | None = None,
+) -> PreparedJob:
+    """Validate a job as :func:`enqueue` does and fix its id, to insert it later.
+
+    For callers that must know the id before the row exists (an enqueue on commit).
+    """
+    alias = job_database(using)
+    row = validate_job(
+        job_type,
+        payload,
+        idempotency_key=idempotency_key,
+        organization_id=organization_id,
+        priority=priority,
+        run_at=run_at,
+        queue=queue,
+        prefix="",
+    )
+    return PreparedJob(row.id, alias, row)
+
+
+def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None) -> Sequence[Job]:
+    """Enqueue many jobs atomically, in a few statements, and return them in input order.
+
+    Each item is a mapping with ``job_type`` and ``payload`` and, optionally, the keyword arguments
+    of :func:`enqueue` (``idempotency_key``, ``organization_id``, ``priority``, ``run_at``,
+    ``queue``). One bad item refuses the whole batch with an error naming its index, and
+    nothing of the batch is written; the caller's transaction stays usable. Items that repeat an
+    idempotency key (of an existing job or of an earlier item) return the job that holds it.
+
+    From ``COPY_MIN_ROWS`` (64) items without idempotency keys, the rows are written with one
+    binary ``COPY``, checked as it goes (a bad item aborts it, and a savepoint takes back what
+    it wrote), and the result is an :class:`EnqueuedJobs`, which builds each ``Job`` when it is
+    first read. Otherwise every item is checked first, the rows are inserted 5,000 per
+    statement, and the result is a list.
+    """
+    alias = job_database(using)
+    conf = get_settings()
+    items = items if isinstance(items, Sequence) else list(items)
+    if not items:
+        return []
+    rows = validate_items(items, conf)
+    if len(items) >= COPY_MIN_ROWS and not _any_key(items):
+        # The items are checked as the COPY goes, so that the server parses one chunk while the
+        # next is checked. A bad item aborts the COPY; the savepoint (or transaction) of this
+        # block then rolls back what it wrote, and the caller's transaction goes on unharmed.
+        with transaction.atomic(using=alias):
+            now, written = copy_unkeyed(alias, rows, conf.notify)
+        return EnqueuedJobs(alias, written, now)
+    checked = list(rows)
+    with transaction.atomic(using=alias, savepoint=False):
+        return _write(alias, checked, conf.notify)
+
+
+def _any_key(items: Sequence[Any]) -> bool:
+    """Whether any item may have an idempotency key (a malformed item counts as one, so that
+    the batch is checked whole before anything is written, and the error names it)."""
+    try:
+        return any(map(_GET_KEY, items))
+    except (AttributeError, TypeError):
+        return True
+
+
+_GET_KEY = operator.methodcaller("get", "idempotency_key")
+
+
+def _write(alias: str, rows: Sequence[JobRow], notify: bool) -> Sequence[Job]:
+    """Insert ``rows`` (any number) in the caller's transaction; return their jobs in order.
+
+    Batches without idempotency keys of ``COPY_MIN_ROWS`` or more go through ``COPY`` and come
+    back as :class:`EnqueuedJobs`; the rest go through ``INSERT`` statements of
+    ``ENQUEUE_CHUNK_SIZE`` rows (keys need ``ON CONFLICT``).
+    """
+    if copyable(rows):
+        now, written = copy_unkeyed(alias, rows, notify)
+        return EnqueuedJobs(alias, written, now)
+    jobs: list[Job] = []
+    for start in range(0, len(rows), ENQUEUE_CHUNK_SIZE):
+        jobs.extend(insert_rows(alias, rows[start : start + ENQUEUE_CHUNK_SIZE]))
+    return jobs

@@ -1,0 +1,155 @@
+"""Writing checked rows with ``INSERT`` statements: one row, a batch without idempotency keys,
+or a batch with keys, whose repeated keys return the jobs that already hold them."""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from django_pgoutbox import queries
+from django_pgoutbox.conf import JOBS_CHANNEL, get_settings
+from django_pgoutbox.db import server_side_cursor
+from django_pgoutbox.errors import EnqueueError
+from django_pgoutbox.job_rows import JobRow, job_from_row, jobs_from_rows
+from django_pgoutbox.models import Job
+
+#: Rows per INSERT statement in ``enqueue_many``; bounds the size of one statement.
+ENQUEUE_CHUNK_SIZE = 5000
+
+
+def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:
+    """Insert ``rows`` (at most one chunk); return their jobs, existing ones for repeated keys."""
+    conf = get_settings()
+    if len(rows) == 1:
+        return [_insert_one(alias, rows[0], conf.notify)]
+    if all(row.idempotency_key is None for row in rows):
+        return _insert_unkeyed(alias, rows, conf.notify)
+    created: dict[uuid.UUID, Job] = {}
+    pending = list(rows)
+    # A conflicting job can vanish between our insert and our read (retention pruned it, an
+    # operator deleted it); its rows are then inserted again. Three rounds is plenty: each
+    # round either inserts or finds every row, barring a deletion racing us each time.
+    for _ in range(3):
+        with server_side_cursor(alias) as cursor:
+            cursor.execute(
+                queries.ENQUEUE_JOBS,
+                [
+                    [r.id for r in pending],
+                    [r.organization_id for r in pending],
+                    [r.queue for r in pending],
+                    [r.job_type for r in pending],
+                    [r.payload_json for r in pending],
+                    [r.idempotency_key for r in pending],
+                    [r.priority for r in pending],
+                    [r.run_at for r in pending],
+                    [r.delay for r in pending],
+                    [r.max_attempts for r in pending],
+                    JOBS_CHANNEL,
+                    conf.notify,
+                ],
+            )
+            returned = {job_id: (run_at, created_at) for job_id, run_at, created_at, _ in cursor}
+        for row in pending:
+            if row.id in returned:
+                run_at, created_at = returned[row.id]
+                created[row.id] = job_from_row(alias, row, run_at, created_at)
+        conflicting = [r for r in pending if r.id not in returned]
+        existing = _existing_jobs(alias, conflicting)
+        pending = [r for r in conflicting if _key(r) not in existing]
+        if not pending:
+            return [created.get(r.id) or existing[_key(r)] for r in rows]
+    raise EnqueueError(
+        "idempotency_key",
+        f"{pending[0].idempotency_key!r} conflicts with a job that keeps disappearing; try again",
+    )
+
+
+def _insert_one(alias: str, row: JobRow, notify: bool) -> Job:
+    """Insert one row; return its job, or the existing one if its key is taken."""
+    for _ in range(3):  # as in insert_rows: the holder of the key may vanish before we read it
+        with server_side_cursor(alias) as cursor:
+            cursor.execute(
+                queries.ENQUEUE_JOB_UNKEYED if row.idempotency_key is None else queries.ENQUEUE_JOB,
+                [
+                    row.id,
+                    row.organization_id,
+                    row.queue,
+                    row.job_type,
+                    row.payload_json,
+                    row.idempotency_key,
+                    row.priority,
+                    row.run_at,
+                    row.delay,
+                    row.max_attempts,
+                    notify,
+                    JOBS_CHANNEL,
+                ],
+            )
+            written = cursor.fetchone()
+        if written is not None:
+            return job_from_row(alias, row, written[0], written[1])
+        existing = _existing_jobs(alias, [row]).get(_key(row))
+        if existing is not None:
+            return existing
+    raise EnqueueError(
+        "idempotency_key",
+        f"{row.idempotency_key!r} conflicts with a job that keeps disappearing; try again",
+    )
+
+
+def _insert_unkeyed(alias: str, rows: Sequence[JobRow], notify: bool) -> list[Job]:
+    """Insert rows without idempotency keys: nothing can conflict, nothing per row comes back."""
+    with server_side_cursor(alias) as cursor:
+        cursor.execute(
+            queries.ENQUEUE_JOBS_UNKEYED,
+            [
+                [r.id for r in rows],
+                [r.organization_id for r in rows],
+                [r.queue for r in rows],
+                [r.job_type for r in rows],
+                [r.payload_json for r in rows],
+                [None] * len(rows),
+                [r.priority for r in rows],
+                [r.run_at for r in rows],
+                [r.delay for r in rows],
+                [r.max_attempts for r in rows],
+                JOBS_CHANNEL,
+                notify,
+            ],
+        )
+        row = cursor.fetchone()
+        assert row is not None
+        now: datetime = row[0]
+    # The statement's defaults, computed here: run_at = coalesce(run_at, now()) + delay.
+    return jobs_from_rows(
+        alias,
+        rows,
+        lambda r: (r.run_at or now) + timedelta(seconds=r.delay) if r.delay else (r.run_at or now),
+        now,
+    )
+
+
+def _key(row: JobRow) -> tuple[uuid.UUID | None, str, str | None]:
+    return (row.organization_id, row.job_type, row.idempotency_key)
+
+
+def _existing_jobs(
+    alias: str, rows: Sequence[JobRow]
+) -> dict[tuple[uuid.UUID | None, str, str | None], Job]:
+    """The jobs that hold the idempotency keys of ``rows``, one query per (organization, type)."""
+    groups: dict[tuple[uuid.UUID | None, str], set[str]] = defaultdict(set)
+    for row in rows:
+        assert row.idempotency_key is not None  # only keyed rows can conflict
+        groups[(row.organization_id, row.job_type)].add(row.idempotency_key)
+    found: dict[tuple[uuid.UUID | None, str, str | None], Job] = {}
+    for (organization_id, job_type), keys in groups.items():
+        matches = Job.objects.using(alias).filter(
+            organization_id=organization_id, job_type=job_type, idempotency_key__in=keys
+        )
+        for existing in matches:
+            found[(existing.organization_id, existing.job_type, existing.idempotency_key)] = (
+                existing
+            )
+    return found

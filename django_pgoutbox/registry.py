@@ -1,0 +1,237 @@
+"""The ``@job`` registry: job types by name, each with its handler and its defaults."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeAlias, overload
+
+from django_pgoutbox.context import JobContext
+from django_pgoutbox.errors import JobRegistrationError
+
+if TYPE_CHECKING:
+    from django_pgoutbox.models import Job
+
+Payload: TypeAlias = dict[str, Any]
+Handler: TypeAlias = Callable[[Payload, JobContext], Any]
+
+
+class JobDefinition:
+    """A registered handler with its defaults; calling it runs the handler in-process."""
+
+    def __init__(
+        self,
+        func: Handler,
+        *,
+        name: str,
+        queue: str,
+        max_attempts: int | None,
+        priority: int,
+        timeout: float | None = None,
+        isolation: str = "thread",
+    ) -> None:
+        self.func = func
+        self.name = name
+        self.queue = queue
+        self.max_attempts = max_attempts
+        self.priority = priority
+        #: Seconds an attempt may run before it fails with code ``timeout``; None: no limit.
+        self.timeout = timeout
+        #: "thread" (the worker's handler threads) or "process" (a child process per attempt,
+        #: killed at the timeout or on cancellation).
+        self.isolation = isolation
+        #: Optional ``error -> (code, summary)`` replacing the class name and message that the
+        #: retry policy records (the django.tasks backend stores a class path and a traceback).
+        self.error_details: Callable[[BaseException], tuple[str, str]] | None = None
+        #: Optional hooks the worker calls around each attempt, as it sends ``job_started`` and
+        #: ``job_finished``, with the same arguments (the django.tasks backend sends Django's
+        #: task signals from them): hooks of the handler that need them, rather than receivers
+        #: that every job of every type would go through.
+        self.on_started: Callable[..., None] | None = None
+        self.on_finished: Callable[..., None] | None = None
+        self.__doc__ = func.__doc__
+        self.__name__ = getattr(func, "__name__", name)
+        self.__module__ = func.__module__
+
+    def __repr__(self) -> str:
+        return f"<JobDefinition {self.name!r} queue={self.queue!r}>"
+
+    def __call__(self, payload: Payload, ctx: JobContext) -> Any:
+        return self.func(payload, ctx)
+
+    def enqueue(
+        self,
+        payload: Payload,
+        *,
+        idempotency_key: str | None = None,
+        organization_id: uuid.UUID | str | None = None,
+        priority: int | None = None,
+        run_at: datetime | timedelta | None = None,
+        queue: str | None = None,
+        using: str | None = None,
+    ) -> Job:
+        """Enqueue this job type; see :func:`~django_pgoutbox.enqueue`."""
+        # Imported here: enqueueing looks job types up in this registry, which is the lower layer.
+        from django_pgoutbox.enqueueing import enqueue
+
+        return enqueue(
+            self.name,
+            payload,
+            idempotency_key=idempotency_key,
+            organization_id=organization_id,
+            priority=priority,
+            run_at=run_at,
+            queue=queue,
+            using=using,
+        )
+
+
+_registry: dict[str, JobDefinition] = {}
+
+
+def registered_jobs() -> Mapping[str, JobDefinition]:
+    """Every registered job type, by name."""
+    return dict(_registry)
+
+
+def get_job(name: str) -> JobDefinition | None:
+    """The definition registered under ``name``, or None (a handler deployed elsewhere)."""
+    return _registry.get(name)
+
+
+def restore_registry(saved: Mapping[str, JobDefinition]) -> None:
+    """Make the registry what ``registered_jobs()`` returned earlier: for tests that register
+    job types of their own and must leave the registry as they found it."""
+    _registry.clear()
+    _registry.update(saved)
+
+
+@overload
+def job(func: Handler, /) -> JobDefinition: ...
+
+
+@overload
+def job(
+    name: str | None = None,
+    *,
+    queue: str = "default",
+    max_attempts: int | None = None,
+    priority: int = 0,
+    timeout: float | timedelta | None = None,
+    isolation: str = "thread",
+) -> Callable[[Handler], JobDefinition]: ...
+
+
+def job(
+    name: str | Handler | None = None,
+    *,
+    queue: str = "default",
+    max_attempts: int | None = None,
+    priority: int = 0,
+    timeout: float | timedelta | None = None,
+    isolation: str = "thread",
+) -> JobDefinition | Callable[[Handler], JobDefinition]:
+    """Register ``handler(payload: dict, ctx: JobContext)`` as a job type.
+
+    Use it bare (``@job``) or with options (``@job("emails.send", queue="notifications")``). The
+    name defaults to ``module.function``; it is what is stored in ``jobs.job_type``, so keep it
+    stable across deployments. ``max_attempts`` defaults to ``PGOUTBOX["MAX_ATTEMPTS"]``.
+
+    ``timeout`` (seconds or a timedelta) fails an attempt that runs longer with code ``timeout``,
+    retried by the policy. ``isolation="process"`` runs each attempt in a child process that is
+    killed at the timeout or on cancellation (see docs/jobs.md, "Timeouts").
+    """
+    options = _Options(queue, max_attempts, priority, timeout, isolation)
+    if callable(name):
+        return _register(name, None, options)
+    if name is not None and (not isinstance(name, str) or not name.strip() or "\x00" in name):
+        raise JobRegistrationError(f"@job name must be a non-empty string, not {name!r}")
+
+    def decorator(func: Handler) -> JobDefinition:
+        return _register(func, name, options)
+
+    return decorator
+
+
+@dataclass(frozen=True)
+class _Options:
+    queue: str
+    max_attempts: int | None
+    priority: int
+    timeout: float | timedelta | None
+    isolation: str
+
+
+ISOLATION_MODES = ("thread", "process")
+
+
+def _register(func: Handler, name: str | None, options: _Options) -> JobDefinition:
+    if not callable(func):
+        raise JobRegistrationError(f"@job must decorate a function, not {func!r}")
+    job_name = name or f"{func.__module__}.{func.__qualname__}"
+    queue, max_attempts, priority = options.queue, options.max_attempts, options.priority
+    if not isinstance(queue, str) or not queue:
+        raise JobRegistrationError(f"@job {job_name!r}: queue must be a non-empty string")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+    ):
+        raise JobRegistrationError(
+            f"@job {job_name!r}: max_attempts must be an integer >= 1, not {max_attempts!r}"
+        )
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise JobRegistrationError(f"@job {job_name!r}: priority must be an int, not {priority!r}")
+    timeout = options.timeout
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout < float("inf")
+    ):
+        raise JobRegistrationError(
+            f"@job {job_name!r}: timeout must be a number of seconds > 0 or a timedelta, "
+            f"not {options.timeout!r}"
+        )
+    if options.isolation not in ISOLATION_MODES:
+        raise JobRegistrationError(
+            f"@job {job_name!r}: isolation must be 'thread' or 'process', not {options.isolation!r}"
+        )
+    _check_signature(job_name, func)
+    existing = _registry.get(job_name)
+    if existing is not None and _qualified(existing.func) != _qualified(func):
+        raise JobRegistrationError(
+            f"job type {job_name!r} is already registered by {_qualified(existing.func)}; "
+            "give one of them another name"
+        )
+    definition = JobDefinition(
+        func,
+        name=job_name,
+        queue=queue,
+        max_attempts=max_attempts,
+        priority=priority,
+        timeout=None if timeout is None else float(timeout),
+        isolation=options.isolation,
+    )
+    _registry[job_name] = definition
+    return definition
+
+
+def _qualified(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{getattr(func, '__qualname__', repr(func))}"
+
+
+def _check_signature(name: str, func: Callable[..., Any]) -> None:
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # builtins without a signature: trust them
+        return
+    try:
+        signature.bind(object(), object())
+    except TypeError:
+        raise JobRegistrationError(
+            f"@job {name!r}: the handler must accept (payload, ctx); its signature is "
+            f"{func.__name__}{signature}"
+        ) from None
