@@ -95,3 +95,20 @@ def claimed_job(job_type: str, **fields: Any) -> Any:
         **fields,
     }
     return ClaimedJob(job_type=job_type, **values)
+
+
+def drain(**options: Any) -> Any:
+    """Run a burst worker (the jobs role, the default queue unless ``queues`` says) on a thread
+    of this process until nothing it can run is due; return it. The suite's one way to drain
+    in-process: the tests that use it are ``transaction=True``, as its threads see only
+    committed jobs."""
+    import threading
+
+    from django_pgoutbox.worker import Worker
+
+    worker = Worker(burst=True, **{"roles": ["jobs"], "queues": ["default"], **options})
+    thread = threading.Thread(target=worker.run, name="test-drain")
+    thread.start()
+    thread.join(timeout=60 * float(os.environ.get("PGOUTBOX_TEST_TIME_SCALE", "1")))
+    assert not thread.is_alive(), "the burst worker did not finish"
+    return worker

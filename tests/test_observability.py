@@ -27,13 +27,10 @@ from django_pgoutbox.prometheus import database_exposition, process_registry
 from django_pgoutbox.scheduler import Schedule, Scheduler
 from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.relay import Relay
+from tests.conftest import drain
 from tests.processes import holds_for, scaled, wait_for
 
 ALLOWED_LABELS = {"queue", "job_type", "outcome", "status", "role", "event_type", "schedule"}
-
-
-def drain(**options: Any) -> None:
-    Worker(roles=["jobs"], queues=["default"], burst=True, **options).run()
 
 
 def gauges() -> metrics.DatabaseGauges:

@@ -21,8 +21,8 @@ from django_pgoutbox._tasks import (
 )
 from django_pgoutbox.backend import PgOutboxBackend
 from django_pgoutbox.models import Job, JobStatus
-from django_pgoutbox.worker import Worker
 from testproject.testjobs import tasks
+from tests.conftest import drain
 from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker threads see only commits
@@ -31,7 +31,7 @@ FAST_RETRY = {"RETRY": {"BASE_DELAY": 0.01, "MAX_DELAY": 0.01, "JITTER": 0}}
 
 
 def run_worker(queues: tuple[str, ...] = ("default", "reports")) -> None:
-    Worker(roles=["jobs"], queues=queues, burst=True).run()
+    drain(queues=list(queues))
 
 
 def local_function() -> None:
@@ -213,7 +213,7 @@ class TestRunning:
     def test_priority_orders_the_queue(self) -> None:
         low = tasks.add.using(priority=-5).enqueue(0, 0)
         high = tasks.add.using(priority=50).enqueue(0, 1)
-        Worker(roles=["jobs"], queues=["default"], burst=True, concurrency=1).run()
+        drain(concurrency=1)
         first = Job.objects.order_by("locked_at").first()
         assert first is not None
         assert str(first.id) == high.id

@@ -22,6 +22,7 @@ from django_pgoutbox.retry import MAX_SUMMARY_LENGTH
 from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.runner import QueueRunner
 from testproject.testjobs.models import SideEffect
+from tests.conftest import drain
 from tests.processes import holds_for, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,15 +34,6 @@ FAST = {"POLL_INTERVAL": 0.2, "RETRY": {"BASE_DELAY": 30, "MAX_DELAY": 600, "JIT
 def fast(settings: Any) -> Any:
     settings.PGOUTBOX = {**settings.PGOUTBOX, **FAST}
     return settings
-
-
-def drain(**options: Any) -> Worker:
-    worker = Worker(burst=True, **{"roles": ["jobs"], "queues": ["default"], **options})
-    thread = threading.Thread(target=worker.run)
-    thread.start()
-    thread.join(timeout=60)
-    assert not thread.is_alive(), "the burst worker did not finish"
-    return worker
 
 
 def drain_until(job: Job, status: str) -> None:
