@@ -43,6 +43,31 @@ MAX_CODE_LENGTH = 200
 MAX_SHIFT = 10
 
 
+class Kind(enum.StrEnum):
+    """The kind of a failure: which row of the table decides it (``kind_of``)."""
+
+    REVOKED = "revoked"
+    PERMANENT = "permanent"
+    RATE_LIMITED = "rate_limited"
+    TRANSIENT = "transient"
+    UNKNOWN = "unknown"
+
+
+def kind_of(error: BaseException) -> Kind:
+    """The kind of ``error``, read from ``type(error)``, never from the instance: an
+    exception's ``__class__`` (which ``isinstance`` consults) can be a property that raises."""
+    kind = type(error)
+    if issubclass(kind, Revoked):
+        return Kind.REVOKED
+    if issubclass(kind, PermanentError):
+        return Kind.PERMANENT
+    if issubclass(kind, RateLimited):
+        return Kind.RATE_LIMITED
+    if issubclass(kind, TransientError):
+        return Kind.TRANSIENT
+    return Kind.UNKNOWN
+
+
 class Action(enum.StrEnum):
     RETRY = "retry"
     DEAD = "dead"
@@ -163,24 +188,26 @@ def decide(
     max_attempts: int,
     policy: RetrySettings,
     rng: random.Random | None = None,
+    kind: Kind | None = None,
 ) -> Decision:
     """Decide the fate of attempt number ``attempt`` (1-based) that raised ``error``.
 
-    Never raises, whatever ``error`` is; every delay is between 0 and ``policy.max_delay``.
-    The kind of failure is read from ``type(error)``, never from the instance: an exception's
-    ``__class__`` (which ``isinstance`` consults) can be a property that raises.
+    ``kind``, when given, is the row of the table that decides, whatever ``error``'s class
+    (the worker's own failures, a subscriber's); else ``kind_of(error)``. Never raises,
+    whatever ``error`` is; every delay is between 0 and ``policy.max_delay``.
     """
     code = error_code(error)
     summary = summarize(error)
-    kind = type(error)
-    if issubclass(kind, Revoked):
+    if kind is None:
+        kind = kind_of(error)
+    if kind is Kind.REVOKED:
         return Decision(Action.CANCEL, code, summary)
-    if issubclass(kind, PermanentError):
+    if kind is Kind.PERMANENT:
         return Decision(Action.DEAD, code, summary)
     if attempt >= max_attempts:
         exhausted = f"attempts exhausted ({attempt}/{max_attempts}): {summary}"
         return Decision(Action.DEAD, code, bound(exhausted))
-    if issubclass(kind, RateLimited):
+    if kind is Kind.RATE_LIMITED:
         try:
             hint = error.retry_after  # type: ignore[attr-defined]
         except BaseException:  # a subclass's property: the backoff instead
@@ -188,7 +215,7 @@ def decide(
         if hint is not None:
             return Decision(Action.RETRY, code, summary, clamp_delay(hint, policy.max_delay))
         return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))
-    if issubclass(kind, TransientError):
+    if kind is Kind.TRANSIENT:
         return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))
     if attempt > policy.unknown_error_retries:
         return Decision(Action.DEAD, code, summary)

@@ -21,17 +21,10 @@ from django.dispatch import receiver
 from django_pgoutbox import metrics, signals
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import InvalidResult, JobFailure, Snooze
+from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.jobs import CancelFlag, JobContext, JobDefinition, get_job
 from django_pgoutbox.models import JobStatus
-from django_pgoutbox.retry import (
-    MAX_CODE_LENGTH,
-    Action,
-    bound,
-    clamp_delay,
-    decide,
-    error_code,
-    summarize,
-)
+from django_pgoutbox.retry import MAX_CODE_LENGTH, bound, clamp_delay, error_code, summarize
 from django_pgoutbox.worker.isolated import run_isolated
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -136,13 +129,6 @@ _thread_state = threading.local()
 @receiver(connection_created)
 def _note_connection(sender: Any, **kwargs: Any) -> None:
     _thread_state.connected = True
-
-
-_ACTION_STATUS = {
-    Action.RETRY: JobStatus.RETRYING,
-    Action.DEAD: JobStatus.DEAD,
-    Action.CANCEL: JobStatus.CANCELLED,
-}
 
 
 _job_loggers: dict[str, logging.Logger] = {}
@@ -295,13 +281,11 @@ def _leave_forked_child(job: ClaimedJob) -> None:
 def _failed(job: ClaimedJob, error: BaseException, policy: RetrySettings) -> Outcome:
     """The outcome of an attempt that failed outside its handler, as the policy decides it."""
     try:
-        decision = decide(error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy)
+        failed = failure_outcome(
+            error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
+        )
         return Outcome(
-            job,
-            _ACTION_STATUS[decision.action],
-            delay=decision.delay,
-            code=decision.code,
-            summary=decision.summary,
+            job, failed.status, delay=failed.delay, code=failed.code, summary=failed.summary
         )
     except BaseException:
         return Outcome(
@@ -430,8 +414,10 @@ def _run(
             snoozed=True,
         )
     except BaseException as error:
-        decision = decide(error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy)
-        status = _ACTION_STATUS[decision.action]
+        failed = failure_outcome(
+            error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
+        )
+        status = failed.status
         # A retry the handler asked for (TransientError, RateLimited) is routine: one line. An
         # unexpected exception, a dead letter or a cancellation gets its traceback, correlated
         # by job id; the table only ever holds the bounded summary.
@@ -442,15 +428,15 @@ def _run(
             job.job_type,
             job.attempt,
             job.max_attempts,
-            decision.summary,
+            failed.summary,
             status.value,
             exc_info=None if routine else error,
-            extra={**job_fields(job), "outcome": status.value, "error_code": decision.code},
+            extra={**job_fields(job), "outcome": status.value, "error_code": failed.code},
         )
-        code, summary = decision.code, decision.summary
+        code, summary = failed.code, failed.summary
         if definition.error_details is not None and not isinstance(error, InvalidResult):
             code, summary = _error_details(definition, error, job, code, summary)
-        return Outcome(job, status, delay=decision.delay, code=code, summary=summary)
+        return Outcome(job, status, delay=failed.delay, code=code, summary=summary)
     finally:
         # Once per attempt, after it: a connection the handler left broken, in a transaction,
         # or past CONN_MAX_AGE is closed before the thread's next job (as after a request).
