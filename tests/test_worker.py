@@ -201,6 +201,7 @@ class TestClaiming:
                 first,
                 [1, 1, 1],
                 ["completed"] * 3,
+                [False] * 3,
                 [0.0] * 3,
                 nones,
                 nones,
@@ -354,7 +355,7 @@ class TestLeases:
             def write(worker: str, attempt: int, status: str) -> Any:
                 cursor.execute(
                     queries.RECORD_OUTCOMES,
-                    [[job.pk], [attempt], [status], [0.0], [None], [None], [None], worker],
+                    [[job.pk], [attempt], [status], [False], [0.0], [None], [None], [None], worker],
                 )
                 return cursor.fetchall()
 
@@ -532,7 +533,7 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
             for _ in range(6):
                 queries.send(cursor, "CLAIM_JOBS", ["default", 0, "w", 60.0])
                 queries.send(cursor, "RENEW_LEASES", [60.0, [], [], "w"])
-                queries.send(cursor, "RECORD_OUTCOMES", [[], [], [], [], [], [], [], "w"])
+                queries.send(cursor, "RECORD_OUTCOMES", [[], [], [], [], [], [], [], [], "w"])
             cursor.execute("SELECT statement FROM pg_prepared_statements")
             prepared = {row[0] for row in cursor.fetchall()}
     finally:

@@ -90,8 +90,9 @@ class Outcome:
     code: str | None = None
     summary: str | None = None
     result_json: str | None = None
-    #: The handler asked to run again later without spending the attempt (``Snooze``).
-    snoozed: bool = False
+    #: The attempt is not counted: ``attempts`` goes down by one as it is written, so the next
+    #: claim runs the same attempt number again (the handler raised ``Snooze``).
+    gives_back_attempt: bool = False
     #: Written by the dispatcher because the attempt ran past its timeout; the handler's own
     #: outcome, if it ever comes, is then stale.
     timed_out: bool = False
@@ -411,7 +412,7 @@ def _run(
             delay=seconds,
             code="snoozed",
             summary=f"snoozed for {seconds:g}s by attempt {job.attempt}",
-            snoozed=True,
+            gives_back_attempt=True,
         )
     except BaseException as error:
         failed = failure_outcome(
