@@ -1,21 +1,39 @@
 """The retry policy: a pure function from (failure, attempt, budget) to a named decision.
 
-It touches no database and no clock, so it is tested on its own. The table it implements:
+It touches no database and no clock, so it is tested on its own. ``failures.failure_outcome``
+applies it to every failed attempt (a handler's exception, a timeout, the worker's own failure,
+a subscriber's failure); the rows below it marked *SQL* are enforced by the statements named,
+and ``tests/test_outcome_rules.py`` checks each of those against the database.
 
-==========================  ==========================================================
-failure                     decision
-==========================  ==========================================================
-``TransientError``          retry after ``BASE_DELAY * 2**min(attempt, 10)``, capped at
-                            ``MAX_DELAY``, with jitter
-``RateLimited(retry_after)`` retry after the hint, capped at ``MAX_DELAY`` (the backoff when
-                            there is none)
-``PermanentError``          dead letter at once
-``Revoked``                 cancel, never retry
-any other exception         retry with backoff while ``attempt <= UNKNOWN_ERROR_RETRIES``,
-                            then dead letter
-(any retry)                 dead letter instead once ``attempt >= max_attempts``
-process crash               not decided here: the lease expires and the job is reclaimed
-==========================  ==========================================================
+=============================  ==========================================================
+failure                        decision
+=============================  ==========================================================
+``TransientError``             retry after ``BASE_DELAY * 2**min(attempt, 10)``, capped at
+                               ``MAX_DELAY``, with jitter
+``RateLimited(retry_after)``   retry after the hint, capped at ``MAX_DELAY`` (the backoff when
+                               there is none)
+``PermanentError``             dead letter at once
+``Revoked``                    cancel, never retry
+any other exception            retry with backoff while ``attempt <= UNKNOWN_ERROR_RETRIES``,
+                               then dead letter
+(any retry)                    dead letter instead once ``attempt >= max_attempts``
+``JobTimeout``                 a ``TransientError``: retry with backoff, then dead letter
+the worker's own failure       ``Kind.TRANSIENT`` whatever was raised (``worker_error``); a row
+                               it cannot read is ``Kind.PERMANENT`` (``unreadable_job``)
+a subscriber's failure         ``Kind.TRANSIENT`` whatever was raised, counted against
+                               ``OUTBOX['MAX_ATTEMPTS']`` (``worker.relay``)
+``Snooze(seconds)``            retry after ``seconds``, the attempt given back (``attempts``
+                               goes down by one), so never dead; not a failure, so not decided
+                               here (``worker.execute``). *SQL*: RECORD_OUTCOMES, for an
+                               outcome whose ``gives_back_attempt`` is true
+cancellation requested         cancel, whatever the attempt's outcome (its result is kept).
+while the attempt ran          *SQL*: RECORD_OUTCOMES (``cancel_requested_at``), and
+                               RECOVER_EXPIRED_LEASES and RELEASE_JOBS for an attempt that
+                               ends without an outcome
+process crash (lease expired)  the attempt is given back and retried at once; if it ran alone
+                               (a suspect, ``alone_attempt``) it counts, and is a dead letter
+                               once ``attempts >= max_attempts``. *SQL*: RECOVER_EXPIRED_LEASES
+=============================  ==========================================================
 
 Every delay it returns is a finite number of seconds between 0 and ``MAX_DELAY`` (itself at most
 ``conf.MAX_DELAY_CEILING``, 365 days), and :func:`decide` never raises: an exception that cannot
