@@ -36,6 +36,7 @@ def _client(conninfo: dict[str, Any], batch: int, worker_id: str) -> None:
                 ids,
                 [row[3] for row in outcomes],
                 ["completed"] * len(ids),
+                [False] * len(ids),
                 [0.0] * len(ids),
                 [None] * len(ids),
                 [None] * len(ids),

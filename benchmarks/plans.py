@@ -45,7 +45,8 @@ def main() -> None:
                 rows = db.execute(sql["CLAIM_JOBS"], claim).fetchall()
                 ids = [row[0] for row in rows]
                 n = len(ids)
-                outcomes = [ids, [row[3] for row in rows], ["completed"] * n, [0.0] * n]
+                statuses = ["completed"] * n
+                outcomes = [ids, [row[3] for row in rows], statuses, [False] * n, [0.0] * n]
                 return ids, [row[3] for row in rows], [*outcomes, [None] * n, [None] * n]
 
             def timed(name: str, values: list[object]) -> float:

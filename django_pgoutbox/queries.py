@@ -245,8 +245,8 @@ ORDER BY {_claim_order()}
 
 #: Record the outcomes of many attempts in one statement; returns the ids it applied.
 #:
-#: Parameters: ids uuid[], attempts int[], statuses text[] ('completed', 'retrying', 'dead',
-#: 'cancelled' or 'snoozed'), delays float8[] (seconds, for 'retrying' and 'snoozed'),
+#: Parameters: ids uuid[], attempts int[], statuses text[] ('completed', 'retrying', 'dead' or
+#: 'cancelled'), gives_back_attempt boolean[], delays float8[] (seconds, for 'retrying'),
 #: codes text[], summaries text[], results text[] (JSON), worker_id text.
 #:
 #: Fenced: a row is written only while it is still leased by this worker *for this attempt*.
@@ -255,22 +255,19 @@ ORDER BY {_claim_order()}
 #: outcome is dropped. A job whose expired lease was only recovered (status no longer 'leased')
 #: is protected by the status test. The caller compares the returned ids with what it sent.
 #:
-#: 'snoozed' (the handler raised ``Snooze``) is a retry that gives the attempt back: ``attempts``
-#: goes down by one, so the next claim counts the same attempt number again. A job whose
-#: cancellation was requested while the attempt ran ends 'cancelled', whatever the outcome (a
-#: result it returned is kept).
+#: Two rules of ``retry.py``'s table are enforced here. An outcome whose ``gives_back_attempt``
+#: is true (the handler raised ``Snooze``) does not count: ``attempts`` goes down by one, so the
+#: next claim counts the same attempt number again. A job whose cancellation was requested while
+#: the attempt ran ends 'cancelled', whatever the outcome (a result it returned is kept).
 RECORD_OUTCOMES = """
 UPDATE jobs AS j
-SET status = CASE
-        WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-        WHEN u.status = 'snoozed' THEN 'retrying'
-        ELSE u.status END,
-    attempts = CASE WHEN u.status = 'snoozed' THEN j.attempts - 1 ELSE j.attempts END,
-    run_at = CASE WHEN u.status IN ('retrying', 'snoozed')
+SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE u.status END,
+    attempts = CASE WHEN u.gives_back_attempt THEN j.attempts - 1 ELSE j.attempts END,
+    run_at = CASE WHEN u.status = 'retrying'
                   THEN now() + make_interval(secs => u.delay) ELSE j.run_at END,
     completed_at = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
                         THEN now() END,
-    finished_at = CASE WHEN u.status IN ('retrying', 'snoozed')
+    finished_at = CASE WHEN u.status = 'retrying'
                             AND j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
     last_error_code = CASE
         WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
@@ -287,10 +284,14 @@ SET status = CASE
 FROM (
     -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
     -- would have PostgreSQL apply either to the one row)
-    SELECT DISTINCT ON (id, attempt) id, attempt, status, delay, code, summary, result
+    SELECT DISTINCT ON (id, attempt)
+        id, attempt, status, gives_back_attempt, delay, code, summary, result
     FROM unnest(
-        %s::uuid[], %s::integer[], %s::text[], %s::float8[], %s::text[], %s::text[], %s::text[]
-    ) WITH ORDINALITY AS u(id, attempt, status, delay, code, summary, result, sent)
+        %s::uuid[], %s::integer[], %s::text[], %s::boolean[], %s::float8[], %s::text[],
+        %s::text[], %s::text[]
+    ) WITH ORDINALITY AS u(
+        id, attempt, status, gives_back_attempt, delay, code, summary, result, sent
+    )
     ORDER BY id, attempt, sent
 ) AS u
 WHERE j.id = u.id

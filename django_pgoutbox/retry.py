@@ -1,21 +1,39 @@
 """The retry policy: a pure function from (failure, attempt, budget) to a named decision.
 
-It touches no database and no clock, so it is tested on its own. The table it implements:
+It touches no database and no clock, so it is tested on its own. ``failures.failure_outcome``
+applies it to every failed attempt (a handler's exception, a timeout, the worker's own failure,
+a subscriber's failure); the rows below it marked *SQL* are enforced by the statements named,
+and ``tests/test_outcome_rules.py`` checks each of those against the database.
 
-==========================  ==========================================================
-failure                     decision
-==========================  ==========================================================
-``TransientError``          retry after ``BASE_DELAY * 2**min(attempt, 10)``, capped at
-                            ``MAX_DELAY``, with jitter
-``RateLimited(retry_after)`` retry after the hint, capped at ``MAX_DELAY`` (the backoff when
-                            there is none)
-``PermanentError``          dead letter at once
-``Revoked``                 cancel, never retry
-any other exception         retry with backoff while ``attempt <= UNKNOWN_ERROR_RETRIES``,
-                            then dead letter
-(any retry)                 dead letter instead once ``attempt >= max_attempts``
-process crash               not decided here: the lease expires and the job is reclaimed
-==========================  ==========================================================
+=============================  ==========================================================
+failure                        decision
+=============================  ==========================================================
+``TransientError``             retry after ``BASE_DELAY * 2**min(attempt, 10)``, capped at
+                               ``MAX_DELAY``, with jitter
+``RateLimited(retry_after)``   retry after the hint, capped at ``MAX_DELAY`` (the backoff when
+                               there is none)
+``PermanentError``             dead letter at once
+``Revoked``                    cancel, never retry
+any other exception            retry with backoff while ``attempt <= UNKNOWN_ERROR_RETRIES``,
+                               then dead letter
+(any retry)                    dead letter instead once ``attempt >= max_attempts``
+``JobTimeout``                 a ``TransientError``: retry with backoff, then dead letter
+the worker's own failure       ``Kind.TRANSIENT`` whatever was raised (``worker_error``); a row
+                               it cannot read is ``Kind.PERMANENT`` (``unreadable_job``)
+a subscriber's failure         ``Kind.TRANSIENT`` whatever was raised, counted against
+                               ``OUTBOX['MAX_ATTEMPTS']`` (``worker.relay``)
+``Snooze(seconds)``            retry after ``seconds``, the attempt given back (``attempts``
+                               goes down by one), so never dead; not a failure, so not decided
+                               here (``worker.execute``). *SQL*: RECORD_OUTCOMES, for an
+                               outcome whose ``gives_back_attempt`` is true
+cancellation requested         cancel, whatever the attempt's outcome (its result is kept).
+while the attempt ran          *SQL*: RECORD_OUTCOMES (``cancel_requested_at``), and
+                               RECOVER_EXPIRED_LEASES and RELEASE_JOBS for an attempt that
+                               ends without an outcome
+process crash (lease expired)  the attempt is given back and retried at once; if it ran alone
+                               (a suspect, ``alone_attempt``) it counts, and is a dead letter
+                               once ``attempts >= max_attempts``. *SQL*: RECOVER_EXPIRED_LEASES
+=============================  ==========================================================
 
 Every delay it returns is a finite number of seconds between 0 and ``MAX_DELAY`` (itself at most
 ``conf.MAX_DELAY_CEILING``, 365 days), and :func:`decide` never raises: an exception that cannot
@@ -41,6 +59,31 @@ MAX_CODE_LENGTH = 200
 
 #: Exponent cap of the backoff, from the source text: ``shift := min(attempt, 10)``.
 MAX_SHIFT = 10
+
+
+class Kind(enum.StrEnum):
+    """The kind of a failure: which row of the table decides it (``kind_of``)."""
+
+    REVOKED = "revoked"
+    PERMANENT = "permanent"
+    RATE_LIMITED = "rate_limited"
+    TRANSIENT = "transient"
+    UNKNOWN = "unknown"
+
+
+def kind_of(error: BaseException) -> Kind:
+    """The kind of ``error``, read from ``type(error)``, never from the instance: an
+    exception's ``__class__`` (which ``isinstance`` consults) can be a property that raises."""
+    kind = type(error)
+    if issubclass(kind, Revoked):
+        return Kind.REVOKED
+    if issubclass(kind, PermanentError):
+        return Kind.PERMANENT
+    if issubclass(kind, RateLimited):
+        return Kind.RATE_LIMITED
+    if issubclass(kind, TransientError):
+        return Kind.TRANSIENT
+    return Kind.UNKNOWN
 
 
 class Action(enum.StrEnum):
@@ -163,24 +206,26 @@ def decide(
     max_attempts: int,
     policy: RetrySettings,
     rng: random.Random | None = None,
+    kind: Kind | None = None,
 ) -> Decision:
     """Decide the fate of attempt number ``attempt`` (1-based) that raised ``error``.
 
-    Never raises, whatever ``error`` is; every delay is between 0 and ``policy.max_delay``.
-    The kind of failure is read from ``type(error)``, never from the instance: an exception's
-    ``__class__`` (which ``isinstance`` consults) can be a property that raises.
+    ``kind``, when given, is the row of the table that decides, whatever ``error``'s class
+    (the worker's own failures, a subscriber's); else ``kind_of(error)``. Never raises,
+    whatever ``error`` is; every delay is between 0 and ``policy.max_delay``.
     """
     code = error_code(error)
     summary = summarize(error)
-    kind = type(error)
-    if issubclass(kind, Revoked):
+    if kind is None:
+        kind = kind_of(error)
+    if kind is Kind.REVOKED:
         return Decision(Action.CANCEL, code, summary)
-    if issubclass(kind, PermanentError):
+    if kind is Kind.PERMANENT:
         return Decision(Action.DEAD, code, summary)
     if attempt >= max_attempts:
         exhausted = f"attempts exhausted ({attempt}/{max_attempts}): {summary}"
         return Decision(Action.DEAD, code, bound(exhausted))
-    if issubclass(kind, RateLimited):
+    if kind is Kind.RATE_LIMITED:
         try:
             hint = error.retry_after  # type: ignore[attr-defined]
         except BaseException:  # a subclass's property: the backoff instead
@@ -188,7 +233,7 @@ def decide(
         if hint is not None:
             return Decision(Action.RETRY, code, summary, clamp_delay(hint, policy.max_delay))
         return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))
-    if issubclass(kind, TransientError):
+    if kind is Kind.TRANSIENT:
         return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))
     if attempt > policy.unknown_error_retries:
         return Decision(Action.DEAD, code, summary)

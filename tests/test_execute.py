@@ -9,7 +9,7 @@ import pytest
 
 from django_pgoutbox import JobContext, job, signals
 from django_pgoutbox.conf import RetrySettings
-from django_pgoutbox.errors import InvalidResult
+from django_pgoutbox.errors import InvalidResult, Snooze
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.worker.execute import Outcome, _result_json, execute
 from tests.conftest import claimed_job
@@ -114,3 +114,21 @@ class TestExecuteNeverRaises:
         broken = claimed_job("tests.unit_fails", waited="not a number")
         outcome = execute(broken, policy=POLICY, renew=lambda: None)
         assert (outcome.status, outcome.code) == (JobStatus.RETRYING, "TypeError")
+
+
+class TestOutcomeOfASnooze:
+    @pytest.mark.parametrize("form", ["raise", "return"])
+    def test_a_real_status_and_the_attempt_given_back(self, registry: None, form: str) -> None:
+        def snoozes(payload: dict[str, Any], ctx: JobContext) -> Snooze:
+            if form == "raise":
+                raise Snooze(30)
+            return Snooze(30)
+
+        job("tests.unit_snoozes")(snoozes)
+        outcome = run("tests.unit_snoozes")
+        assert (outcome.status, outcome.delay, outcome.code) == (JobStatus.RETRYING, 30, "snoozed")
+        assert outcome.gives_back_attempt
+
+    def test_no_other_outcome_gives_it_back(self, hostile: None) -> None:
+        assert not run("tests.unit_fails").gives_back_attempt
+        assert not run("tests.unit_exiting_hooks").gives_back_attempt

@@ -8,15 +8,26 @@ from typing import Any
 import pytest
 
 from django_pgoutbox.conf import MAX_DELAY_CEILING, RetrySettings
-from django_pgoutbox.errors import PermanentError, RateLimited, Revoked, Snooze, TransientError
+from django_pgoutbox.errors import (
+    JobTimeout,
+    PermanentError,
+    RateLimited,
+    Revoked,
+    Snooze,
+    TransientError,
+)
+from django_pgoutbox.failures import failure_outcome
+from django_pgoutbox.models import JobStatus
 from django_pgoutbox.retry import (
     MAX_SUMMARY_LENGTH,
     Action,
+    Kind,
     backoff,
     bound,
     clamp_delay,
     decide,
     error_code,
+    kind_of,
     summarize,
 )
 
@@ -315,3 +326,65 @@ class TestSummary:
 
     def test_empty_message(self) -> None:
         assert summarize(RuntimeError()) == "RuntimeError"
+
+
+class TestFailureOutcome:
+    """``failures.failure_outcome``: the decision as the status an outcome writes."""
+
+    @pytest.mark.parametrize(
+        ("error", "status"),
+        [
+            (TransientError("x"), JobStatus.RETRYING),
+            (PermanentError("x"), JobStatus.DEAD),
+            (Revoked("x"), JobStatus.CANCELLED),
+            (KeyError("x"), JobStatus.RETRYING),
+        ],
+    )
+    def test_each_action_has_its_status(self, error: BaseException, status: JobStatus) -> None:
+        failed = failure_outcome(error, attempt=1, max_attempts=5, policy=POLICY)
+        expected = decide(error, attempt=1, max_attempts=5, policy=POLICY)
+        assert (failed.status, failed.code, failed.summary) == (
+            status,
+            expected.code,
+            expected.summary,
+        )
+        assert failed.dead == (status is JobStatus.DEAD)
+
+    def test_a_transient_kind_retries_any_error_until_the_budget(self) -> None:
+        """The worker's own failures and a subscriber's: past UNKNOWN_ERROR_RETRIES, and a
+        PermanentError too, are retried with the backoff until the last attempt."""
+        for error in (KeyError("x"), PermanentError("x"), Revoked("x")):
+            failed = failure_outcome(
+                error, attempt=4, max_attempts=5, policy=POLICY, kind=Kind.TRANSIENT
+            )
+            assert (failed.status, failed.delay) == (JobStatus.RETRYING, 16)
+            last = failure_outcome(
+                error, attempt=5, max_attempts=5, policy=POLICY, kind=Kind.TRANSIENT
+            )
+            assert (last.status, last.delay) == (JobStatus.DEAD, 0.0)
+
+    def test_a_permanent_kind_is_dead_at_once(self) -> None:
+        failed = failure_outcome(
+            TransientError("x"), attempt=1, max_attempts=5, policy=POLICY, kind=Kind.PERMANENT
+        )
+        assert failed.status == JobStatus.DEAD
+
+    def test_the_callers_code_and_summary_are_written_as_they_are(self) -> None:
+        failed = failure_outcome(
+            KeyError("x"),
+            attempt=5,
+            max_attempts=5,
+            policy=POLICY,
+            code="worker_error",
+            summary="the worker failed",
+        )
+        assert (failed.status, failed.code, failed.summary) == (
+            JobStatus.DEAD,
+            "worker_error",
+            "the worker failed",
+        )
+
+    def test_the_kind_is_read_from_the_class(self) -> None:
+        assert kind_of(_ClassRaises("x")) is Kind.UNKNOWN
+        assert kind_of(_HintRaises()) is Kind.RATE_LIMITED
+        assert kind_of(JobTimeout("x")) is Kind.TRANSIENT

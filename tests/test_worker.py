@@ -23,7 +23,7 @@ from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.runner import QueueRunner
 from testproject.testjobs.models import SideEffect
 from tests.conftest import drain
-from tests.processes import holds_for, wait_for
+from tests.processes import holds_for, scaled, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -193,6 +193,7 @@ class TestClaiming:
                 first,
                 [1, 1, 1],
                 ["completed"] * 3,
+                [False] * 3,
                 [0.0] * 3,
                 nones,
                 nones,
@@ -346,7 +347,7 @@ class TestLeases:
             def write(worker: str, attempt: int, status: str) -> Any:
                 cursor.execute(
                     queries.RECORD_OUTCOMES,
-                    [[job.pk], [attempt], [status], [0.0], [None], [None], [None], worker],
+                    [[job.pk], [attempt], [status], [False], [0.0], [None], [None], [None], worker],
                 )
                 return cursor.fetchall()
 
@@ -524,7 +525,7 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
             for _ in range(6):
                 queries.send(cursor, "CLAIM_JOBS", ["default", 0, "w", 60.0])
                 queries.send(cursor, "RENEW_LEASES", [60.0, [], [], "w"])
-                queries.send(cursor, "RECORD_OUTCOMES", [[], [], [], [], [], [], [], "w"])
+                queries.send(cursor, "RECORD_OUTCOMES", [[], [], [], [], [], [], [], [], "w"])
             cursor.execute("SELECT statement FROM pg_prepared_statements")
             prepared = {row[0] for row in cursor.fetchall()}
     finally:
@@ -574,7 +575,7 @@ class TestConnections:
     ) -> None:
         enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 20_000)
         # A short lease: the main dispatcher renews while the helper writes outcomes.
-        runner = self.runner(connections=2, concurrency=2, lease_seconds=0.6)
+        runner = self.runner(connections=2, concurrency=2, lease_seconds=scaled(0.6))
         assert len(runner.snapshot().lane_turns) == 2
         thread = threading.Thread(target=runner.run)
         thread.start()

@@ -22,18 +22,11 @@ from django_pgoutbox import metrics, signals
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.context import CancelFlag, JobContext
 from django_pgoutbox.errors import InvalidResult, JobFailure, Snooze
+from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.log import job_fields, job_logger
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.registry import JobDefinition, get_job
-from django_pgoutbox.retry import (
-    MAX_CODE_LENGTH,
-    Action,
-    bound,
-    clamp_delay,
-    decide,
-    error_code,
-    summarize,
-)
+from django_pgoutbox.retry import MAX_CODE_LENGTH, bound, clamp_delay, error_code, summarize
 from django_pgoutbox.worker.isolated import run_isolated
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -99,8 +92,9 @@ class Outcome:
     code: str | None = None
     summary: str | None = None
     result_json: str | None = None
-    #: The handler asked to run again later without spending the attempt (``Snooze``).
-    snoozed: bool = False
+    #: The attempt is not counted: ``attempts`` goes down by one as it is written, so the next
+    #: claim runs the same attempt number again (the handler raised ``Snooze``).
+    gives_back_attempt: bool = False
     #: Written by the dispatcher because the attempt ran past its timeout; the handler's own
     #: outcome, if it ever comes, is then stale.
     timed_out: bool = False
@@ -138,13 +132,6 @@ _thread_state = threading.local()
 @receiver(connection_created)
 def _note_connection(sender: Any, **kwargs: Any) -> None:
     _thread_state.connected = True
-
-
-_ACTION_STATUS = {
-    Action.RETRY: JobStatus.RETRYING,
-    Action.DEAD: JobStatus.DEAD,
-    Action.CANCEL: JobStatus.CANCELLED,
-}
 
 
 def execute(
@@ -251,13 +238,11 @@ def _leave_forked_child(job: ClaimedJob) -> None:
 def _failed(job: ClaimedJob, error: BaseException, policy: RetrySettings) -> Outcome:
     """The outcome of an attempt that failed outside its handler, as the policy decides it."""
     try:
-        decision = decide(error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy)
+        failed = failure_outcome(
+            error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
+        )
         return Outcome(
-            job,
-            _ACTION_STATUS[decision.action],
-            delay=decision.delay,
-            code=decision.code,
-            summary=decision.summary,
+            job, failed.status, delay=failed.delay, code=failed.code, summary=failed.summary
         )
     except BaseException:
         return Outcome(
@@ -383,11 +368,13 @@ def _run(
             delay=seconds,
             code="snoozed",
             summary=f"snoozed for {seconds:g}s by attempt {job.attempt}",
-            snoozed=True,
+            gives_back_attempt=True,
         )
     except BaseException as error:
-        decision = decide(error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy)
-        status = _ACTION_STATUS[decision.action]
+        failed = failure_outcome(
+            error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
+        )
+        status = failed.status
         # A retry the handler asked for (TransientError, RateLimited) is routine: one line. An
         # unexpected exception, a dead letter or a cancellation gets its traceback, correlated
         # by job id; the table only ever holds the bounded summary.
@@ -398,15 +385,15 @@ def _run(
             job.job_type,
             job.attempt,
             job.max_attempts,
-            decision.summary,
+            failed.summary,
             status.value,
             exc_info=None if routine else error,
-            extra={**job_fields(job), "outcome": status.value, "error_code": decision.code},
+            extra={**job_fields(job), "outcome": status.value, "error_code": failed.code},
         )
-        code, summary = decision.code, decision.summary
+        code, summary = failed.code, failed.summary
         if definition.error_details is not None and not isinstance(error, InvalidResult):
             code, summary = _error_details(definition, error, job, code, summary)
-        return Outcome(job, status, delay=decision.delay, code=code, summary=summary)
+        return Outcome(job, status, delay=failed.delay, code=code, summary=summary)
     finally:
         # Once per attempt, after it: a connection the handler left broken, in a transaction,
         # or past CONN_MAX_AGE is closed before the thread's next job (as after a request).

@@ -15,9 +15,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.registry import get_job
-from django_pgoutbox.retry import backoff, bound, summarize
+from django_pgoutbox.retry import Kind, bound, summarize
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.execute import Outcome, execute
 from django_pgoutbox.worker.mailbox import FINISHED, LOST, STARTED, Mailbox
@@ -186,14 +187,20 @@ class AttemptRunner:
         """
         try:
             job = attempt.job()
-            code = WORKER_ERROR
+            code, kind, what = WORKER_ERROR, Kind.TRANSIENT, "failed to run this attempt"
         except BaseException:
             job = attempt.bare_job()
-            code = UNREADABLE_JOB
-        dead = code == UNREADABLE_JOB or job.attempt >= job.max_attempts
-        status = JobStatus.DEAD if dead else JobStatus.RETRYING
-        what = "could not read this job" if code == UNREADABLE_JOB else "failed to run this attempt"
-        summary = bound(f"the worker {what} ({summarize(error)}); see the worker's log")
+            code, kind, what = UNREADABLE_JOB, Kind.PERMANENT, "could not read this job"
+        failed = failure_outcome(
+            error,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            policy=self.policy,
+            kind=kind,
+            code=code,
+            summary=bound(f"the worker {what} ({summarize(error)}); see the worker's log"),
+        )
+        status, summary = failed.status, failed.summary
         fields = {"job_id": str(job.id), "queue": self.queue, "error_code": code}
         try:
             logger.error(
@@ -214,5 +221,4 @@ class AttemptRunner:
                 status.value,
                 extra=fields,
             )
-        delay = 0.0 if dead else backoff(job.attempt, self.policy)
-        return Outcome(job, status, delay=delay, code=code, summary=summary)
+        return Outcome(job, status, delay=failed.delay, code=code, summary=summary)

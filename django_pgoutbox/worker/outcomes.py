@@ -60,7 +60,8 @@ def params(batch: Sequence[Outcome], worker_id: str) -> list[Any]:
     return [
         [o.job.id for o in batch],
         [o.job.attempt for o in batch],
-        ["snoozed" if o.snoozed else o.status.value for o in batch],
+        [o.status.value for o in batch],
+        [o.gives_back_attempt for o in batch],
         [o.delay for o in batch],
         [o.code for o in batch],
         [o.summary for o in batch],

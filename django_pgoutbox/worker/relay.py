@@ -48,9 +48,10 @@ from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
 from django_pgoutbox.db import ErrorKind, classify_error, server_side_cursor
 from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
+from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.outbox import subscribers_for
-from django_pgoutbox.retry import backoff, bound, error_code, summarize
+from django_pgoutbox.retry import Kind, bound, error_code, summarize
 
 logger = logging.getLogger("django_pgoutbox.relay")
 
@@ -501,13 +502,22 @@ class Relay:
         # ``attempts`` counts the failures before this one, and, for an event taken over, this
         # very run: the claim counted it before any subscriber ran (CLAIM_EVENTS).
         attempt = event.attempts if event.id in self._suspects else event.attempts + 1
-        dead = attempt >= self.settings.max_attempts
-        delay = 0.0 if dead else backoff(attempt, self.policy)
         summary = summarize(error)
         if code == UNWRITABLE_JOB:
             summary = bound(f"a job it enqueued cannot be written: {summary}")
         elif code == CLOSED_RELAY_CONNECTION:
             summary = bound(str(error))
+        # Whatever a subscriber raised, the event is retried until its attempts run out.
+        failed = failure_outcome(
+            error,
+            attempt=attempt,
+            max_attempts=self.settings.max_attempts,
+            policy=self.policy,
+            kind=Kind.TRANSIENT,
+            code=code,
+            summary=summary,
+        )
+        dead, delay = failed.dead, failed.delay
         arguments = (
             event.id,
             event.event_type,

@@ -12,9 +12,8 @@ import logging
 
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import JobTimeout
-from django_pgoutbox.models import JobStatus
+from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.registry import get_job
-from django_pgoutbox.retry import decide
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.execute import Outcome
 
@@ -30,30 +29,31 @@ def timed_out(attempt: Attempt, policy: RetrySettings, queue: str) -> Outcome:
         f"attempt {job.attempt} ran longer than its timeout of {timeout:g}s; its thread "
         "was left running and its result will be discarded"
     )
-    decision = decide(error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy)
-    status = JobStatus.DEAD if decision.action.value == "dead" else JobStatus.RETRYING
+    failed = failure_outcome(
+        error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
+    )
     logger.error(
         "job %s (%s) attempt %d/%d: %s -> %s",
         job.id,
         job.job_type,
         job.attempt,
         job.max_attempts,
-        decision.summary,
-        status.value,
+        failed.summary,
+        failed.status.value,
         extra={
             "job_id": str(job.id),
             "job_type": job.job_type,
             "queue": queue,
             "attempt": job.attempt,
-            "outcome": status.value,
-            "error_code": decision.code,
+            "outcome": failed.status.value,
+            "error_code": failed.code,
         },
     )
     return Outcome(
         job,
-        status,
-        delay=decision.delay,
-        code=decision.code,
-        summary=decision.summary,
+        failed.status,
+        delay=failed.delay,
+        code=failed.code,
+        summary=failed.summary,
         timed_out=True,
     )
