@@ -502,8 +502,9 @@ def fair_claim(*, fair: bool) -> str:
     )
 
 
-#: The two forms of the fair claim, built once.
+#: The claim of a FAIR queue: a free slot goes to the organization with the fewest jobs running.
 FAIR_CLAIM = fair_claim(fair=True)
+#: The claim of a queue limited per organization but not FAIR: in priority order only.
 ORGANIZATION_LIMITED_CLAIM = fair_claim(fair=False)
 
 # -- leases --------------------------------------------------------------------------------------
@@ -654,6 +655,18 @@ RETURNING occurred_at, available_at,
           CASE WHEN %s THEN pg_notify(%s, left(event_type, 200))::text END
 """
 
+#: Run before CLAIM_EVENTS, in its transaction: the plan the claim is written for. The planner
+#: cannot know that most unprocessed events head their aggregate, so it costs the claim as a scan
+#: of the whole backlog. Two consequences, both measured on 10,000 waiting events: past
+#: ``jit_above_cost`` (PostgreSQL's default: JIT on, above 100,000), each claim spent 10 ms
+#: compiling a plan that runs in 6; and with statistics from a fuller backlog it preferred to
+#: read every waiting event (a sequential or bitmap scan), check each one's aggregate, then sort
+#: (9 to 29 ms), to walking ``outbox_claim_idx`` in order until the batch is full.
+CLAIM_EVENTS_PLAN = (
+    "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),"
+    " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
+)
+
 #: Claim a bounded batch of events to project: the source text's claim, plus order.
 #:
 #: Parameters: claim seconds float, limit int, max attempts int, relay_id text, crash code text,
@@ -682,18 +695,6 @@ RETURNING occurred_at, available_at,
 #: (A ``NOT EXISTS (earlier event)`` form reads the same, but PostgreSQL plans it as a hash anti
 #: join over the whole backlog: 72 ms instead of 0.3 ms for a claim of 10 out of 10,000.) The
 #: CTE is MATERIALIZED so that ``LIMIT`` and the locks apply once, as in CLAIM_JOBS.
-#: Run before CLAIM_EVENTS, in its transaction: the plan the claim is written for. The planner
-#: cannot know that most unprocessed events head their aggregate, so it costs the claim as a scan
-#: of the whole backlog. Two consequences, both measured on 10,000 waiting events: past
-#: ``jit_above_cost`` (PostgreSQL's default: JIT on, above 100,000), each claim spent 10 ms
-#: compiling a plan that runs in 6; and with statistics from a fuller backlog it preferred to
-#: read every waiting event (a sequential or bitmap scan), check each one's aggregate, then sort
-#: (9 to 29 ms), to walking ``outbox_claim_idx`` in order until the batch is full.
-CLAIM_EVENTS_PLAN = (
-    "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),"
-    " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
-)
-
 CLAIM_EVENTS = """
 WITH candidates AS MATERIALIZED (
     SELECT e.id, e.claimed_at IS NOT NULL AS reclaimed, e.claimed_by AS holder, e.attempts,
@@ -744,9 +745,11 @@ RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_typ
           o.claimed_at, c.reclaimed, c.spent
 """
 
+# LOCK_CLAIMED_EVENTS, MARK_EVENTS_PROCESSED and RECORD_EVENT_FAILURES take arrays of a batch's
+# ids, sent in binary (``%b``, run with ``db.server_side_cursor``): quoting 500 UUIDs into the SQL
+# text was a fifth of a batch.
+
 #: Lock the claimed events this relay still holds, at the start of the projecting transaction.
-#: This and the two statements below take arrays of a batch's ids, sent in binary (``%b``, run
-#: with ``db.server_side_cursor``): quoting 500 UUIDs into the SQL text was a fifth of a batch.
 #:
 #: Parameters: ids uuid[], claimed_at timestamptz[], relay_id text.
 #:
@@ -824,14 +827,14 @@ WHERE id IN (
 )
 """
 
-#: Delete up to ``limit`` processed events older than the retention.
-#:
-#: Parameters: age seconds float, limit int.
 #: Forget the heartbeats of processes not seen for a day (killed ones never delete their row).
 PRUNE_HEARTBEATS = """
 DELETE FROM worker_heartbeats WHERE last_seen_at < now() - interval '1 day'
 """
 
+#: Delete up to ``limit`` processed events older than the retention.
+#:
+#: Parameters: age seconds float, limit int.
 PRUNE_EVENTS = """
 DELETE FROM outbox_events
 WHERE id IN (
@@ -873,6 +876,7 @@ WHERE processed_at IS NULL
 # Each takes ids uuid[] and touches only rows that are dead right now, so a stale admin page can
 # never retry a job that a worker is running or cancel one that completed.
 
+#: Put dead jobs back in their queue, due now, with a fresh attempt budget.
 RETRY_DEAD_JOBS = """
 UPDATE jobs
 SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
@@ -880,18 +884,21 @@ SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
 WHERE id = ANY(%s::uuid[]) AND status = 'dead'
 """
 
+#: Give up on dead jobs for good: they become 'cancelled' (and are pruned later).
 CANCEL_DEAD_JOBS = """
 UPDATE jobs
 SET status = 'cancelled', finished_at = now()
 WHERE id = ANY(%s::uuid[]) AND status = 'dead'
 """
 
+#: Make dead events claimable again, with a fresh attempt budget.
 REDRIVE_DEAD_EVENTS = """
 UPDATE outbox_events
 SET dead_at = NULL, attempts = 0, available_at = now(), claimed_at = NULL, claimed_by = NULL
 WHERE id = ANY(%s::uuid[]) AND dead_at IS NOT NULL AND processed_at IS NULL
 """
 
+#: Mark dead events processed without projecting them: their aggregate's later events go on.
 DISCARD_DEAD_EVENTS = """
 UPDATE outbox_events
 SET processed_at = now(), claimed_at = NULL,
