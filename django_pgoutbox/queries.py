@@ -542,7 +542,7 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL
 
 #: Make jobs whose lease expired claimable again, or dead when that was their last attempt.
 #:
-#: Parameters: queue text or NULL (every queue).
+#: Named parameters: queue text or NULL (every queue).
 #:
 #: A worker that crashed or stalled past its lease never recorded an outcome; its job goes back
 #: to 'retrying' due now, or to 'cancelled' if its cancellation was requested. The worker may
@@ -582,7 +582,7 @@ SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
     lease_expires_at = NULL
 WHERE status = 'leased'
   AND lease_expires_at < now()
-  AND (%s::text IS NULL OR queue = %s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
 RETURNING id, queue, status
 """
 
@@ -651,7 +651,7 @@ WHERE j.id = u.id
 
 #: Write one fact in the caller's transaction, and say so at commit.
 #:
-#: Parameters: id uuid, organization_id uuid, aggregate_type text, aggregate_id uuid,
+#: Named parameters: id uuid, organization_id uuid, aggregate_type text, aggregate_id uuid,
 #: event_type text, schema_version int, payload text (JSON), occurred_at timestamptz (NULL =
 #: now()), available_at timestamptz (NULL = now()), notify boolean, channel text.
 #:
@@ -663,9 +663,13 @@ INSERT INTO outbox_events (
     id, organization_id, aggregate_type, aggregate_id, event_type, schema_version, payload,
     occurred_at, available_at
 )
-VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s, now()), COALESCE(%s, now()))
+VALUES (
+    %(id)s, %(organization_id)s, %(aggregate_type)s, %(aggregate_id)s, %(event_type)s,
+    %(schema_version)s, %(payload)s::jsonb, COALESCE(%(occurred_at)s, now()),
+    COALESCE(%(available_at)s, now())
+)
 RETURNING occurred_at, available_at,
-          CASE WHEN %s THEN pg_notify(%s, left(event_type, 200))::text END
+          CASE WHEN %(notify)s THEN pg_notify(%(channel)s, left(event_type, 200))::text END
 """
 
 #: Run before CLAIM_EVENTS, in its transaction: the plan the claim is written for. The planner
@@ -824,7 +828,7 @@ WHERE o.id = f.id
 
 #: Delete up to ``limit`` jobs of one finished status older than the retention.
 #:
-#: Parameters: status text ('completed' or 'cancelled'), age seconds float, limit int.
+#: Named parameters: status text ('completed' or 'cancelled'), age seconds float, limit int.
 #:
 #: The status test is explicit, so no other state can ever be deleted; ``jobs_finished_idx``
 #: finds the oldest finished rows without reading the live ones.
@@ -833,10 +837,10 @@ DELETE FROM jobs
 WHERE id IN (
     SELECT id
     FROM jobs
-    WHERE status = %s
+    WHERE status = %(status)s
       AND status IN ('completed', 'cancelled')
-      AND finished_at < now() - make_interval(secs => %s)
-    LIMIT %s
+      AND finished_at < now() - make_interval(secs => %(age)s)
+    LIMIT %(limit)s
 )
 """
 
@@ -847,15 +851,15 @@ DELETE FROM worker_heartbeats WHERE last_seen_at < now() - interval '1 day'
 
 #: Delete up to ``limit`` processed events older than the retention.
 #:
-#: Parameters: age seconds float, limit int.
+#: Named parameters: age seconds float, limit int.
 PRUNE_EVENTS = """
 DELETE FROM outbox_events
 WHERE id IN (
     SELECT id
     FROM outbox_events
     WHERE processed_at IS NOT NULL
-      AND processed_at < now() - make_interval(secs => %s)
-    LIMIT %s
+      AND processed_at < now() - make_interval(secs => %(age)s)
+    LIMIT %(limit)s
 )
 """
 
