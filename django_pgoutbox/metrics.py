@@ -46,11 +46,11 @@ DEFAULT_BUCKETS = (
 class _Metric:
     """A metric whose values live in one shard per thread that updates it.
 
-    Four handler threads update the same histograms at every attempt; with one lock per metric
-    they queue behind whichever holds it when the interpreter switches threads, which measured
-    as a quarter of a no-op job's time. A shard is written only by its own thread, and a
-    single dict operation is atomic under the interpreter lock, so writing takes no lock;
-    reading sums the shards (taking the lock only to list them).
+    Four handler threads update the same histograms at every attempt; with one lock per metric they
+    queue behind whichever holds it when the interpreter switches threads (docs/benchmarks.md, "What
+    profiling found", item 4). A shard is written only by its own thread, and a single dict
+    operation is atomic under the interpreter lock, so writing takes no lock; reading sums the
+    shards (taking the lock only to list them).
     """
 
     kind = ""

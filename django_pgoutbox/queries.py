@@ -68,10 +68,10 @@ SELECT id, run_at, created_at, (SELECT count(*) FROM woken) FROM inserted
 """
 
 #: ENQUEUE_JOBS for rows without idempotency keys, which cannot conflict: nothing per row comes
-#: back, only the transaction's ``now()``, from which the caller computes each row's ``run_at``
-#: and ``created_at`` as the defaults do. Same parameters as ENQUEUE_JOBS, sent in binary
-#: (``%b``): psycopg then writes the arrays without quoting each element (a fifth less time on
-#: 100,000 rows). It needs a cursor with server-side parameters (``db.server_side_cursor``).
+#: back, only the transaction's ``now()``, from which the caller computes each row's ``run_at`` and
+#: ``created_at`` as the defaults do. Same parameters as ENQUEUE_JOBS, sent in binary (``%b``):
+#: psycopg then writes the arrays without quoting each element (docs/benchmarks.md, "What profiling
+#: found", item 5). It needs a cursor with server-side parameters (``db.server_side_cursor``).
 ENQUEUE_JOBS_UNKEYED = f"""
 WITH inserted AS (
     {_INSERT_JOB_ROWS}
@@ -93,13 +93,12 @@ WAKE_QUEUES = "SELECT count(pg_notify(%b, q)) FROM unnest(%b::text[]) AS q"
 #: Many jobs without idempotency keys, in COPY's binary format, a row per job: id,
 #: organization_id, queue, job_type, payload (jsonb), priority, run_at, max_attempts.
 #:
-#: ``enqueue_many`` and the relay's deferred jobs use it for batches of ``COPY_MIN_ROWS`` and
-#: more. The client packs each row with ``struct`` (no arrays for psycopg to dump element by
-#: element in Python: 1.1 s of a 100,000-job ``ENQUEUE_JOBS_UNKEYED``, profiled), streams it
-#: while it checks the next items, and the server writes the rows in groups without a plan or
-#: ``unnest``; binary rather than text spares it parsing each value (about a tenth of its
-#: time). Rows with keys cannot use it: COPY has no ``ON CONFLICT``. ``created_at`` is the
-#: column's default.
+#: ``enqueue_many`` and the relay's deferred jobs use it for batches of ``COPY_MIN_ROWS`` and more.
+#: The client packs each row with ``struct`` (no arrays for psycopg to dump element by element in
+#: Python), streams it while it checks the next items, and the server writes the rows in groups
+#: without a plan or ``unnest``; binary rather than text spares it parsing each value
+#: (docs/benchmarks.md, "What profiling found", item 11). Rows with keys cannot use it: COPY has no
+#: ``ON CONFLICT``. ``created_at`` is the column's default.
 COPY_JOBS = """COPY jobs (
     id, organization_id, queue, job_type, payload, priority, run_at, max_attempts
 ) FROM STDIN (FORMAT BINARY)"""
@@ -122,8 +121,8 @@ _INSERT_JOB_ROW_RETURNING = (
 #:
 #: A plain ``VALUES`` row and ``pg_notify`` in ``RETURNING``: no ``unnest``, no CTE, no
 #: ``DISTINCT``, which the server spends more time planning and running than inserting one row
-#: (about 0.35 ms against 0.27 ms a statement here, both committed). A repeated key returns no
-#: row; the caller then reads the job that holds it.
+#: (docs/benchmarks.md, "What profiling found", item 8). A repeated key returns no row; the caller
+#: then reads the job that holds it.
 ENQUEUE_JOB = f"""
 {_INSERT_JOB_ROW}
 ON CONFLICT (organization_id, job_type, idempotency_key)
@@ -132,10 +131,10 @@ ON CONFLICT (organization_id, job_type, idempotency_key)
 {_INSERT_JOB_ROW_RETURNING}
 """
 
-#: ENQUEUE_JOB for a job without an idempotency key, with the same parameters: it cannot
-#: conflict (``jobs_idempotency_uq`` holds only rows with a key), and ``ON CONFLICT`` makes the
-#: insert speculative, a check and a confirmation more per row: 10 to 23 µs of a 280 to 300 µs
-#: committed statement on this machine (``python benchmarks/enqueue_statement.py``).
+#: ENQUEUE_JOB for a job without an idempotency key, with the same parameters: it cannot conflict
+#: (``jobs_idempotency_uq`` holds only rows with a key), and ``ON CONFLICT`` makes the insert
+#: speculative, a check and a confirmation more per row (docs/benchmarks.md, "What profiling found",
+#: item 18).
 ENQUEUE_JOB_UNKEYED = f"""
 {_INSERT_JOB_ROW}
 {_INSERT_JOB_ROW_RETURNING}
@@ -244,11 +243,11 @@ RETURNING {_CLAIM_RETURNING}
 #: exactly, so the claim reads the first due rows of the queue in order with no sort. The
 #: statement commits on its own (autocommit): the lease is visible before any handler runs.
 #:
-#: The UPDATE finds the candidates by ``id = ANY(ARRAY(...))``, a probe of the primary key for
-#: each, rather than by joining ``candidates``: for that join the planner hashed the whole table
-#: (every completed job too), a sequential scan at every claim that took 17 of a 28 ms statement
-#: at 100,000 rows and grew with the table. The probe returns the rows in id order, so they are
-#: sorted back into claim order (``_CLAIM_ORDER``).
+#: The UPDATE finds the candidates by ``id = ANY(ARRAY(...))``, a probe of the primary key for each,
+#: rather than by joining ``candidates``: for that join the planner hashed the whole table (every
+#: completed job too), a sequential scan at every claim that grew with the table
+#: (docs/benchmarks.md, "What profiling found", item 16). The probe returns the rows in id order, so
+#: they are sorted back into claim order (``_CLAIM_ORDER``).
 CLAIM_JOBS = f"""
 WITH candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
 claimed AS ({_CLAIM_UPDATE})
@@ -492,10 +491,10 @@ RETURNING {returning}
 
 #: Run before FAIR_CLAIM in its transaction. However the per-organization lists are written, the
 #: planner cannot know they hold a few rows each (it assumes a hundred organizations and many rows
-#: each), and on a small table it prefers to join them back to ``jobs`` by hashing the whole
-#: table: 2 ms at 10,000 rows, growing with the table. Without hash and merge joins it probes the
-#: primary key for each candidate. ``is_local``: the settings end with the transaction. JIT is
-#: off for the reason CLAIM_EVENTS_PLAN gives.
+#: each), and on a small table it prefers to join them back to ``jobs`` by hashing the whole table,
+#: which grows with the table (docs/benchmarks.md, "What profiling found", item 7). Without hash and
+#: merge joins it probes the primary key for each candidate. ``is_local``: the settings end with the
+#: transaction. JIT is off for the reason CLAIM_EVENTS_PLAN gives.
 FAIR_PLAN = (
     "SELECT set_config('enable_hashjoin', 'off', true),"
     " set_config('enable_mergejoin', 'off', true),"
@@ -673,12 +672,12 @@ RETURNING occurred_at, available_at,
 """
 
 #: Run before CLAIM_EVENTS, in its transaction: the plan the claim is written for. The planner
-#: cannot know that most unprocessed events head their aggregate, so it costs the claim as a scan
-#: of the whole backlog. Two consequences, both measured on 10,000 waiting events: past
-#: ``jit_above_cost`` (PostgreSQL's default: JIT on, above 100,000), each claim spent 10 ms
-#: compiling a plan that runs in 6; and with statistics from a fuller backlog it preferred to
-#: read every waiting event (a sequential or bitmap scan), check each one's aggregate, then sort
-#: (9 to 29 ms), to walking ``outbox_claim_idx`` in order until the batch is full.
+#: cannot know that most unprocessed events head their aggregate, so it costs the claim as a scan of
+#: the whole backlog. Two consequences (docs/benchmarks.md, "What profiling found", item 10): past
+#: ``jit_above_cost`` (PostgreSQL's default: JIT on, above 100,000), each claim spent longer
+#: compiling its plan than running it; and with statistics from a fuller backlog it preferred to
+#: read every waiting event (a sequential or bitmap scan), check each one's aggregate, then sort, to
+#: walking ``outbox_claim_idx`` in order until the batch is full.
 CLAIM_EVENTS_PLAN = (
     "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),"
     " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
@@ -707,11 +706,11 @@ CLAIM_EVENTS_PLAN = (
 #: and the events reclaimed beside it, untouched here, keep their count until their own turn.
 #: The ``claimed_at`` returned is the fencing token of the claim.
 #:
-#: Plan: ``outbox_claim_idx`` yields candidates in order, and the scan stops at ``LIMIT``; for
-#: each candidate, the head of its aggregate is one probe of ``outbox_aggregate_pending_idx``.
-#: (A ``NOT EXISTS (earlier event)`` form reads the same, but PostgreSQL plans it as a hash anti
-#: join over the whole backlog: 72 ms instead of 0.3 ms for a claim of 10 out of 10,000.) The
-#: CTE is MATERIALIZED so that ``LIMIT`` and the locks apply once, as in CLAIM_JOBS.
+#: Plan: ``outbox_claim_idx`` yields candidates in order, and the scan stops at ``LIMIT``; for each
+#: candidate, the head of its aggregate is one probe of ``outbox_aggregate_pending_idx``. A
+#: ``NOT EXISTS (earlier event)`` form reads the same, but PostgreSQL plans it as a hash anti join
+#: over the whole backlog (docs/benchmarks.md, "What profiling found", item 10). The CTE is
+#: MATERIALIZED so that ``LIMIT`` and the locks apply once, as in CLAIM_JOBS.
 CLAIM_EVENTS = """
 WITH candidates AS MATERIALIZED (
     SELECT e.id, e.claimed_at IS NOT NULL AS reclaimed, e.claimed_by AS holder, e.attempts,
@@ -763,8 +762,8 @@ RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_typ
 """
 
 # LOCK_CLAIMED_EVENTS, MARK_EVENTS_PROCESSED and RECORD_EVENT_FAILURES take arrays of a batch's
-# ids, sent in binary (``%b``, run with ``db.server_side_cursor``): quoting 500 UUIDs into the SQL
-# text was a fifth of a batch.
+# ids, sent in binary (``%b``, run with ``db.server_side_cursor``): quoting each UUID into the SQL
+# text was a large part of a batch (docs/benchmarks.md, "What profiling found", item 10).
 
 #: Lock the claimed events this relay still holds, at the start of the projecting transaction.
 #:
@@ -777,7 +776,7 @@ RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_typ
 #:
 #: Each id is looked up by the primary key (``LATERAL``): as a join, the planner, trusting
 #: statistics in which ``claimed_by`` is nearly always NULL, compared every claimed row with
-#: every id (42 ms instead of 1.3 ms for a batch of 500).
+#: every id (docs/benchmarks.md, "What profiling found", item 10).
 LOCK_CLAIMED_EVENTS = """
 SELECT o.id
 FROM unnest(%s::uuid[], %s::timestamptz[]) AS c(id, claimed_at)
