@@ -24,6 +24,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 from django.db.utils import load_backend
 
+from django_pgoutbox import queries
+
 MIN_SERVER_VERSION = 150000
 
 
@@ -185,7 +187,7 @@ def check_server_version(
         if connection.vendor != "postgresql":
             continue
         with connection.cursor() as cursor:
-            cursor.execute("SELECT current_setting('autovacuum')::boolean")
+            cursor.execute(queries.AUTOVACUUM_ON)
             if not cursor.fetchone()[0]:
                 errors.append(
                     Warning(

@@ -147,8 +147,9 @@ def server_side_cursor(alias: str) -> Iterator[Any]:
     wrapper = connections[alias]
     wrapper.ensure_connection()
     # One cursor per connection, made again when the connection, or whether Django logs queries
-    # (DEBUG, assertNumQueries), changed: making a cursor and its wrapper each time was a twentieth
-    # of a single enqueue. Callers read their results before they leave the block.
+    # (DEBUG, assertNumQueries), changed: making a cursor and its wrapper each time was a part of a
+    # single enqueue worth saving (docs/benchmarks.md, "What profiling found", item 8). Callers read
+    # their results before they leave the block.
     logged = wrapper.queries_logged
     cached = getattr(wrapper, "_pgoutbox_cursor", None)
     if cached is None or cached[0] is not wrapper.connection or cached[1] != logged:

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections, router
 
+from django_pgoutbox import queries
 from django_pgoutbox.models import WorkerHeartbeat
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -27,32 +28,6 @@ logger = logging.getLogger("django_pgoutbox.worker")
 HEARTBEAT_SECONDS = 10.0
 #: A role not seen for this long is reported unhealthy: three missed heartbeats.
 DEFAULT_MAX_AGE = 3 * HEARTBEAT_SECONDS
-
-_UPSERT = """
-INSERT INTO worker_heartbeats (worker_id, hostname, pid, roles, queues)
-VALUES (%s, %s, %s, %s::jsonb, %s::jsonb)
-ON CONFLICT (worker_id) DO UPDATE SET
-    last_seen_at = now(),
-    -- a --worker-id used again by a new process: the row describes the new one
-    hostname = EXCLUDED.hostname,
-    pid = EXCLUDED.pid,
-    roles = EXCLUDED.roles,
-    queues = EXCLUDED.queues,
-    started_at = CASE WHEN (worker_heartbeats.hostname, worker_heartbeats.pid)
-                           IS DISTINCT FROM (EXCLUDED.hostname, EXCLUDED.pid)
-                      THEN now() ELSE worker_heartbeats.started_at END
-"""
-
-
-#: Mark (or unmark) one queue of a worker as stuck in its heartbeat row. Parameters: queue,
-#: stuck (boolean), queue, worker_id. One row's jsonb changes at once: the dispatchers of a
-#: process's queues can each send theirs.
-_SET_STUCK = """
-UPDATE worker_heartbeats
-SET stuck_queues = (stuck_queues - %s::text)
-    || CASE WHEN %s THEN jsonb_build_array(%s::text) ELSE '[]'::jsonb END
-WHERE worker_id = %s
-"""
 
 
 def publish_stuck(connection: Any, worker_id: str, queue: str, stuck: bool) -> None:
@@ -62,7 +37,9 @@ def publish_stuck(connection: Any, worker_id: str, queue: str, stuck: bool) -> N
     ``connection``: the queue's dispatcher's own (psycopg, autocommit), which owns that state.
     """
     with connection.cursor() as cursor:
-        cursor.execute(_SET_STUCK, [queue, stuck, queue, worker_id])
+        cursor.execute(
+            queries.SET_STUCK_QUEUE, {"queue": queue, "stuck": stuck, "worker_id": worker_id}
+        )
 
 
 class Heartbeat:
@@ -71,13 +48,13 @@ class Heartbeat:
     def __init__(self, worker_id: str, roles: Iterable[str], queues: Iterable[str], using: str):
         self.worker_id = worker_id
         self.using = using
-        self._params: list[Any] = [
-            worker_id,
-            socket.gethostname(),
-            os.getpid(),
-            json.dumps(list(roles)),
-            json.dumps(list(queues)),
-        ]
+        self._params: dict[str, Any] = {
+            "worker_id": worker_id,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "roles": json.dumps(list(roles)),
+            "queues": json.dumps(list(queues)),
+        }
         self._stop = threading.Event()
         self._first = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pgoutbox-heartbeat", daemon=True)
@@ -90,7 +67,7 @@ class Heartbeat:
     def beat(self) -> None:
         try:
             with connections[self.using].cursor() as cursor:
-                cursor.execute(_UPSERT, self._params)
+                cursor.execute(queries.HEARTBEAT, self._params)
         except DatabaseError as error:
             logger.warning("heartbeat failed (%s); will try again", error)
             connections[self.using].close()
@@ -144,11 +121,7 @@ def health_report(
     """Which required roles were seen within ``max_age`` seconds, and by which processes."""
     alias = using or router.db_for_write(WorkerHeartbeat)
     with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "SELECT worker_id, hostname, pid, roles, queues, started_at, "
-            "extract(epoch FROM now() - last_seen_at)::float8, stuck_queues "
-            "FROM worker_heartbeats ORDER BY worker_id"
-        )
+        cursor.execute(queries.WORKER_HEARTBEATS)
         rows = cursor.fetchall()
     workers = []
     seen: set[str] = set()

@@ -15,8 +15,9 @@ import uuid
 _lock = threading.Lock()
 _last_ms = 0
 _counter = 0
-# Random bytes are read from the OS a few kilobytes at a time: one call per id cost more than the
-# rest of uuid7() together (bulk enqueues make 100,000 ids at once).
+# Random bytes are read from the OS a few kilobytes at a time: one call per id was the costliest
+# part of uuid7(), and bulk enqueues make many ids at once (docs/benchmarks.md, "What profiling
+# found", item 9).
 _RANDOM_CHUNK = 8192
 _random = b""
 _offset = 0
@@ -94,7 +95,8 @@ def uuid7_many(count: int) -> list[uuid.UUID]:
     made: list[uuid.UUID] = []
     append, new, set_slot, unknown = made.append, object.__new__, object.__setattr__, _UNKNOWN
     for clock, random_bits in zip(range(first, last + 1), randoms, strict=True):
-        # _uuid_of(), inlined: a call per id was half of this loop.
+        # _uuid_of(), inlined: a call per id was a large part of this loop (docs/benchmarks.md,
+        # "What profiling found", item 11).
         one = new(uuid.UUID)
         set_slot(
             one,

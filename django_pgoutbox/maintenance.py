@@ -42,7 +42,7 @@ def recover_expired_leases(
     if connection is None:
         connection = connections[using or router.db_for_write(Job)]
     with connection.cursor() as cursor:
-        cursor.execute(queries.RECOVER_EXPIRED_LEASES, [queue, queue])
+        cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": queue})
         recovered = [RecoveredLease(job_id, q, status) for job_id, q, status in cursor.fetchall()]
     for lease in recovered:
         metrics.LEASE_EXPIRATIONS.inc(queue=lease.queue)
@@ -80,13 +80,13 @@ def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
     retention = get_settings().retention
     deadline = time.monotonic() + PRUNE_TIME_BUDGET
     counts = [
-        _prune(alias, queries.PRUNE_JOBS, ["completed", age], batch, deadline)
+        _prune(alias, queries.PRUNE_JOBS, {"status": "completed", "age": age}, batch, deadline)
         if (age := retention.completed_jobs) is not None
         else 0,
-        _prune(alias, queries.PRUNE_JOBS, ["cancelled", age], batch, deadline)
+        _prune(alias, queries.PRUNE_JOBS, {"status": "cancelled", "age": age}, batch, deadline)
         if (age := retention.cancelled_jobs) is not None
         else 0,
-        _prune(alias, queries.PRUNE_EVENTS, [age], batch, deadline)
+        _prune(alias, queries.PRUNE_EVENTS, {"age": age}, batch, deadline)
         if (age := retention.processed_events) is not None
         else 0,
     ]
@@ -99,12 +99,15 @@ def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
     return result
 
 
-def _prune(alias: str, sql: str, params: list[Any], batch: int, deadline: float) -> int:
+def _prune(alias: str, sql: str, params: dict[str, Any], batch: int, deadline: float) -> int:
     total = 0
-    params = [p.total_seconds() if isinstance(p, timedelta) else p for p in params]
+    params = {
+        name: value.total_seconds() if isinstance(value, timedelta) else value
+        for name, value in params.items()
+    }
     while True:
         with connections[alias].cursor() as cursor:
-            cursor.execute(sql, [*params, batch])
+            cursor.execute(sql, {**params, "limit": batch})
             deleted: int = cursor.rowcount
         total += deleted
         if deleted < batch or time.monotonic() > deadline:

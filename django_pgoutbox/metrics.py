@@ -20,6 +20,8 @@ from typing import Any
 
 from django.db import connections, router
 
+from django_pgoutbox import queries
+
 #: Bucket upper bounds (seconds) of the duration histograms: 1 ms to 5 min.
 DEFAULT_BUCKETS = (
     0.001,
@@ -44,11 +46,11 @@ DEFAULT_BUCKETS = (
 class _Metric:
     """A metric whose values live in one shard per thread that updates it.
 
-    Four handler threads update the same histograms at every attempt; with one lock per metric
-    they queue behind whichever holds it when the interpreter switches threads, which measured
-    as a quarter of a no-op job's time. A shard is written only by its own thread, and a
-    single dict operation is atomic under the interpreter lock, so writing takes no lock;
-    reading sums the shards (taking the lock only to list them).
+    Four handler threads update the same histograms at every attempt; with one lock per metric they
+    queue behind whichever holds it when the interpreter switches threads (docs/benchmarks.md, "What
+    profiling found", item 4). A shard is written only by its own thread, and a single dict
+    operation is atomic under the interpreter lock, so writing takes no lock; reading sums the
+    shards (taking the lock only to list them).
     """
 
     kind = ""
@@ -283,33 +285,6 @@ class DatabaseGauges:
     notification_queue_usage: float  # fraction of the NOTIFY queue in use
 
 
-#: Each branch reads one partial index: the claim index (pending, retrying), the leased index,
-#: the dead-letter index. Finished rows, however many, are never read.
-_JOB_GAUGES = """
-SELECT queue, 'pending', count(*) FILTER (WHERE run_at <= now()),
-       count(*) FILTER (WHERE run_at > now()),
-       coalesce(extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now())), 0)
-FROM jobs WHERE status = 'pending' GROUP BY queue
-UNION ALL
-SELECT queue, 'retrying', count(*), 0, 0 FROM jobs WHERE status = 'retrying' GROUP BY queue
-UNION ALL
-SELECT queue, 'leased', count(*), 0, 0 FROM jobs WHERE status = 'leased' GROUP BY queue
-UNION ALL
-SELECT queue, 'dead', count(*), 0, 0 FROM jobs WHERE status = 'dead' GROUP BY queue
-"""
-
-_OUTBOX_AND_SERVER_GAUGES = """
-SELECT
-    (SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_at IS NULL),
-    (SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_at IS NOT NULL),
-    coalesce((SELECT extract(epoch FROM now() - min(occurred_at)) FROM outbox_events
-              WHERE processed_at IS NULL AND dead_at IS NULL AND available_at <= now()), 0),
-    coalesce((SELECT extract(epoch FROM now() - min(xact_start)) FROM pg_stat_activity
-              WHERE xact_start IS NOT NULL AND backend_type = 'client backend'), 0),
-    pg_notification_queue_usage()
-"""
-
-
 def database_gauges(using: str | None = None) -> DatabaseGauges:
     """Read the gauges from the database: two statements, on partial indexes only."""
     from django_pgoutbox.conf import get_settings
@@ -318,14 +293,14 @@ def database_gauges(using: str | None = None) -> DatabaseGauges:
     alias = using or router.db_for_write(Job)
     queues = {name: dict[str, float]() for name in get_settings().queues}
     with connections[alias].cursor() as cursor:
-        cursor.execute(_JOB_GAUGES)
+        cursor.execute(queries.JOB_GAUGES)
         for queue, status, count, scheduled, age in cursor.fetchall():
             values = queues.setdefault(queue, {})
             values[status] = count
             if status == "pending":
                 values["scheduled"] = scheduled
                 values["oldest_pending_age"] = float(age)
-        cursor.execute(_OUTBOX_AND_SERVER_GAUGES)
+        cursor.execute(queries.OUTBOX_AND_SERVER_GAUGES)
         pending, dead, lag, xmin_age, notify_usage = cursor.fetchone()
     return DatabaseGauges(
         queues={

@@ -281,10 +281,11 @@ def saved_instance(model: type[M], using: str, values: dict[str, Any]) -> M:
     second query to read them back. ``values`` holds column attnames only; columns missing from
     it are None.
 
-    Built as ``Model.from_db`` would build it, minus ``Model.__init__``: its per-field loop and
-    the ``pre_init``/``post_init`` signals cost more than the rest of a no-op job's enqueue, on a
-    path that makes 100,000 of these at a time. These are this app's own models, with no field
-    that needs ``__init__`` (no file or image field, no descriptor with init-time state).
+    Built as ``Model.from_db`` would build it, minus ``Model.__init__``: its per-field loop and the
+    ``pre_init``/``post_init`` signals were the largest part of each row's cost, on a path that
+    makes many of these at a time (docs/benchmarks.md, "What profiling found", item 5). These are
+    this app's own models, with no field that needs ``__init__`` (no file or image field, no
+    descriptor with init-time state).
     """
     row = empty_row(model).copy()
     row.update(values)

@@ -65,19 +65,19 @@ def publish(
     with connections[alias].cursor() as cursor:
         cursor.execute(
             queries.PUBLISH_EVENT,
-            [
-                event_id,
-                organization,
-                aggregate_type,
-                aggregate,
-                event_type,
-                schema_version,
-                payload_json,
-                None,
-                available_at,
-                get_settings().notify,
-                OUTBOX_CHANNEL,
-            ],
+            {
+                "id": event_id,
+                "organization_id": organization,
+                "aggregate_type": aggregate_type,
+                "aggregate_id": aggregate,
+                "event_type": event_type,
+                "schema_version": schema_version,
+                "payload": payload_json,
+                "occurred_at": None,
+                "available_at": available_at,
+                "notify": get_settings().notify,
+                "channel": OUTBOX_CHANNEL,
+            },
         )
         occurred_at, stored_available_at, _ = cursor.fetchone()
     values = {

@@ -1,7 +1,20 @@
-"""Every hot-path SQL statement, named and commented, in one place.
+"""Every SQL statement of the package, named and commented, in one place.
 
-The rest of the code calls these by name. Parameters are positional ``%s`` placeholders, in the
-order each statement's docstring-comment gives; arrays are passed as Python lists.
+The rest of the code calls these by name. Each statement's comment gives its parameters: positional
+``%s`` placeholders in the order given, or, where it says "Named parameters" (long statements, and
+those that use a value twice), ``%(name)s`` placeholders passed as a dict. Arrays are passed as
+Python lists. A statement sent with binary parameters has ``%b`` (``%(name)b``) instead.
+
+SQL that stays elsewhere, and why:
+
+- ``admin.EstimatedCountPaginator.count`` runs ``EXPLAIN (FORMAT JSON)`` on the SQL that Django
+  builds for the admin page's queryset at run time: only that prefix is fixed.
+- ``worker.listener`` composes ``LISTEN`` with ``psycopg.sql.Identifier``: a channel is an
+  identifier, which no parameter can carry.
+- ``migrations/`` hold the schema's ``RunSQL``: a migration is history, and must not change when
+  this module does.
+- The ORM's queries (the admin's pages, a heartbeat row deleted at stop, ``scheduler.cursors()``,
+  the models' managers) are Django's to write.
 """
 
 from __future__ import annotations
@@ -55,10 +68,10 @@ SELECT id, run_at, created_at, (SELECT count(*) FROM woken) FROM inserted
 """
 
 #: ENQUEUE_JOBS for rows without idempotency keys, which cannot conflict: nothing per row comes
-#: back, only the transaction's ``now()``, from which the caller computes each row's ``run_at``
-#: and ``created_at`` as the defaults do. Same parameters as ENQUEUE_JOBS, sent in binary
-#: (``%b``): psycopg then writes the arrays without quoting each element (a fifth less time on
-#: 100,000 rows). It needs a cursor with server-side parameters (``db.server_side_cursor``).
+#: back, only the transaction's ``now()``, from which the caller computes each row's ``run_at`` and
+#: ``created_at`` as the defaults do. Same parameters as ENQUEUE_JOBS, sent in binary (``%b``):
+#: psycopg then writes the arrays without quoting each element (docs/benchmarks.md, "What profiling
+#: found", item 5). It needs a cursor with server-side parameters (``db.server_side_cursor``).
 ENQUEUE_JOBS_UNKEYED = f"""
 WITH inserted AS (
     {_INSERT_JOB_ROWS}
@@ -80,13 +93,12 @@ WAKE_QUEUES = "SELECT count(pg_notify(%b, q)) FROM unnest(%b::text[]) AS q"
 #: Many jobs without idempotency keys, in COPY's binary format, a row per job: id,
 #: organization_id, queue, job_type, payload (jsonb), priority, run_at, max_attempts.
 #:
-#: ``enqueue_many`` and the relay's deferred jobs use it for batches of ``COPY_MIN_ROWS`` and
-#: more. The client packs each row with ``struct`` (no arrays for psycopg to dump element by
-#: element in Python: 1.1 s of a 100,000-job ``ENQUEUE_JOBS_UNKEYED``, profiled), streams it
-#: while it checks the next items, and the server writes the rows in groups without a plan or
-#: ``unnest``; binary rather than text spares it parsing each value (about a tenth of its
-#: time). Rows with keys cannot use it: COPY has no ``ON CONFLICT``. ``created_at`` is the
-#: column's default.
+#: ``enqueue_many`` and the relay's deferred jobs use it for batches of ``COPY_MIN_ROWS`` and more.
+#: The client packs each row with ``struct`` (no arrays for psycopg to dump element by element in
+#: Python), streams it while it checks the next items, and the server writes the rows in groups
+#: without a plan or ``unnest``; binary rather than text spares it parsing each value
+#: (docs/benchmarks.md, "What profiling found", item 11). Rows with keys cannot use it: COPY has no
+#: ``ON CONFLICT``. ``created_at`` is the column's default.
 COPY_JOBS = """COPY jobs (
     id, organization_id, queue, job_type, payload, priority, run_at, max_attempts
 ) FROM STDIN (FORMAT BINARY)"""
@@ -109,8 +121,8 @@ _INSERT_JOB_ROW_RETURNING = (
 #:
 #: A plain ``VALUES`` row and ``pg_notify`` in ``RETURNING``: no ``unnest``, no CTE, no
 #: ``DISTINCT``, which the server spends more time planning and running than inserting one row
-#: (about 0.35 ms against 0.27 ms a statement here, both committed). A repeated key returns no
-#: row; the caller then reads the job that holds it.
+#: (docs/benchmarks.md, "What profiling found", item 8). A repeated key returns no row; the caller
+#: then reads the job that holds it.
 ENQUEUE_JOB = f"""
 {_INSERT_JOB_ROW}
 ON CONFLICT (organization_id, job_type, idempotency_key)
@@ -119,10 +131,10 @@ ON CONFLICT (organization_id, job_type, idempotency_key)
 {_INSERT_JOB_ROW_RETURNING}
 """
 
-#: ENQUEUE_JOB for a job without an idempotency key, with the same parameters: it cannot
-#: conflict (``jobs_idempotency_uq`` holds only rows with a key), and ``ON CONFLICT`` makes the
-#: insert speculative, a check and a confirmation more per row: 10 to 23 µs of a 280 to 300 µs
-#: committed statement on this machine (``python benchmarks/enqueue_statement.py``).
+#: ENQUEUE_JOB for a job without an idempotency key, with the same parameters: it cannot conflict
+#: (``jobs_idempotency_uq`` holds only rows with a key), and ``ON CONFLICT`` makes the insert
+#: speculative, a check and a confirmation more per row (docs/benchmarks.md, "What profiling found",
+#: item 18).
 ENQUEUE_JOB_UNKEYED = f"""
 {_INSERT_JOB_ROW}
 {_INSERT_JOB_ROW_RETURNING}
@@ -231,11 +243,11 @@ RETURNING {_CLAIM_RETURNING}
 #: exactly, so the claim reads the first due rows of the queue in order with no sort. The
 #: statement commits on its own (autocommit): the lease is visible before any handler runs.
 #:
-#: The UPDATE finds the candidates by ``id = ANY(ARRAY(...))``, a probe of the primary key for
-#: each, rather than by joining ``candidates``: for that join the planner hashed the whole table
-#: (every completed job too), a sequential scan at every claim that took 17 of a 28 ms statement
-#: at 100,000 rows and grew with the table. The probe returns the rows in id order, so they are
-#: sorted back into claim order (``_CLAIM_ORDER``).
+#: The UPDATE finds the candidates by ``id = ANY(ARRAY(...))``, a probe of the primary key for each,
+#: rather than by joining ``candidates``: for that join the planner hashed the whole table (every
+#: completed job too), a sequential scan at every claim that grew with the table
+#: (docs/benchmarks.md, "What profiling found", item 16). The probe returns the rows in id order, so
+#: they are sorted back into claim order (``_CLAIM_ORDER``).
 CLAIM_JOBS = f"""
 WITH candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
 claimed AS ({_CLAIM_UPDATE})
@@ -480,10 +492,10 @@ RETURNING {returning}
 
 #: Run before FAIR_CLAIM in its transaction. However the per-organization lists are written, the
 #: planner cannot know they hold a few rows each (it assumes a hundred organizations and many rows
-#: each), and on a small table it prefers to join them back to ``jobs`` by hashing the whole
-#: table: 2 ms at 10,000 rows, growing with the table. Without hash and merge joins it probes the
-#: primary key for each candidate. ``is_local``: the settings end with the transaction. JIT is
-#: off for the reason CLAIM_EVENTS_PLAN gives.
+#: each), and on a small table it prefers to join them back to ``jobs`` by hashing the whole table,
+#: which grows with the table (docs/benchmarks.md, "What profiling found", item 7). Without hash and
+#: merge joins it probes the primary key for each candidate. ``is_local``: the settings end with the
+#: transaction. JIT is off for the reason CLAIM_EVENTS_PLAN gives.
 FAIR_PLAN = (
     "SELECT set_config('enable_hashjoin', 'off', true),"
     " set_config('enable_mergejoin', 'off', true),"
@@ -503,8 +515,9 @@ def fair_claim(*, fair: bool) -> str:
     )
 
 
-#: The two forms of the fair claim, built once.
+#: The claim of a FAIR queue: a free slot goes to the organization with the fewest jobs running.
 FAIR_CLAIM = fair_claim(fair=True)
+#: The claim of a queue limited per organization but not FAIR: in priority order only.
 ORGANIZATION_LIMITED_CLAIM = fair_claim(fair=False)
 
 # -- leases --------------------------------------------------------------------------------------
@@ -529,7 +542,7 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL
 
 #: Make jobs whose lease expired claimable again, or dead when that was their last attempt.
 #:
-#: Parameters: queue text or NULL (every queue).
+#: Named parameters: queue text or NULL (every queue).
 #:
 #: A worker that crashed or stalled past its lease never recorded an outcome; its job goes back
 #: to 'retrying' due now, or to 'cancelled' if its cancellation was requested. The worker may
@@ -569,7 +582,7 @@ SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
     lease_expires_at = NULL
 WHERE status = 'leased'
   AND lease_expires_at < now()
-  AND (%s::text IS NULL OR queue = %s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
 RETURNING id, queue, status
 """
 
@@ -638,7 +651,7 @@ WHERE j.id = u.id
 
 #: Write one fact in the caller's transaction, and say so at commit.
 #:
-#: Parameters: id uuid, organization_id uuid, aggregate_type text, aggregate_id uuid,
+#: Named parameters: id uuid, organization_id uuid, aggregate_type text, aggregate_id uuid,
 #: event_type text, schema_version int, payload text (JSON), occurred_at timestamptz (NULL =
 #: now()), available_at timestamptz (NULL = now()), notify boolean, channel text.
 #:
@@ -650,10 +663,26 @@ INSERT INTO outbox_events (
     id, organization_id, aggregate_type, aggregate_id, event_type, schema_version, payload,
     occurred_at, available_at
 )
-VALUES (%s, %s, %s, %s, %s, %s, %s::jsonb, COALESCE(%s, now()), COALESCE(%s, now()))
+VALUES (
+    %(id)s, %(organization_id)s, %(aggregate_type)s, %(aggregate_id)s, %(event_type)s,
+    %(schema_version)s, %(payload)s::jsonb, COALESCE(%(occurred_at)s, now()),
+    COALESCE(%(available_at)s, now())
+)
 RETURNING occurred_at, available_at,
-          CASE WHEN %s THEN pg_notify(%s, left(event_type, 200))::text END
+          CASE WHEN %(notify)s THEN pg_notify(%(channel)s, left(event_type, 200))::text END
 """
+
+#: Run before CLAIM_EVENTS, in its transaction: the plan the claim is written for. The planner
+#: cannot know that most unprocessed events head their aggregate, so it costs the claim as a scan of
+#: the whole backlog. Two consequences (docs/benchmarks.md, "What profiling found", item 10): past
+#: ``jit_above_cost`` (PostgreSQL's default: JIT on, above 100,000), each claim spent longer
+#: compiling its plan than running it; and with statistics from a fuller backlog it preferred to
+#: read every waiting event (a sequential or bitmap scan), check each one's aggregate, then sort, to
+#: walking ``outbox_claim_idx`` in order until the batch is full.
+CLAIM_EVENTS_PLAN = (
+    "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),"
+    " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
+)
 
 #: Claim a bounded batch of events to project: the source text's claim, plus order.
 #:
@@ -678,23 +707,11 @@ RETURNING occurred_at, available_at,
 #: and the events reclaimed beside it, untouched here, keep their count until their own turn.
 #: The ``claimed_at`` returned is the fencing token of the claim.
 #:
-#: Plan: ``outbox_claim_idx`` yields candidates in order, and the scan stops at ``LIMIT``; for
-#: each candidate, the head of its aggregate is one probe of ``outbox_aggregate_pending_idx``.
-#: (A ``NOT EXISTS (earlier event)`` form reads the same, but PostgreSQL plans it as a hash anti
-#: join over the whole backlog: 72 ms instead of 0.3 ms for a claim of 10 out of 10,000.) The
-#: CTE is MATERIALIZED so that ``LIMIT`` and the locks apply once, as in CLAIM_JOBS.
-#: Run before CLAIM_EVENTS, in its transaction: the plan the claim is written for. The planner
-#: cannot know that most unprocessed events head their aggregate, so it costs the claim as a scan
-#: of the whole backlog. Two consequences, both measured on 10,000 waiting events: past
-#: ``jit_above_cost`` (PostgreSQL's default: JIT on, above 100,000), each claim spent 10 ms
-#: compiling a plan that runs in 6; and with statistics from a fuller backlog it preferred to
-#: read every waiting event (a sequential or bitmap scan), check each one's aggregate, then sort
-#: (9 to 29 ms), to walking ``outbox_claim_idx`` in order until the batch is full.
-CLAIM_EVENTS_PLAN = (
-    "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),"
-    " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
-)
-
+#: Plan: ``outbox_claim_idx`` yields candidates in order, and the scan stops at ``LIMIT``; for each
+#: candidate, the head of its aggregate is one probe of ``outbox_aggregate_pending_idx``. A
+#: ``NOT EXISTS (earlier event)`` form reads the same, but PostgreSQL plans it as a hash anti join
+#: over the whole backlog (docs/benchmarks.md, "What profiling found", item 10). The CTE is
+#: MATERIALIZED so that ``LIMIT`` and the locks apply once, as in CLAIM_JOBS.
 CLAIM_EVENTS = """
 WITH candidates AS MATERIALIZED (
     SELECT e.id, e.claimed_at IS NOT NULL AS reclaimed, e.claimed_by AS holder, e.attempts,
@@ -745,9 +762,11 @@ RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_typ
           o.claimed_at, c.reclaimed, c.spent
 """
 
+# LOCK_CLAIMED_EVENTS, MARK_EVENTS_PROCESSED and RECORD_EVENT_FAILURES take arrays of a batch's
+# ids, sent in binary (``%b``, run with ``db.server_side_cursor``): quoting each UUID into the SQL
+# text was a large part of a batch (docs/benchmarks.md, "What profiling found", item 10).
+
 #: Lock the claimed events this relay still holds, at the start of the projecting transaction.
-#: This and the two statements below take arrays of a batch's ids, sent in binary (``%b``, run
-#: with ``db.server_side_cursor``): quoting 500 UUIDs into the SQL text was a fifth of a batch.
 #:
 #: Parameters: ids uuid[], claimed_at timestamptz[], relay_id text.
 #:
@@ -758,7 +777,7 @@ RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_typ
 #:
 #: Each id is looked up by the primary key (``LATERAL``): as a join, the planner, trusting
 #: statistics in which ``claimed_by`` is nearly always NULL, compared every claimed row with
-#: every id (42 ms instead of 1.3 ms for a batch of 500).
+#: every id (docs/benchmarks.md, "What profiling found", item 10).
 LOCK_CLAIMED_EVENTS = """
 SELECT o.id
 FROM unnest(%s::uuid[], %s::timestamptz[]) AS c(id, claimed_at)
@@ -809,7 +828,7 @@ WHERE o.id = f.id
 
 #: Delete up to ``limit`` jobs of one finished status older than the retention.
 #:
-#: Parameters: status text ('completed' or 'cancelled'), age seconds float, limit int.
+#: Named parameters: status text ('completed' or 'cancelled'), age seconds float, limit int.
 #:
 #: The status test is explicit, so no other state can ever be deleted; ``jobs_finished_idx``
 #: finds the oldest finished rows without reading the live ones.
@@ -818,29 +837,29 @@ DELETE FROM jobs
 WHERE id IN (
     SELECT id
     FROM jobs
-    WHERE status = %s
+    WHERE status = %(status)s
       AND status IN ('completed', 'cancelled')
-      AND finished_at < now() - make_interval(secs => %s)
-    LIMIT %s
+      AND finished_at < now() - make_interval(secs => %(age)s)
+    LIMIT %(limit)s
 )
 """
 
-#: Delete up to ``limit`` processed events older than the retention.
-#:
-#: Parameters: age seconds float, limit int.
 #: Forget the heartbeats of processes not seen for a day (killed ones never delete their row).
 PRUNE_HEARTBEATS = """
 DELETE FROM worker_heartbeats WHERE last_seen_at < now() - interval '1 day'
 """
 
+#: Delete up to ``limit`` processed events older than the retention.
+#:
+#: Named parameters: age seconds float, limit int.
 PRUNE_EVENTS = """
 DELETE FROM outbox_events
 WHERE id IN (
     SELECT id
     FROM outbox_events
     WHERE processed_at IS NOT NULL
-      AND processed_at < now() - make_interval(secs => %s)
-    LIMIT %s
+      AND processed_at < now() - make_interval(secs => %(age)s)
+    LIMIT %(limit)s
 )
 """
 
@@ -874,6 +893,7 @@ WHERE processed_at IS NULL
 # Each takes ids uuid[] and touches only rows that are dead right now, so a stale admin page can
 # never retry a job that a worker is running or cancel one that completed.
 
+#: Put dead jobs back in their queue, due now, with a fresh attempt budget.
 RETRY_DEAD_JOBS = """
 UPDATE jobs
 SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
@@ -881,18 +901,21 @@ SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
 WHERE id = ANY(%s::uuid[]) AND status = 'dead'
 """
 
+#: Give up on dead jobs for good: they become 'cancelled' (and are pruned later).
 CANCEL_DEAD_JOBS = """
 UPDATE jobs
 SET status = 'cancelled', finished_at = now()
 WHERE id = ANY(%s::uuid[]) AND status = 'dead'
 """
 
+#: Make dead events claimable again, with a fresh attempt budget.
 REDRIVE_DEAD_EVENTS = """
 UPDATE outbox_events
 SET dead_at = NULL, attempts = 0, available_at = now(), claimed_at = NULL, claimed_by = NULL
 WHERE id = ANY(%s::uuid[]) AND dead_at IS NOT NULL AND processed_at IS NULL
 """
 
+#: Mark dead events processed without projecting them: their aggregate's later events go on.
 DISCARD_DEAD_EVENTS = """
 UPDATE outbox_events
 SET processed_at = now(), claimed_at = NULL,
@@ -940,6 +963,116 @@ SELECT t.id,
        (SELECT count(*) FROM woken)
 FROM targets AS t
 """
+
+# -- heartbeats and health -----------------------------------------------------------------------
+
+#: Write (or refresh) this process's heartbeat row.
+#:
+#: Named parameters: worker_id text, hostname text, pid int, roles text (JSON array), queues text
+#: (JSON array).
+HEARTBEAT = """
+INSERT INTO worker_heartbeats (worker_id, hostname, pid, roles, queues)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(roles)s::jsonb, %(queues)s::jsonb)
+ON CONFLICT (worker_id) DO UPDATE SET
+    last_seen_at = now(),
+    -- a --worker-id used again by a new process: the row describes the new one
+    hostname = EXCLUDED.hostname,
+    pid = EXCLUDED.pid,
+    roles = EXCLUDED.roles,
+    queues = EXCLUDED.queues,
+    started_at = CASE WHEN (worker_heartbeats.hostname, worker_heartbeats.pid)
+                           IS DISTINCT FROM (EXCLUDED.hostname, EXCLUDED.pid)
+                      THEN now() ELSE worker_heartbeats.started_at END
+"""
+
+#: Mark (or unmark) one queue of a worker as stuck in its heartbeat row.
+#:
+#: Named parameters: queue text, stuck boolean, worker_id text. One row's jsonb changes at once:
+#: the dispatchers of a process's queues can each send theirs.
+SET_STUCK_QUEUE = """
+UPDATE worker_heartbeats
+SET stuck_queues = (stuck_queues - %(queue)s::text)
+    || CASE WHEN %(stuck)s THEN jsonb_build_array(%(queue)s::text) ELSE '[]'::jsonb END
+WHERE worker_id = %(worker_id)s
+"""
+
+#: Every heartbeat row, with the seconds since it was last written by the database clock.
+WORKER_HEARTBEATS = """
+SELECT worker_id, hostname, pid, roles, queues, started_at,
+       extract(epoch FROM now() - last_seen_at)::float8, stuck_queues
+FROM worker_heartbeats
+ORDER BY worker_id
+"""
+
+# -- gauges --------------------------------------------------------------------------------------
+
+#: The jobs of each queue by status: (queue, status, count, scheduled, oldest due age).
+#:
+#: Each branch reads one partial index: the claim index (pending, retrying), the leased index,
+#: the dead-letter index. Finished rows, however many, are never read.
+JOB_GAUGES = """
+SELECT queue, 'pending', count(*) FILTER (WHERE run_at <= now()),
+       count(*) FILTER (WHERE run_at > now()),
+       coalesce(extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now())), 0)
+FROM jobs WHERE status = 'pending' GROUP BY queue
+UNION ALL
+SELECT queue, 'retrying', count(*), 0, 0 FROM jobs WHERE status = 'retrying' GROUP BY queue
+UNION ALL
+SELECT queue, 'leased', count(*), 0, 0 FROM jobs WHERE status = 'leased' GROUP BY queue
+UNION ALL
+SELECT queue, 'dead', count(*), 0, 0 FROM jobs WHERE status = 'dead' GROUP BY queue
+"""
+
+#: The outbox's backlog (waiting, dead, the oldest available event's age in seconds), the age of
+#: the oldest open transaction (the xmin horizon that holds back vacuum), and the fraction of the
+#: NOTIFY queue in use.
+OUTBOX_AND_SERVER_GAUGES = """
+SELECT
+    (SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_at IS NULL),
+    (SELECT count(*) FROM outbox_events WHERE processed_at IS NULL AND dead_at IS NOT NULL),
+    coalesce((SELECT extract(epoch FROM now() - min(occurred_at)) FROM outbox_events
+              WHERE processed_at IS NULL AND dead_at IS NULL AND available_at <= now()), 0),
+    coalesce((SELECT extract(epoch FROM now() - min(xact_start)) FROM pg_stat_activity
+              WHERE xact_start IS NOT NULL AND backend_type = 'client backend'), 0),
+    pg_notification_queue_usage()
+"""
+
+# -- schedules -----------------------------------------------------------------------------------
+
+#: The database clock, which schedules follow.
+DATABASE_NOW = "SELECT now()"
+
+#: Take a schedule's advisory lock for the transaction, if no other scheduler holds it; and the
+#: transaction's ``now()``.
+#:
+#: Parameters: lock key bigint.
+SCHEDULE_LOCK = "SELECT pg_try_advisory_xact_lock(%s), now()"
+
+#: The last slot a schedule enqueued, locked until the transaction ends.
+#:
+#: Parameters: name text.
+SCHEDULE_CURSOR = "SELECT last_slot_at FROM schedule_cursors WHERE name = %s FOR UPDATE"
+
+#: Start a schedule's cursor at a slot (its first sight: later slots only).
+#:
+#: Named parameters: name text, last_slot_at timestamptz.
+START_SCHEDULE_CURSOR = """
+INSERT INTO schedule_cursors (name, last_slot_at) VALUES (%(name)s, %(last_slot_at)s)
+ON CONFLICT (name) DO UPDATE SET last_slot_at = EXCLUDED.last_slot_at, updated_at = now()
+"""
+
+#: Move a schedule's cursor to the last slot it enqueued.
+#:
+#: Named parameters: name text, last_slot_at timestamptz.
+ADVANCE_SCHEDULE_CURSOR = """
+UPDATE schedule_cursors SET last_slot_at = %(last_slot_at)s, updated_at = now()
+WHERE name = %(name)s
+"""
+
+# -- system checks -------------------------------------------------------------------------------
+
+#: Whether autovacuum is on (check ``pgoutbox.W001``).
+AUTOVACUUM_ON = "SELECT current_setting('autovacuum')::boolean"
 
 
 # -- how the dispatcher sends its statements -----------------------------------------------------

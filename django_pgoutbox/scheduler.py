@@ -26,7 +26,7 @@ from typing import Any
 
 from django.db import connections, router, transaction
 
-from django_pgoutbox import metrics
+from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import MAX_DELAY_CEILING, get_settings
 from django_pgoutbox.cron import Cron, CronError
 from django_pgoutbox.db import ErrorKind, classify_error
@@ -315,7 +315,7 @@ def _parse(name: Any, options: Any, queues: Mapping[str, Any]) -> Schedule:
 
 def database_now(using: str) -> datetime:
     with connections[using].cursor() as cursor:
-        cursor.execute("SELECT now()")
+        cursor.execute(queries.DATABASE_NOW)
         value: datetime = cursor.fetchone()[0]
     return value
 
@@ -326,24 +326,18 @@ def enqueue_due(schedule: Schedule, *, using: str, now: datetime | None = None) 
     ``now`` replaces the database clock (tests use it to travel in time).
     """
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_xact_lock(%s), now()", [schedule.lock_key])
+        cursor.execute(queries.SCHEDULE_LOCK, [schedule.lock_key])
         locked, db_now = cursor.fetchone()
         if not locked:
             return None
         now = now or db_now
-        cursor.execute(
-            "SELECT last_slot_at FROM schedule_cursors WHERE name = %s FOR UPDATE",
-            [schedule.name],
-        )
+        cursor.execute(queries.SCHEDULE_CURSOR, [schedule.name])
         row = cursor.fetchone()
         latest = schedule.latest_due(now)
         if row is None or row[0] is None:
             # First sight: start from now; a schedule added today does not run for yesterday.
             cursor.execute(
-                "INSERT INTO schedule_cursors (name, last_slot_at) VALUES (%s, %s) "
-                "ON CONFLICT (name) DO UPDATE SET last_slot_at = EXCLUDED.last_slot_at, "
-                "updated_at = now()",
-                [schedule.name, latest],
+                queries.START_SCHEDULE_CURSOR, {"name": schedule.name, "last_slot_at": latest}
             )
             return []
         last = row[0]
@@ -364,8 +358,7 @@ def enqueue_due(schedule: Schedule, *, using: str, now: datetime | None = None) 
             for slot in slots
         ]
         cursor.execute(
-            "UPDATE schedule_cursors SET last_slot_at = %s, updated_at = now() WHERE name = %s",
-            [latest, schedule.name],
+            queries.ADVANCE_SCHEDULE_CURSOR, {"name": schedule.name, "last_slot_at": latest}
         )
     for slot, job in zip(slots, jobs, strict=True):
         metrics.SCHEDULE_SLOTS.inc(schedule=schedule.name)

@@ -143,7 +143,7 @@ def test_gauges_read_only_partial_indexes_on_a_large_table() -> None:
         enqueue_many([{"job_type": "x", "payload": {}}] * 10)
         cursor.execute("ANALYZE jobs")
         cursor.execute("ANALYZE outbox_events")
-        for sql in (metrics._JOB_GAUGES, metrics._OUTBOX_AND_SERVER_GAUGES):
+        for sql in (queries.JOB_GAUGES, queries.OUTBOX_AND_SERVER_GAUGES):
             cursor.execute("EXPLAIN " + sql)
             plan = "\n".join(row[0] for row in cursor.fetchall())
             assert "Seq Scan on jobs" not in plan, plan

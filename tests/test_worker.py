@@ -341,7 +341,7 @@ class TestLeases:
         job = behave()
         with connection.cursor() as cursor:
             cursor.execute(queries.CLAIM_JOBS, ["default", 1, "worker-a", 0.0])
-            cursor.execute(queries.RECOVER_EXPIRED_LEASES, [None, None])
+            cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": None})
             cursor.execute(queries.CLAIM_JOBS, ["default", 1, "worker-b", 60.0])
 
             def write(worker: str, attempt: int, status: str) -> Any:

@@ -63,7 +63,7 @@ def tune_collector(threshold: int) -> None:
     instead of every 700. A worker draining fast jobs makes a few objects per job that live
     until the job's outcome is written, a few milliseconds: with Python's default, they were
     scanned again and again on their way to the oldest generation, whose full collections also
-    walked every object of start-up, a fifth of the worker's time (docs/benchmarks.md). Memory
+    walked every object of start-up (docs/benchmarks.md, "What profiling found", item 21). Memory
     that reference counting frees is freed as before; only reference cycles wait a little
     longer. ``0`` leaves the collector as Python set it.
     """
