@@ -355,7 +355,7 @@ class QueueRunner:
             # What asked for the claim (a notification, a backlog) will not ask again.
             self._claims.wanted = self._claims.wanted or bool(request.limit)
         elif isinstance(request, MarkAlone):
-            self._suspects.marking = False
+            self._suspects.not_marked()
         elif isinstance(request, GiveBack):
             logger.warning(
                 "queue %s: %d job(s) could not be given back (%s); their leases will expire",
@@ -430,7 +430,7 @@ class QueueRunner:
         """The suspect held: see ``suspects``."""
         suspects, state = self._suspects, self._state
         attempt = suspects.held
-        step = suspects.next_step(state, now, self.lease_seconds)
+        step = suspects.next_step(state, now, self.lease_seconds, self._free_lane(now) is not None)
         if attempt is None or step is None:
             return
         if step == SUBMIT:
@@ -444,8 +444,8 @@ class QueueRunner:
 
     def _on_marked(self, request: MarkAlone, held: bool, now: float) -> None:
         attempt = self._suspects.held
-        if attempt is None or attempt.key != request.key:
-            self._suspects.marking = False
+        if attempt is None or attempt.key != request.key or self._stopping:
+            self._suspects.not_marked()  # stopping: the suspect held is given back unstarted
         elif self._suspects.marked(attempt, held, now, self.lease_seconds):
             attempt.state = QUEUED
             self._handlers.submit(attempt)
