@@ -460,17 +460,17 @@ class QueueRunner:
         state = self._state
         if self._stop_deadline is None:
             self._stop_deadline = now + self.grace_period
-        if state.claims_in_flight or self._suspects.marking:
-            return  # a claim in flight lands before the waiting jobs are given back
-        if not self._gave_back_waiting:
-            self._gave_back_waiting = True
-            waiting = self._handlers.take_waiting()
-            if self._suspects.held is not None:
-                waiting.append(self._suspects.held)
-                self._suspects.held = None
-            for attempt in waiting:
-                state.forget(attempt)
-            state.to_unclaim += waiting
+        # A claim in flight (a fair one may wait long on the queue's lock) gives back what it
+        # lands with; the held suspect goes once its MARK_ALONE, if in flight, came back.
+        waiting = [] if self._gave_back_waiting else self._handlers.take_waiting()
+        self._gave_back_waiting = True
+        if self._suspects.held is not None and not self._suspects.marking:
+            waiting.append(self._suspects.held)
+            self._suspects.held = None
+        for attempt in waiting:
+            state.forget(attempt)
+        state.to_unclaim += waiting
+        if state.to_unclaim:
             self._give_back(now, "UNCLAIM_JOBS", "shutdown")
         if state.outcomes and (index := self._free_lane(now)) is not None:
             self._lanes.send(index, self._claims.take(state, 0))
