@@ -254,3 +254,28 @@ def test_a_stop_beside_a_fair_claim_stuck_on_the_lock_keeps_its_grace_period() -
         harness.step()
     (release,) = harness.sent(GiveBack, lane=1)
     assert release.keys == [running.key]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the coordinator ends only once every lane has answered: a statement that never "
+    "returns (a fair claim waiting on a lock another session holds, a black-holed connection) "
+    "keeps the worker from exiting past its grace period; ending would need the statement "
+    "cancelled (its claim rolled back) rather than abandoned",
+)
+def test_a_statement_that_never_returns_does_not_hold_the_worker_past_its_grace() -> None:
+    harness = Harness(fair=True, concurrency=3)
+    harness.start_up()
+    (running,) = harness.claim([claim_row()])
+    harness.threads.begin(running)
+    harness.runner.wake()
+    harness.step()
+    assert harness.sent(RecordAndClaim)  # stuck on the queue's lock, never answered
+    harness.runner.stop()
+    harness.step()
+    for _ in range(10):
+        harness.step(harness.runner.grace_period)
+        for request in list(harness.lanes[1].sent):
+            harness.lanes[1].reply(len(request.keys) if isinstance(request, GiveBack) else {})
+        harness.step()
+    assert harness.runner.snapshot().ended
