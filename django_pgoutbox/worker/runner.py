@@ -355,7 +355,7 @@ class QueueRunner:
             # What asked for the claim (a notification, a backlog) will not ask again.
             self._claims.wanted = self._claims.wanted or bool(request.limit)
         elif isinstance(request, MarkAlone):
-            self._suspects.marking = False
+            self._suspects.not_marked()
         elif isinstance(request, GiveBack):
             logger.warning(
                 "queue %s: %d job(s) could not be given back (%s); their leases will expire",
@@ -430,7 +430,7 @@ class QueueRunner:
         """The suspect held: see ``suspects``."""
         suspects, state = self._suspects, self._state
         attempt = suspects.held
-        step = suspects.next_step(state, now, self.lease_seconds)
+        step = suspects.next_step(state, now, self.lease_seconds, self._free_lane(now) is not None)
         if attempt is None or step is None:
             return
         if step == SUBMIT:
@@ -444,8 +444,8 @@ class QueueRunner:
 
     def _on_marked(self, request: MarkAlone, held: bool, now: float) -> None:
         attempt = self._suspects.held
-        if attempt is None or attempt.key != request.key:
-            self._suspects.marking = False
+        if attempt is None or attempt.key != request.key or self._stopping:
+            self._suspects.not_marked()  # stopping: the suspect held is given back unstarted
         elif self._suspects.marked(attempt, held, now, self.lease_seconds):
             attempt.state = QUEUED
             self._handlers.submit(attempt)
@@ -460,17 +460,17 @@ class QueueRunner:
         state = self._state
         if self._stop_deadline is None:
             self._stop_deadline = now + self.grace_period
-        if state.claims_in_flight or self._suspects.marking:
-            return  # a claim in flight lands before the waiting jobs are given back
-        if not self._gave_back_waiting:
-            self._gave_back_waiting = True
-            waiting = self._handlers.take_waiting()
-            if self._suspects.held is not None:
-                waiting.append(self._suspects.held)
-                self._suspects.held = None
-            for attempt in waiting:
-                state.forget(attempt)
-            state.to_unclaim += waiting
+        # A claim in flight (a fair one may wait long on the queue's lock) gives back what it
+        # lands with; the held suspect goes once its MARK_ALONE, if in flight, came back.
+        waiting = [] if self._gave_back_waiting else self._handlers.take_waiting()
+        self._gave_back_waiting = True
+        if self._suspects.held is not None and not self._suspects.marking:
+            waiting.append(self._suspects.held)
+            self._suspects.held = None
+        for attempt in waiting:
+            state.forget(attempt)
+        state.to_unclaim += waiting
+        if state.to_unclaim:
             self._give_back(now, "UNCLAIM_JOBS", "shutdown")
         if state.outcomes and (index := self._free_lane(now)) is not None:
             self._lanes.send(index, self._claims.take(state, 0))

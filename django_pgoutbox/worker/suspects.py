@@ -88,11 +88,14 @@ class Suspects:
 
     # -- the held suspect's turn -----------------------------------------------------------------
 
-    def next_step(self, state: QueueState, now: float, lease_seconds: float) -> str | None:
+    def next_step(
+        self, state: QueueState, now: float, lease_seconds: float, can_send: bool
+    ) -> str | None:
         """What to do now with the suspect held (the caller does it): ``SUBMIT`` it (it was
         cancelled: it ends at once, without its handler), ``GIVE_BACK`` (the attempts beside
         it did not end within a lease period), ``MARK`` (nothing else runs and the gate is
-        this queue's: send MARK_ALONE, then start it), or None (wait)."""
+        this queue's: send MARK_ALONE on the free lane, ``can_send``, then start it), or None
+        (wait)."""
         attempt = self.held
         if attempt is None or self.marking:
             return None
@@ -114,6 +117,8 @@ class Suspects:
                 extra={"job_id": str(attempt.id), "queue": state.queue},
             )
             return GIVE_BACK
+        if not can_send:
+            return None  # no lane free for MARK_ALONE: the token is not taken until one is
         if not self.take_token():
             return None  # another queue's suspect runs alone; its queue wakes this one after
         return MARK
@@ -141,6 +146,14 @@ class Suspects:
             extra=fields,
         )
         return True
+
+    def not_marked(self) -> None:
+        """MARK_ALONE failed, or came back once the queue stops: the suspect held does not
+        start now, and the process's token goes back (taken again at the next MARK_ALONE), for
+        another queue's suspect rather than kept until this queue's loop ends."""
+        self.marking = False
+        if self.alone is None:
+            self.give_token_back()
 
     def end_alone(self, now: float) -> None:
         """The suspect running alone ended, or its lease period is over: claims resume, and
