@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -210,3 +211,22 @@ class DispatcherConnection:
             with suppress(psycopg.Error):  # closing a broken connection
                 self._db.close()
             self._db = None
+
+    def cancel(self) -> None:
+        """Ask the server to cancel the statement in flight, if any, without waiting: from any
+        thread, as psycopg's cancellation goes on a connection of its own (on a thread here,
+        since an unreachable server would make it wait)."""
+        db = self._db
+        if db is not None and not db.closed:
+            threading.Thread(
+                target=_cancel, args=(db,), name="pgoutbox-cancel", daemon=True
+            ).start()
+
+
+def _cancel(db: psycopg.Connection[Any]) -> None:
+    with suppress(Exception):  # the statement may have ended meanwhile, the server be gone
+        db.cancel_safe(timeout=CANCEL_TIMEOUT)
+
+
+#: How long (seconds) a cancellation request may wait for the server.
+CANCEL_TIMEOUT = 5.0

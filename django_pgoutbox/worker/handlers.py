@@ -19,7 +19,7 @@ from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.registry import get_job
 from django_pgoutbox.retry import Kind, bound, summarize
-from django_pgoutbox.worker.attempt import Attempt
+from django_pgoutbox.worker.attempt import Attempt, Key
 from django_pgoutbox.worker.execute import Outcome, execute
 from django_pgoutbox.worker.mailbox import FINISHED, LOST, STARTED, Mailbox
 
@@ -139,7 +139,7 @@ class AttemptRunner:
         policy: RetrySettings,
         using: str,
         mailbox: Mailbox,
-        renew: Callable[[Attempt], None],
+        renew: Callable[[Key], None],
     ) -> None:
         self.queue = queue
         self.policy = policy
@@ -171,7 +171,7 @@ class AttemptRunner:
         return execute(
             job,
             policy=self.policy,
-            renew=lambda: self._renew(attempt),
+            renew=lambda: self._renew(attempt.key),
             cancel=attempt.cancel,
             using=self.using,
         )

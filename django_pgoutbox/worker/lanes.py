@@ -45,6 +45,10 @@ class Lane:
     def send(self, request: Request) -> None:
         self._inbox.put(request)
 
+    def cancel(self) -> None:
+        """Cancel the statement in flight (it then fails, and the lane posts that)."""
+        self._connection.cancel()
+
     def stop(self, timeout: float | None = None) -> None:
         """Let the lane finish the statement it is sending, close its connection and end."""
         self._inbox.put(None)
@@ -125,7 +129,16 @@ class Lanes:
         for lane in self.lanes:
             lane.start()
 
-    def stop(self) -> None:
+    def cancel(self, keep: type) -> bool:
+        """Cancel the statements in flight, but those of ``keep``; whether there was any."""
+        busy = [i for i, request in enumerate(self.in_flight) if request is not None]
+        for index in busy:
+            if not isinstance(self.in_flight[index], keep):
+                self.lanes[index].cancel()
+        return bool(busy)
+
+    def stop(self, timeout: float) -> None:
+        """End the lanes: each finishes its statement, waited for ``timeout`` seconds at most."""
         for lane in self.lanes:
-            lane.stop()
+            lane.stop(timeout)
         self.open = [False] * len(self.lanes)

@@ -64,6 +64,10 @@ __all__ = ["AloneGate", "QueueRunner", "RunnerSnapshot"]
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
+#: Past the grace period, a statement still in flight this long (seconds) is cancelled, and
+#: one still unanswered this long is abandoned.
+STUCK_AFTER = (1.0, 10.0)
+
 
 class QueueRunner:
     """Claims, runs and records the jobs of one queue."""
@@ -106,11 +110,11 @@ class QueueRunner:
         self._upkeep = Upkeep(settings, worker_id, now)
         self._suspects = Suspects(gate or AloneGate())
         self._suspects.gate.register(self.wake)
-        self._stopping = self._gave_back_waiting = self._released = False
+        self._stopping = self._gave_back_waiting = self._released = self._done = False
         self._stop_deadline: float | None = None
-        self._exiting = False  # burst mode found nothing more: end once the lanes are idle
-        self._giving_up = False  # a statement failed after the grace period: end when idle
-        self._done = False
+        #: A burst found nothing more; a statement failed past the grace period (both: end once
+        #: the lanes are idle); the statements in flight past it were cancelled.
+        self._exiting = self._giving_up = self._cancelled = False
         #: A claim's worker_ids text when this worker ran every attempt (the first, usually),
         #: and the value it stands for.
         self._own_worker_ids = (json.dumps([worker_id]), (worker_id,))
@@ -119,11 +123,7 @@ class QueueRunner:
         make_lane = lane or self._make_lane
         self._lanes = Lanes([make_lane(index, self._mailbox) for index in range(count)], now)
         run = AttemptRunner(
-            queue=self.queue,
-            policy=policy,
-            using=using,
-            mailbox=self._mailbox,
-            renew=lambda attempt: self.renew(attempt.key),
+            queue=self.queue, policy=policy, using=using, mailbox=self._mailbox, renew=self.renew
         )
         if handlers is None:
             self._handlers: Handlers = HandlerThreads(
@@ -183,7 +183,7 @@ class QueueRunner:
                 self._handle(self._mailbox.wait(timeout, quiet=quiet), self._clock())
         finally:
             self._suspects.give_token_back()
-            self._lanes.stop()
+            self._lanes.stop(timeout=1.0)
             self._handlers.shutdown()
             connections[self.using].close()
             self.finished.set()
@@ -279,10 +279,11 @@ class QueueRunner:
             deadlines.append(suspects.held_since + self.lease_seconds)
         if suspects.alone is not None:
             deadlines.append(suspects.alone_until)
-        if self._stop_deadline is not None and not self._released and self._stop_deadline > now:
+        if self._stop_deadline is not None:
             # Once past, what holds the release back (a statement in flight, a lane backing
-            # off) wakes the coordinator itself: its reply, or the lane's back-off.
-            deadlines.append(self._stop_deadline)
+            # off) wakes the coordinator itself, or the end of its patience does.
+            ends = [self._stop_deadline + after for after in (0.0, *STUCK_AFTER)]
+            deadlines += [at for at in ends if at > now]
         return min(deadlines)
 
     # -- lanes ---------------------------------------------------------------------------------
@@ -482,18 +483,15 @@ class QueueRunner:
         left = state.attempts or state.outcomes or state.to_unclaim
         if not self._lanes.busy() and (self._giving_up or not left):
             self._done = True
+        elif now >= self._stop_deadline + STUCK_AFTER[0] and self._lanes.busy():
+            # Past the grace period, a statement that does not return (a claim waiting on the
+            # queue's lock, a server gone silent) is cancelled; still unanswered a while after,
+            # it is left: the leases recover what it held.
+            self._cancelled = self._cancelled or self._lanes.cancel(keep=GiveBack)
+            self._done = now >= self._stop_deadline + STUCK_AFTER[1]
 
     def _snapshot(self) -> RunnerSnapshot:
-        state = self._state
-        return RunnerSnapshot(
-            running=len(state.attempts),
-            outcomes_waiting=len(state.outcomes),
-            writing=state.writing,
-            reserved=state.reserved,
-            abandoned=len(state.abandoned),
-            suspect_held=self._suspects.held is not None,
-            suspect_alone=self._suspects.alone is not None,
-            lane_turns=tuple(self._lanes.turns),
-            lanes_open=tuple(self._lanes.open),
-            ended=self._done,
+        suspects, lanes = self._suspects, self._lanes
+        return self._state.snapshot(
+            suspects.held, suspects.alone, lanes.turns, lanes.open, self._done
         )

@@ -277,3 +277,24 @@ class QueueState:
     def busy_beside(self, attempt: Attempt) -> int:
         """How many attempts run, wait or are being claimed here besides ``attempt``."""
         return self.queued - 1 + self.reserved + len(self.abandoned)
+
+    def snapshot(
+        self,
+        held: Attempt | None,
+        alone: Attempt | None,
+        turns: list[int],
+        lanes_open: list[bool],
+        ended: bool,
+    ) -> RunnerSnapshot:
+        return RunnerSnapshot(
+            running=len(self.attempts),
+            outcomes_waiting=len(self.outcomes),
+            writing=self.writing,
+            reserved=self.reserved,
+            abandoned=len(self.abandoned),
+            suspect_held=held is not None,
+            suspect_alone=alone is not None,
+            lane_turns=tuple(turns),
+            lanes_open=tuple(lanes_open),
+            ended=ended,
+        )

@@ -10,6 +10,8 @@ import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
+
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.queries import ClaimRow
@@ -35,6 +37,7 @@ class FakeLane:
         self.index = index
         self.mailbox = mailbox
         self.sent: list[Any] = []  # requests not answered yet, oldest first
+        self.cancel_asked = False
 
     def start(self) -> None:
         pass
@@ -44,6 +47,16 @@ class FakeLane:
 
     def stop(self, timeout: float | None = None) -> None:
         pass
+
+    def cancel(self) -> None:
+        """Ask for the statement in flight to be cancelled: at the next ``Harness.step()`` it
+        fails with query_canceled, as the server would answer."""
+        self.cancel_asked = True
+
+    def answer_cancellation(self) -> None:
+        if self.cancel_asked and self.sent:
+            self.reply(error=psycopg.errors.QueryCanceled("canceling statement: user request"))
+        self.cancel_asked = False
 
     def reply(self, result: Any = None, *, error: BaseException | None = None) -> Any:
         """Answer the oldest request: with ``result`` (a RecordAndClaim answers itself)."""
@@ -159,6 +172,8 @@ class Harness:
 
     def step(self, seconds: float = 0.0) -> None:
         self.clock.now += seconds
+        for lane in self.lanes:
+            lane.answer_cancellation()
         self.runner.step()
 
     def sent(self, kind: type, lane: int = 0) -> list[Any]:

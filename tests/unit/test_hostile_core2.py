@@ -256,14 +256,9 @@ def test_a_stop_beside_a_fair_claim_stuck_on_the_lock_keeps_its_grace_period() -
     assert release.keys == [running.key]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the coordinator ends only once every lane has answered: a statement that never "
-    "returns (a fair claim waiting on a lock another session holds, a black-holed connection) "
-    "keeps the worker from exiting past its grace period; ending would need the statement "
-    "cancelled (its claim rolled back) rather than abandoned",
-)
 def test_a_statement_that_never_returns_does_not_hold_the_worker_past_its_grace() -> None:
+    """A fair claim stuck on the queue's lock (another session holds it) when the grace period
+    ends: it is cancelled, its claim rolled back, and the coordinator ends."""
     harness = Harness(fair=True, concurrency=3)
     harness.start_up()
     (running,) = harness.claim([claim_row()])
