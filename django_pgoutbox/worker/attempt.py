@@ -43,6 +43,7 @@ class Attempt:
         "lease_lost",
         "low_water",
         "row",
+        "slot",
         "state",
         "worker_ids",
     )
@@ -52,6 +53,9 @@ class Attempt:
     ) -> None:
         self.id: uuid.UUID = row.id
         self.attempt: int = row.attempt
+        #: The key of the coordinator's table of attempts: ``key`` with the id as an int, whose
+        #: hash costs no Python call (a UUID's does).
+        self.slot = (row.id.int, row.attempt)
         #: The claim's row: the handler thread turns it into a ClaimedJob (``job()``), so that
         #: payloads are parsed off the coordinator's thread.
         self.row = row
@@ -112,3 +116,8 @@ class Attempt:
             row.waited,
             (),
         )
+
+
+def slot(key: Key) -> tuple[int, int]:
+    """The ``Attempt.slot`` of ``key``."""
+    return (key[0].int, key[1])

@@ -71,6 +71,8 @@ class RecordAndClaim:
     worker_id: str
     batch: list[Outcome]
     limit: int
+    #: The attempt of each outcome of ``batch`` (the coordinator's, not read here).
+    attempts: list[Any] = field(default_factory=list)
     # -- the result, filled in on the lane ------------------------------------------------------
     written: list[Outcome] = field(default_factory=list)
     applied: list[uuid.UUID] = field(default_factory=list)
@@ -250,12 +252,12 @@ class Claims:
 
     def take(self, state: QueueState, limit: int) -> RecordAndClaim:
         """The request that writes the outcomes waiting and claims ``limit`` jobs."""
-        batch = state.take_batch(limit)
+        batch, attempts = state.take_batch(limit)
         self._flush_at = None
         self.pace.count(len(batch))
         if limit:
             self.wanted = False
-        return RecordAndClaim(self.settings, self.worker_id, batch, limit)
+        return RecordAndClaim(self.settings, self.worker_id, batch, limit, attempts)
 
     def recorded(self, request: RecordAndClaim, now: float) -> None:
         if request.limit:

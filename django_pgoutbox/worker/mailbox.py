@@ -7,12 +7,20 @@ queue's state is shared between threads.
 A message is *urgent* (wake the coordinator now) or *quiet*. A quiet one, such as an outcome
 while the handler threads still have plenty of work, wakes the coordinator only when it waits
 for any message at all; while it lets outcomes gather for one statement it sleeps through them
-(docs/internals.md, "The mailbox"), so that a drain wakes it once a batch rather than once a job.
+(docs/internals.md, "One owner per queue"), so that a drain wakes it once a batch rather than
+once a job.
+
+Posting takes no lock (a handler thread posts once a job, and a lock there made the threads
+queue on it): a ``deque`` appends atomically, and the bell is an ``Event``. The owner says
+whether quiet messages may wake it *before* it looks for messages one last time and sleeps,
+and a poster looks at that *after* it appended; so either the owner finds the message, or the
+poster rings.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from typing import Any
 
 #: A message: a tuple whose first item says what it is, one of the kinds below.
@@ -37,46 +45,39 @@ SNAPSHOT = "snapshot"
 class Mailbox:
     """Messages posted by any thread, taken all at once by the one that owns the mailbox."""
 
-    __slots__ = ("_bell", "_items", "_lock", "_quiet_wakes", "_rung", "_urgent")
+    __slots__ = ("_bell", "_items", "_quiet_wakes", "_urgent")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._bell = threading.Event()
-        self._items: list[Message] = []
-        self._urgent = False  # an urgent message waits
-        self._rung = False  # the bell was rung since the owner last took
+        self._items: deque[Message] = deque()
+        self._urgent = False  # an urgent message was posted since the owner last took
         self._quiet_wakes = True  # whether the owner, waiting, wants quiet messages too
 
     def post(self, message: Message, *, urgent: bool = True) -> None:
-        with self._lock:
-            self._items.append(message)
-            if urgent:
-                self._urgent = True
-            elif not self._quiet_wakes:
-                return
-            if self._rung:
-                return
-            self._rung = True
-        self._bell.set()
+        self._items.append(message)
+        if urgent:
+            self._urgent = True
+        elif not self._quiet_wakes:
+            return
+        if not self._bell.is_set():
+            self._bell.set()
 
     def wait(self, timeout: float, *, quiet: bool = True) -> list[Message]:
         """Wait up to ``timeout`` seconds for an urgent message (or, with ``quiet``, any
         message), then take every message posted so far, in order."""
-        with self._lock:
-            ready = bool(self._items) and (self._urgent or quiet)
-            if not ready:
-                self._quiet_wakes = quiet
-                self._rung = False
-                self._bell.clear()
-        if not ready and timeout > 0:
+        self._quiet_wakes = quiet
+        self._bell.clear()
+        if not (self._urgent or (quiet and self._items)) and timeout > 0:
             self._bell.wait(timeout)
         return self.take()
 
     def take(self) -> list[Message]:
         """Every message posted so far, without waiting."""
-        with self._lock:
-            items, self._items = self._items, []
-            self._urgent = False
-            self._rung = False
-            self._quiet_wakes = True
-        return items
+        self._urgent = False
+        self._quiet_wakes = True
+        items, take = [], self._items.popleft
+        try:
+            while True:
+                items.append(take())
+        except IndexError:
+            return items

@@ -27,32 +27,19 @@ STATEMENT_ERRORS = (DatabaseError, psycopg.Error)
 UNWRITABLE_OUTCOME = "unwritable_outcome"
 
 
-def unique(batch: list[Outcome], queue: str) -> list[Outcome]:
-    """``batch``, with one outcome for each (job, attempt): the first.
-
-    The coordinator's states make a second one impossible; should a bug bring one, it is
-    logged and left out here, where the batch is built (and RECORD_OUTCOMES would still apply
-    only the first), rather than have PostgreSQL apply either.
-    """
-    keys = {(o.job.id, o.job.attempt) for o in batch}
-    if len(keys) == len(batch):
-        return batch
-    kept: list[Outcome] = []
-    for outcome in batch:
-        key = (outcome.job.id, outcome.job.attempt)
-        if key in keys:
-            keys.discard(key)
-            kept.append(outcome)
-        else:
-            logger.error(
-                "job %s attempt %d: a second outcome (%s) left out of its batch; a bug of the "
-                "worker, please report it",
-                outcome.job.id,
-                outcome.job.attempt,
-                outcome.status.value,
-                extra={"job_id": str(outcome.job.id), "queue": queue},
-            )
-    return kept
+def second_outcome(outcome: Outcome, queue: str) -> None:
+    """Log an outcome left out of its batch: its attempt had one already. The coordinator's
+    states make it impossible; should a bug bring one, it is left out where the batch is built
+    (and RECORD_OUTCOMES would still apply only the first), rather than have PostgreSQL apply
+    either."""
+    logger.error(
+        "job %s attempt %d: a second outcome (%s) left out of its batch; a bug of the worker, "
+        "please report it",
+        outcome.job.id,
+        outcome.job.attempt,
+        outcome.status.value,
+        extra={"job_id": str(outcome.job.id), "queue": queue},
+    )
 
 
 def params(batch: Sequence[Outcome], worker_id: str) -> list[Any]:

@@ -194,10 +194,10 @@ class QueueRunner:
         self._handle(self._mailbox.take(), self._clock())
 
     def _handle(self, messages: list[Message], now: float) -> None:
-        state = self._state
+        state, finished = self._state, mailbox.FINISHED
         for message in messages:
             kind = message[0]
-            if kind is mailbox.FINISHED:
+            if kind is finished:
                 if not state.finished(message[1], message[2]) and state.late(*message[1:]):
                     self._handlers.retire_thread()  # its timeout's replacement can go
             elif kind is mailbox.REPLY:
@@ -230,7 +230,7 @@ class QueueRunner:
         if state.timed:
             for attempt in state.expired(now):
                 self._handlers.add_thread()  # in place of the one its handler still holds
-                state.outcomes.insert(0, timed_out(attempt, self.policy, self.queue))
+                state.timed_out(attempt, timed_out(attempt, self.policy, self.queue))
         stuck = len(state.abandoned) >= self.concurrency
         if upkeep.health_due(stuck):
             self._send_if_free(now, lambda: upkeep.report(stuck))

@@ -25,6 +25,7 @@ from django_pgoutbox.worker.attempt import (
     WRITING,
     Attempt,
     Key,
+    slot,
 )
 from django_pgoutbox.worker.claims import RecordAndClaim
 from django_pgoutbox.worker.execute import Outcome
@@ -60,21 +61,23 @@ class QueueState:
 
     def __init__(self, queue: str) -> None:
         self.queue = queue
-        #: Attempts claimed and not yet written (nor forgotten), by (job id, attempt).
-        self.attempts: dict[Key, Attempt] = {}
+        #: Attempts claimed and not yet written (nor forgotten), by ``Attempt.slot``.
+        self.attempts: dict[tuple[int, int], Attempt] = {}
         #: Attempts QUEUED or HELD: holding a thread, or waiting for one.
         self.queued = 0
-        #: Outcomes waiting to be written, in order (a timeout's goes first).
+        #: Outcomes waiting to be written, in order (a timeout's goes first), and the attempt
+        #: of each.
         self.outcomes: list[Outcome] = []
+        self.ended: list[Attempt] = []
         #: Outcomes of attempts being written by a statement in flight.
         self.writing = 0
         #: Jobs asked for by claims in flight, and how many claims are in flight.
         self.reserved = 0
         self.claims_in_flight = 0
         #: QUEUED attempts whose handler started with a timeout (thread isolation).
-        self.timed: dict[Key, Attempt] = {}
+        self.timed: dict[tuple[int, int], Attempt] = {}
         #: Attempts failed for their timeout whose handler has not returned yet.
-        self.abandoned: dict[Key, Attempt] = {}
+        self.abandoned: dict[tuple[int, int], Attempt] = {}
         #: Attempts to give back unstarted (UNCLAIM_JOBS) as soon as a lane is free.
         self.to_unclaim: list[Attempt] = []
 
@@ -88,6 +91,7 @@ class QueueState:
         attempt.state = FINISHED
         self.queued -= 1
         self.outcomes.append(outcome)
+        self.ended.append(attempt)
         return True
 
     def late(self, attempt: Attempt, outcome: Outcome) -> bool:
@@ -96,7 +100,7 @@ class QueueState:
         thread started in place of its own can go (after a timeout)."""
         if attempt.state != TIMED_OUT:
             return False
-        del self.abandoned[attempt.key]
+        del self.abandoned[attempt.slot]
         outcome_writes.stale(self.queue, outcome, "it came after the attempt's timeout")
         return True
 
@@ -110,7 +114,7 @@ class QueueState:
             attempt = None  # its thread died after it posted the outcome: that one stands
         if attempt is not None:
             if abandoned:
-                del self.abandoned[attempt.key]
+                del self.abandoned[attempt.slot]
             else:
                 self.forget(attempt)
             logger.error(
@@ -131,11 +135,11 @@ class QueueState:
     def started(self, attempt: Attempt, deadline: float) -> None:
         if attempt.state == QUEUED:
             attempt.deadline = deadline
-            self.timed[attempt.key] = attempt
+            self.timed[attempt.slot] = attempt
 
     def forget(self, attempt: Attempt) -> None:
         """``attempt`` is no longer this queue's to run or renew."""
-        key = attempt.key
+        key = attempt.slot
         if self.attempts.get(key) is attempt:
             del self.attempts[key]
             if attempt.state in (QUEUED, HELD):
@@ -161,6 +165,11 @@ class QueueState:
             ended.append(attempt)
         return ended
 
+    def timed_out(self, attempt: Attempt, outcome: Outcome) -> None:
+        """The outcome of an attempt failed for its timeout: written first."""
+        self.outcomes.insert(0, outcome)
+        self.ended.insert(0, attempt)
+
     # -- claims and outcome writes ---------------------------------------------------------------
 
     def admit(
@@ -176,8 +185,7 @@ class QueueState:
         for row in rows:
             # A first attempt's worker_ids are this worker's id alone: no JSON to parse.
             attempt = Attempt(row, own_ids if row.worker_ids == own_text else None, low_water)
-            key = (attempt.id, attempt.attempt)
-            running = attempts.get(key)
+            running = attempts.get(attempt.slot)
             if running is not None:
                 running.lease_lost = False
                 logger.warning(
@@ -194,32 +202,42 @@ class QueueState:
     def hold(self, attempt: Attempt, state: int) -> None:
         """Count ``attempt`` as this queue's, QUEUED or HELD."""
         attempt.state = state
-        self.attempts[attempt.key] = attempt
+        self.attempts[attempt.slot] = attempt
         self.queued += 1
 
-    def take_batch(self, limit: int) -> list[Outcome]:
-        """The outcomes waiting, now being written with a claim of ``limit`` jobs."""
-        batch, self.outcomes = outcome_writes.unique(self.outcomes, self.queue), []
-        attempts = self.attempts
-        for outcome in batch:
-            if not outcome.timed_out:
-                attempt = attempts.get((outcome.job.id, outcome.job.attempt))
-                if attempt is not None and attempt.state == FINISHED:
-                    attempt.state = WRITING
-                    self.writing += 1
+    def take_batch(self, limit: int) -> tuple[list[Outcome], list[Attempt]]:
+        """The outcomes waiting, now being written with a claim of ``limit`` jobs, and their
+        attempts. Each attempt's state guards its batch: a handler's outcome goes only while
+        its attempt is FINISHED (then WRITING), a timeout's once; a second outcome for one
+        attempt, which the states make impossible, would be left out here and logged."""
+        outcomes, ended = self.outcomes, self.ended
+        self.outcomes, self.ended = [], []
+        batch: list[Outcome] = []
+        attempts: list[Attempt] = []
+        for outcome, attempt in zip(outcomes, ended, strict=True):
+            state = attempt.state
+            if state == FINISHED and not outcome.timed_out:
+                attempt.state = WRITING
+            elif state != TIMED_OUT or not outcome.timed_out or attempt.deadline is None:
+                outcome_writes.second_outcome(outcome, self.queue)
+                continue
+            else:
+                attempt.deadline = None  # its timeout's outcome is on its way
+            batch.append(outcome)
+            attempts.append(attempt)
+        self.writing += sum(1 for outcome in batch if not outcome.timed_out)
         self.reserved += limit
         if limit:
             self.claims_in_flight += 1
-        return batch
+        return batch, attempts
 
     def written(self, request: RecordAndClaim) -> None:
         """The statement of ``request`` went through: forget the attempts it wrote."""
         attempts = self.attempts
-        for outcome in request.batch:
-            if not outcome.timed_out:
-                attempt = attempts.pop((outcome.job.id, outcome.job.attempt), None)
-                if attempt is not None and attempt.state == WRITING:
-                    self.writing -= 1
+        for attempt in request.attempts:
+            if attempt.state == WRITING:
+                attempts.pop(attempt.slot, None)
+        self.writing -= sum(1 for outcome in request.batch if not outcome.timed_out)
         outcome_writes.count_written(self.queue, request.written, request.applied)
         self.reserved -= request.limit
         if request.limit:
@@ -228,12 +246,14 @@ class QueueState:
     def not_written(self, request: RecordAndClaim) -> None:
         """The statement of ``request`` failed: its outcomes wait again (their leases still
         renewed), first; its claim took nothing."""
-        for outcome in request.batch:
-            attempt = self.attempts.get((outcome.job.id, outcome.job.attempt))
-            if not outcome.timed_out and attempt is not None and attempt.state == WRITING:
+        for outcome, attempt in zip(request.batch, request.attempts, strict=True):
+            if attempt.state == WRITING:
                 attempt.state = FINISHED
-                self.writing -= 1
+            elif outcome.timed_out:
+                attempt.deadline = 0.0  # its timeout's outcome is to be sent again
+        self.writing -= sum(1 for outcome in request.batch if not outcome.timed_out)
         self.outcomes[:0] = request.batch
+        self.ended[:0] = request.attempts
         self.reserved -= request.limit
         if request.limit:
             self.claims_in_flight -= 1
@@ -241,13 +261,13 @@ class QueueState:
     # -- leases ------------------------------------------------------------------------------------
 
     def renewable(self) -> list[Key]:
-        return [key for key, attempt in self.attempts.items() if not attempt.lease_lost]
+        return [attempt.key for attempt in self.attempts.values() if not attempt.lease_lost]
 
     def renewed(self, request: Renew, held: dict[Any, bool]) -> None:
         """Apply a renewal's result: the leases lost, the cancellations requested; answer the
         handlers that asked for it."""
         for key in request.keys:
-            attempt = self.attempts.get(key)
+            attempt = self.attempts.get(slot(key))
             if attempt is None:
                 continue  # written meanwhile
             fields = {"job_id": str(attempt.id), "queue": self.queue}
@@ -270,7 +290,7 @@ class QueueState:
                     extra=fields,
                 )
         for asked in request.asked:
-            attempt = self.attempts.get(asked.key)
+            attempt = self.attempts.get(slot(asked.key))
             asked.held = attempt is not None and not attempt.lease_lost and asked.key[0] in held
             asked.done.set()
 

@@ -12,12 +12,12 @@ import pytest
 
 from django_pgoutbox import metrics
 from django_pgoutbox.models import JobStatus
-from django_pgoutbox.worker import outcomes
-from django_pgoutbox.worker.attempt import Attempt
+from django_pgoutbox.worker.attempt import QUEUED, Attempt
 from django_pgoutbox.worker.claims import RecordAndClaim
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.leases import GiveBack, Renew
 from django_pgoutbox.worker.mailbox import Mailbox
+from django_pgoutbox.worker.state import QueueState
 from tests.unit.fakes import Harness, claim_row
 
 
@@ -63,15 +63,33 @@ class TestOutcomeAndTimeout:
         snapshot = harness.runner.snapshot()
         assert (snapshot.running, snapshot.abandoned, snapshot.outcomes_waiting) == (0, 0, 0)
 
+    @pytest.mark.parametrize("first_timed_out", [True, False])
     def test_a_batch_never_holds_two_outcomes_for_one_attempt(
-        self, caplog: pytest.LogCaptureFixture
+        self, first_timed_out: bool, caplog: pytest.LogCaptureFixture
     ) -> None:
-        row = claim_row()
-        first = Outcome(Attempt(row).bare_job(), JobStatus.RETRYING, timed_out=True)
-        second = Outcome(Attempt(row).bare_job(), JobStatus.COMPLETED)
-        other = Outcome(Attempt(claim_row()).bare_job(), JobStatus.COMPLETED)
-        assert outcomes.unique([first, other], "default") == [first, other]
-        assert outcomes.unique([first, other, second], "default") == [first, other]
+        """The states make a second outcome for one attempt impossible; were a bug to bring
+        one (the timeout's and the handler's, or the handler's twice), the batch keeps the
+        first and says so."""
+        state = QueueState("default")
+        attempt, other = Attempt(claim_row()), Attempt(claim_row())
+        state.hold(attempt, QUEUED)
+        state.hold(other, QUEUED)
+        if first_timed_out:
+            attempt.deadline = 0.0
+            state.timed[attempt.slot] = attempt
+            assert state.expired(1.0) == [attempt]
+            state.timed_out(
+                attempt, Outcome(attempt.bare_job(), JobStatus.RETRYING, timed_out=True)
+            )
+        else:
+            assert state.finished(attempt, Outcome(attempt.bare_job(), JobStatus.COMPLETED))
+        assert state.finished(other, Outcome(other.bare_job(), JobStatus.COMPLETED))
+        second = Outcome(attempt.bare_job(), JobStatus.COMPLETED)  # a bug's
+        state.outcomes.append(second)
+        state.ended.append(attempt)
+        batch, attempts = state.take_batch(0)
+        assert [o.job.id for o in batch] == [attempt.id, other.id]
+        assert attempts == [attempt, other]
         assert "a second outcome (completed) left out of its batch" in caplog.text
 
 
