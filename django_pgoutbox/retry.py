@@ -3,7 +3,7 @@
 It touches no database and no clock, so it is tested on its own. ``failures.failure_outcome``
 applies it to every failed attempt (a handler's exception, a timeout, the worker's own failure,
 a subscriber's failure); the rows below it marked *SQL* are enforced by the statements named,
-and ``tests/test_outcome_rules.py`` checks each of those against the database.
+and ``tests/integration/test_outcome_rules.py`` checks each of those against the database.
 
 =============================  ==========================================================
 failure                        decision

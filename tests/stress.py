@@ -12,7 +12,7 @@ failure, or after ``--rounds``; it exits 1 if any round failed. Examples::
 
     ./run stress                          # until 5 clean rounds in a row, at most 20 rounds
     ./run stress --rounds 3 --load none   # the same tests, three times, without the load
-    ./run stress -- tests/test_worker_processes.py -k sigkill
+    ./run stress -- tests/processes/test_worker_processes.py -k sigkill
 
 One failure, run alone again: ``PGOUTBOX_TEST_SEED=<seed> ./run pytest <the round's tests>``.
 """
@@ -38,14 +38,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: The tests that start real processes, kill them, or race them: where a busy machine shows.
 STRESSED = [
-    "tests/test_worker_processes.py",
-    "tests/test_outbox_processes.py",
-    "tests/test_scheduler_processes.py",
-    "tests/test_control.py",
-    "tests/test_databases.py",
-    "tests/test_limits.py",
-    "tests/test_worker.py",
-    "tests/reliability",
+    "tests/processes/test_worker_processes.py",
+    "tests/processes/test_outbox_processes.py",
+    "tests/processes/test_scheduler_processes.py",
+    "tests/processes/test_control.py",
+    "tests/processes/test_databases.py",
+    "tests/processes/test_limits.py",
+    "tests/integration/test_worker.py",
+    "tests/processes/reliability",
 ]
 
 

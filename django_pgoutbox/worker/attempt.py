@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Final
+from typing import Any, Final
 
 from django_pgoutbox.context import CancelFlag
 from django_pgoutbox.queries import ClaimRow
@@ -82,31 +82,24 @@ class Attempt:
     def job(self) -> ClaimedJob:
         """The attempt's job, its payload parsed (on the handler's thread); raises for a row
         that cannot be read (a payload nested deeper than Python's parser goes, say)."""
-        row = self.row
-        payload = row.payload
-        return ClaimedJob.from_claim(
-            row.id,
-            row.job_type,
+        payload, worker_ids = self.row.payload, self.worker_ids
+        return self._job(
             # An empty payload, the commonest, without the JSON decoder's two calls.
             {} if payload == "{}" else json.loads(payload),
-            row.attempt,
-            row.max_attempts,
-            row.organization_id,
-            row.queue,
-            row.priority,
-            row.created_at,
-            row.waited,
-            self.worker_ids if self.worker_ids is not None else json.loads(row.worker_ids),
+            worker_ids if worker_ids is not None else json.loads(self.row.worker_ids),
         )
 
     def bare_job(self) -> ClaimedJob:
         """The attempt's job with neither its payload nor its worker_ids parsed: what the
         coordinator's own outcomes (a timeout) and the outcome of an unreadable row carry."""
+        return self._job({}, ())
+
+    def _job(self, payload: dict[str, Any], worker_ids: tuple[str, ...] | list[str]) -> ClaimedJob:
         row = self.row
         return ClaimedJob.from_claim(
             row.id,
             row.job_type,
-            {},
+            payload,
             row.attempt,
             row.max_attempts,
             row.organization_id,
@@ -114,7 +107,7 @@ class Attempt:
             row.priority,
             row.created_at,
             row.waited,
-            (),
+            worker_ids,
         )
 
 

@@ -230,7 +230,7 @@ class QueueRunner:
         if state.timed:
             for attempt in state.expired(now):
                 self._handlers.add_thread()  # in place of the one its handler still holds
-                state.timed_out(attempt, timed_out(attempt, self.policy, self.queue))
+                state.timed_out(attempt, timed_out(attempt, self.policy))
         stuck = len(state.abandoned) >= self.concurrency
         if upkeep.health_due(stuck):
             self._send_if_free(now, lambda: upkeep.report(stuck))

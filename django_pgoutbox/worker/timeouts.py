@@ -13,6 +13,7 @@ import logging
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import JobTimeout
 from django_pgoutbox.failures import failure_outcome
+from django_pgoutbox.log import job_fields
 from django_pgoutbox.registry import get_job
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.execute import Outcome
@@ -20,7 +21,7 @@ from django_pgoutbox.worker.execute import Outcome
 logger = logging.getLogger("django_pgoutbox.worker")
 
 
-def timed_out(attempt: Attempt, policy: RetrySettings, queue: str) -> Outcome:
+def timed_out(attempt: Attempt, policy: RetrySettings) -> Outcome:
     """The outcome of ``attempt``, failed for its timeout (logged)."""
     job = attempt.bare_job()
     definition = get_job(job.job_type)
@@ -40,14 +41,7 @@ def timed_out(attempt: Attempt, policy: RetrySettings, queue: str) -> Outcome:
         job.max_attempts,
         failed.summary,
         failed.status.value,
-        extra={
-            "job_id": str(job.id),
-            "job_type": job.job_type,
-            "queue": queue,
-            "attempt": job.attempt,
-            "outcome": failed.status.value,
-            "error_code": failed.code,
-        },
+        extra={**job_fields(job), "outcome": failed.status.value, "error_code": failed.code},
     )
     return Outcome(
         job,

@@ -175,7 +175,7 @@ def isolated(payload: dict[str, Any], ctx: JobContext) -> Any:
 isolated_untimed = job("tests.isolated_untimed", max_attempts=2, isolation="process")(isolated.func)
 
 
-# -- Poison jobs of the outbox relay (tests/reliability/test_poison_relay.py) --------------------
+# -- Poison jobs of the outbox relay (tests/processes/reliability/test_poison_relay.py) ------------
 
 
 @job("tests.poison_relay_priority", priority=2**40)
@@ -185,7 +185,7 @@ def poison_relay_priority(payload: dict[str, Any], ctx: JobContext) -> Any:
 
 
 # -- Poison values: handlers and tasks whose raise or return is hostile ---------
-# tests/reliability/test_poison_values.py runs them beside innocent jobs in real workers.
+# tests/processes/reliability/test_poison_values.py runs them beside innocent jobs in real workers.
 
 
 class _UnprintableError(Exception):
@@ -249,7 +249,7 @@ def poison_schedule(payload: dict[str, Any], ctx: JobContext) -> None:
     """The job of a schedule whose enqueue a test makes the database refuse."""
 
 
-# -- Poison handlers of the worker's runner (tests/reliability/test_poison_runner.py) -----------
+# -- Poison handlers of the worker's runner (tests/processes/reliability/test_poison_runner.py) ----
 
 
 @job("tests.poison_big_number", max_attempts=3)
@@ -278,7 +278,7 @@ def poison_hang(payload: dict[str, Any], ctx: JobContext) -> Any:
     return None
 
 
-# -- Hostile handlers (tests/reliability/test_poison_hostile.py) --------------------------------
+# -- Hostile handlers (tests/processes/reliability/test_poison_hostile.py) -------------------------
 
 
 class _HostileFloat(float):

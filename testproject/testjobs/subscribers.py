@@ -46,7 +46,7 @@ def to_job(event: OutboxEvent) -> None:
     enqueue("tests.noop", {"event": str(event.id)})
 
 
-# -- Poison subscribers of the outbox relay (tests/reliability/test_poison_relay.py) -------------
+# -- Poison subscribers of the outbox relay (tests/processes/reliability/test_poison_relay.py) -----
 # Each misbehaves in one way; the relay must make it that event's failure alone.
 
 
@@ -104,7 +104,7 @@ def poison_os_exit(event: OutboxEvent) -> None:
     os._exit(9)
 
 
-# -- Hostile subscribers (tests/reliability/test_poison_hostile.py) -----------------------------
+# -- Hostile subscribers (tests/processes/reliability/test_poison_hostile.py) ----------------------
 
 
 class _HostileClassError(Exception):

@@ -171,7 +171,7 @@ def test_an_error_that_cannot_be_described_still_gets_an_outcome(
         ("testproject.testjobs.poison_import.task", "importing"),
         # Outside every installed app and never imported: refused without importing it (its
         # import would raise SystemExit in the handler thread).
-        ("tests.reliability.exit_on_import.task", "is not in an installed app"),
+        ("tests.processes.reliability.exit_on_import.task", "is not in an installed app"),
     ],
 )
 def test_a_job_type_that_is_not_a_task_is_dead(start_worker: Any, job_type: str, said: str) -> None:

@@ -20,14 +20,14 @@ from django_pgoutbox import enqueue_many
 from django_pgoutbox.models import Job, JobStatus
 from testproject.testjobs.models import SideEffect
 from tests.processes import wait_for
-from tests.reliability.test_poison_relay import (
+from tests.processes.reliability.test_poison_relay import (
     assert_dead,
     assert_innocents_projected_once,
     publish_batch,
     relay,
     wait_until_dead,
 )
-from tests.reliability.test_poison_values import QUICK, run_beside_innocents, settle
+from tests.processes.reliability.test_poison_values import QUICK, run_beside_innocents, settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

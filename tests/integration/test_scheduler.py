@@ -376,7 +376,7 @@ def test_a_schedule_that_fails_is_counted_and_skipped_and_the_others_run() -> No
     """One schedule whose enqueue the database refuses (a trigger): logged, counted in
     ``pgoutbox_schedule_failures_total``, skipped; the next schedule is enqueued."""
     from django_pgoutbox import metrics
-    from tests.reliability.test_poison_values import REFUSE_POISON_SCHEDULE
+    from tests.processes.reliability.test_poison_values import REFUSE_POISON_SCHEDULE
 
     with connection.cursor() as cursor:
         cursor.execute(REFUSE_POISON_SCHEDULE)

@@ -1,6 +1,6 @@
 import uuid
 
-from tests.reliability.checker import check
+from tests.processes.reliability.checker import check
 
 
 def test_the_checker_classifies_each_case() -> None:

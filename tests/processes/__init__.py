@@ -23,7 +23,7 @@ from urllib.parse import quote
 import pytest
 from django.db import connections
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _time_scale() -> float:

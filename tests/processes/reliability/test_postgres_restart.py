@@ -23,7 +23,7 @@ import psycopg
 import pytest
 
 from tests.processes import ROOT, wait_for
-from tests.reliability.checker import check
+from tests.processes.reliability.checker import check
 
 JOBS = 1500
 

@@ -38,7 +38,7 @@ from psycopg import sql
 
 from django_pgoutbox import db
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PAGES = sorted(
     [path for path in DOCS.rglob("*.md") if "_build" not in path.parts] + [ROOT / "README.md"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "django_pgoutbox"
+PACKAGE = Path(__file__).resolve().parents[2] / "django_pgoutbox"
 
 
 def _modules() -> dict[str, Path]:

@@ -58,7 +58,7 @@ def test_a_seed_gives_the_same_order_and_another_seed_another() -> None:
     def order(seed: str) -> list[str]:
         listed = subprocess.run(
             [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-             "tests/test_retry.py", "tests/test_cron.py"],
+             "tests/unit/test_retry.py", "tests/unit/test_cron.py"],
             cwd=ROOT, env={**os.environ, "PGOUTBOX_TEST_SEED": seed},
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip

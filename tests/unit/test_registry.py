@@ -21,8 +21,8 @@ def test_bare_decorator_names_the_job_after_the_function() -> None:
         return "pong"
 
     assert (
-        ping.name
-        == "tests.test_registry.test_bare_decorator_names_the_job_after_the_function.<locals>.ping"
+        ping.name == "tests.unit.test_registry."
+        "test_bare_decorator_names_the_job_after_the_function.<locals>.ping"
     )
     assert (ping.queue, ping.priority, ping.max_attempts) == ("default", 0, None)
     assert get_job(ping.name) is ping

@@ -21,7 +21,7 @@ from django_pgoutbox import enqueue_many, publish
 from django_pgoutbox.models import Job, JobStatus, OutboxEvent
 from testproject.testjobs.models import Projection, SideEffect
 from tests.processes import other_backends, seed_or, wait_for
-from tests.reliability.checker import check
+from tests.processes.reliability.checker import check
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -51,7 +51,7 @@ def test_the_worker_tunes_the_garbage_collector(threshold: str, expected: int | 
         "print(gc.get_threshold()[0], gc.get_threshold()[1:] == before[1:], "
         "gc.get_freeze_count() - frozen, before[0])"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = (
         subprocess.run(
             [sys.executable, "manage.py", "shell", "-c", code],
@@ -122,7 +122,7 @@ def test_commands_refuse_an_unmigrated_database(command: list[str]) -> None:
             url = urlunsplit(parts._replace(path=f"/{name}"))
             result = subprocess.run(
                 [sys.executable, "manage.py", *command],
-                cwd=Path(__file__).resolve().parent.parent,
+                cwd=Path(__file__).resolve().parents[2],
                 env={**os.environ, "DATABASE_URL": url},
                 capture_output=True,
                 text=True,
