@@ -45,7 +45,7 @@ from django_pgoutbox.worker.attempt import HELD, LOST, QUEUED, Attempt, Key
 from django_pgoutbox.worker.claims import FLUSH_SIZE, Claims, RecordAndClaim
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.handlers import AttemptRunner, Handlers, HandlerThreads
-from django_pgoutbox.worker.lanes import Lane, Lanes, Request
+from django_pgoutbox.worker.lanes import Lane, Lanes, Request, hand_off
 from django_pgoutbox.worker.leases import (
     GiveBack,
     MarkAlone,
@@ -61,7 +61,6 @@ from django_pgoutbox.worker.suspects import GIVE_BACK, SUBMIT, AloneGate, Suspec
 from django_pgoutbox.worker.timeouts import timed_out
 
 __all__ = ["AloneGate", "QueueRunner", "RunnerSnapshot"]
-
 logger = logging.getLogger("django_pgoutbox.worker")
 
 #: Past the grace period, a statement still in flight this long (seconds) is cancelled, and
@@ -377,7 +376,9 @@ class QueueRunner:
             index = self._free_lane(now)
             if index is None or (index and not limit and len(outcomes) < FLUSH_SIZE):
                 return  # a second lane only to claim: these outcomes go with the first's turn
+            idle = not state.attempts
             self._lanes.send(index, claims.take(state, limit))
+            hand_off(idle)
 
     def _on_recorded(self, request: RecordAndClaim, now: float) -> None:
         state = self._state
@@ -395,10 +396,11 @@ class QueueRunner:
                 attempt.state = LOST
             state.to_unclaim += new + suspects
             return
-        submit = self._handlers.submit
+        submit, idle = self._handlers.submit, not state.attempts
         for attempt in new:
             state.hold(attempt, QUEUED)
             submit(attempt)
+        hand_off(idle and bool(new))
         for attempt in suspects:  # each waits to run alone, one at a time
             if self._suspects.holding:
                 attempt.state = LOST  # never this queue's to run: given back at once
