@@ -189,6 +189,11 @@ def require_migrated(alias: str) -> None:
         )
 
 
+#: Back-off bounds (seconds) of a worker loop's connection after a database error: the first
+#: wait, doubled at each failure in a row up to the second.
+ERROR_BACKOFF = (0.2, 10.0)
+
+
 class DispatcherConnection:
     """A worker loop's own psycopg connection (autocommit, with ``dispatcher_connection_params``):
     opened on first use, and again after ``close()`` (the loop closes it on a lost connection)."""

@@ -21,6 +21,7 @@ from django_pgoutbox.worker import outcomes
 from django_pgoutbox.worker.execute import Outcome
 
 if TYPE_CHECKING:
+    from django_pgoutbox.worker.attempt import Attempt
     from django_pgoutbox.worker.state import QueueState
 
 #: The prefetch aims at this many seconds of work, at the queue's recent pace.
@@ -72,7 +73,7 @@ class RecordAndClaim:
     batch: list[Outcome]
     limit: int
     #: The attempt of each outcome of ``batch`` (the coordinator's, not read here).
-    attempts: list[Any] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
     # -- the result, filled in on the lane ------------------------------------------------------
     written: list[Outcome] = field(default_factory=list)
     applied: list[uuid.UUID] = field(default_factory=list)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from django_pgoutbox.db import DispatcherConnection, ErrorKind, classify_error
+from django_pgoutbox.db import ERROR_BACKOFF, DispatcherConnection, ErrorKind, classify_error
 from django_pgoutbox.worker.mailbox import REPLY, Mailbox
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -71,10 +71,6 @@ class Lane:
                 self._mailbox.post((REPLY, self.index, request, result, error, connection.opened))
         finally:
             connection.close()
-
-
-#: Back-off bounds (seconds) of a lane after a database error.
-ERROR_BACKOFF = (0.2, 10.0)
 
 
 class Lanes:

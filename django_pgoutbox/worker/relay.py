@@ -46,7 +46,7 @@ from django.db import connections, transaction
 
 from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
-from django_pgoutbox.db import ErrorKind, classify_error, server_side_cursor
+from django_pgoutbox.db import ERROR_BACKOFF, ErrorKind, classify_error, server_side_cursor
 from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
 from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.models import OutboxEvent, saved_instance
@@ -54,8 +54,6 @@ from django_pgoutbox.outbox import subscribers_for
 from django_pgoutbox.retry import Kind, bound, error_code, summarize
 
 logger = logging.getLogger("django_pgoutbox.relay")
-
-ERROR_BACKOFF = (0.2, 10.0)
 
 #: A turn that fails with the same unexpected error this many times in a row stops the relay
 #: (about 6 s of back-off): a schema gone, not a passing fault. Lost connections never do.
