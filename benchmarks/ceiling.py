@@ -32,21 +32,20 @@ def _client(conninfo: dict[str, Any], batch: int, worker_id: str) -> None:
     with psycopg.connect(**conninfo, autocommit=True) as conn:
         while True:
             ids = [row[0] for row in outcomes]
-            params = [
-                ids,
-                [row[3] for row in outcomes],
-                ["completed"] * len(ids),
-                [False] * len(ids),
-                [0.0] * len(ids),
-                [None] * len(ids),
-                [None] * len(ids),
-                [None] * len(ids),
-                worker_id,
-                "default",
-                batch,
-                worker_id,
-                60.0,
-            ]
+            params = {
+                "ids": ids,
+                "attempts": [row[3] for row in outcomes],
+                "statuses": ["completed"] * len(ids),
+                "gives_back_attempt": [False] * len(ids),
+                "delays": [0.0] * len(ids),
+                "codes": [None] * len(ids),
+                "summaries": [None] * len(ids),
+                "results": [None] * len(ids),
+                "worker_id": worker_id,
+                "queue": "default",
+                "limit": batch,
+                "lease": 60.0,
+            }
             rows = conn.execute(queries.RECORD_AND_CLAIM, params).fetchall()
             outcomes = [row[1:] for row in rows if row[0]]
             if not outcomes:

@@ -43,7 +43,9 @@ def main() -> None:
                 started = time.perf_counter()
                 if lock:
                     cursor.execute(queries.CLAIM_LOCK, ["default"])
-                    cursor.execute(queries.QUEUE_ALLOWANCE, ["default", None, 1.0, "default"])
+                    cursor.execute(
+                        queries.QUEUE_ALLOWANCE, {"queue": "default", "rate": None, "burst": 1.0}
+                    )
                     cursor.fetchone()
                 if fair:
                     cursor.execute(queries.FAIR_PLAN)
@@ -74,7 +76,7 @@ def main() -> None:
         )
         with connection.cursor() as cursor:
             cursor.execute("VACUUM ANALYZE jobs")
-        plain_params = ["default", 4, "bench", 60]
+        plain_params = {"queue": "default", "limit": 4, "worker_id": "bench", "lease": 60}
         row = {
             "pending": total,
             "organizations": organizations,

@@ -36,10 +36,24 @@ def main() -> None:
 
     truncate("jobs")
 
-    def row() -> list[Any]:
-        return [ids.uuid7(), None, "default", "tests.noop", "{}", None, 0, None, 0.0, 25]
+    def row() -> dict[str, Any]:
+        return {
+            "id": ids.uuid7(),
+            "organization_id": None,
+            "queue": "default",
+            "job_type": "tests.noop",
+            "payload": "{}",
+            "idempotency_key": None,
+            "priority": 0,
+            "run_at": None,
+            "delay": 0.0,
+            "max_attempts": 25,
+        }
 
-    values = queries._INSERT_JOB_ROW + "\n"
+    def notifying() -> dict[str, Any]:
+        return row() | {"notify": True, "channel": "pgoutbox"}
+
+    values = queries.ENQUEUE_JOB_UNKEYED.split("RETURNING")[0]
     variants: dict[str, tuple[str, Any]] = {
         "one column, no index (the commit)": ("INSERT INTO bench_floor VALUES (1)", list),
         "jobs, four columns": (
@@ -51,9 +65,9 @@ def main() -> None:
         "  + RETURNING run_at, created_at": (values + "RETURNING run_at, created_at", row),
         "  + pg_notify (ENQUEUE_JOB_UNKEYED)": (
             queries.ENQUEUE_JOB_UNKEYED,
-            lambda: [*row(), True, "pgoutbox"],
+            notifying,
         ),
-        "  + ON CONFLICT (ENQUEUE_JOB)": (queries.ENQUEUE_JOB, lambda: [*row(), True, "pgoutbox"]),
+        "  + ON CONFLICT (ENQUEUE_JOB)": (queries.ENQUEUE_JOB, notifying),
     }
     timings: dict[str, list[float]] = {name: [] for name in variants}
     with psycopg.connect(**raw_connection_params("default"), autocommit=True) as db:

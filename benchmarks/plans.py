@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -33,32 +34,41 @@ def main() -> None:
 
     pending_noops(20_000)
     sql = {
-        name: getattr(queries, name).replace("%s", "%b")
+        name: queries.binary(getattr(queries, name))
         for name in ("CLAIM_JOBS", "RENEW_LEASES", "RECORD_OUTCOMES", "RECORD_AND_CLAIM")
     }
-    claim = ["default", args.rows, "w", 60.0]
+    claim = {"queue": "default", "limit": args.rows, "worker_id": "w", "lease": 60.0}
     for mode in ("force_custom_plan", "force_generic_plan"):
         params = dispatcher_connection_params("default")
         with psycopg.connect(**params, autocommit=True, options=f"-c plan_cache_mode={mode}") as db:
 
-            def claimed() -> tuple[list[object], list[object], list[object]]:
+            def claimed() -> tuple[list[Any], list[Any], dict[str, Any]]:
                 rows = db.execute(sql["CLAIM_JOBS"], claim).fetchall()
                 ids = [row[0] for row in rows]
                 n = len(ids)
-                statuses = ["completed"] * n
-                outcomes = [ids, [row[3] for row in rows], statuses, [False] * n, [0.0] * n]
-                return ids, [row[3] for row in rows], [*outcomes, [None] * n, [None] * n]
+                outcomes = {
+                    "ids": ids,
+                    "attempts": [row[3] for row in rows],
+                    "statuses": ["completed"] * n,
+                    "gives_back_attempt": [False] * n,
+                    "delays": [0.0] * n,
+                    "codes": [None] * n,
+                    "summaries": [None] * n,
+                    "results": [None] * n,
+                    "worker_id": "w",
+                }
+                return ids, [row[3] for row in rows], outcomes
 
-            def timed(name: str, values: list[object]) -> float:
+            def timed(name: str, values: list[Any] | dict[str, Any]) -> float:
                 started = time.perf_counter()
                 db.execute(sql[name], values, prepare=True).fetchall()
                 return (time.perf_counter() - started) * 1000
 
             ids, attempts, outcomes = claimed()
             renew = timed("RENEW_LEASES", [60.0, ids, attempts, "w"])
-            record = timed("RECORD_OUTCOMES", [*outcomes, [None] * len(ids), "w"])
+            record = timed("RECORD_OUTCOMES", outcomes)
             ids, attempts, outcomes = claimed()
-            both = timed("RECORD_AND_CLAIM", [*outcomes, [None] * len(ids), "w", *claim])
+            both = timed("RECORD_AND_CLAIM", outcomes | claim)
         print(
             f"{mode}: RENEW_LEASES {renew:.1f} ms, RECORD_OUTCOMES {record:.1f} ms, "
             f"RECORD_AND_CLAIM {both:.1f} ms ({args.rows:,} rows)"

@@ -7,6 +7,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
+from typing import Any
 
 from django_pgoutbox import queries
 from django_pgoutbox.conf import JOBS_CHANNEL, get_settings
@@ -35,20 +36,7 @@ def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:
         with server_side_cursor(alias) as cursor:
             cursor.execute(
                 queries.ENQUEUE_JOBS,
-                [
-                    [r.id for r in pending],
-                    [r.organization_id for r in pending],
-                    [r.queue for r in pending],
-                    [r.job_type for r in pending],
-                    [r.payload_json for r in pending],
-                    [r.idempotency_key for r in pending],
-                    [r.priority for r in pending],
-                    [r.run_at for r in pending],
-                    [r.delay for r in pending],
-                    [r.max_attempts for r in pending],
-                    JOBS_CHANNEL,
-                    conf.notify,
-                ],
+                _many(pending, conf.notify),
             )
             returned = {job_id: (run_at, created_at) for job_id, run_at, created_at, _ in cursor}
         for row in pending:
@@ -66,26 +54,44 @@ def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:
     )
 
 
+def _many(rows: Sequence[JobRow], notify: bool) -> dict[str, Any]:
+    """ENQUEUE_JOBS's (or ENQUEUE_JOBS_UNKEYED's) parameters for ``rows``."""
+    return {
+        "ids": [r.id for r in rows],
+        "organization_ids": [r.organization_id for r in rows],
+        "queues": [r.queue for r in rows],
+        "job_types": [r.job_type for r in rows],
+        "payloads": [r.payload_json for r in rows],
+        "idempotency_keys": [r.idempotency_key for r in rows],
+        "priorities": [r.priority for r in rows],
+        "run_ats": [r.run_at for r in rows],
+        "delays": [r.delay for r in rows],
+        "max_attempts": [r.max_attempts for r in rows],
+        "channel": JOBS_CHANNEL,
+        "notify": notify,
+    }
+
+
 def _insert_one(alias: str, row: JobRow, notify: bool) -> Job:
     """Insert one row; return its job, or the existing one if its key is taken."""
     for _ in range(3):  # as in insert_rows: the holder of the key may vanish before we read it
         with server_side_cursor(alias) as cursor:
             cursor.execute(
                 queries.ENQUEUE_JOB_UNKEYED if row.idempotency_key is None else queries.ENQUEUE_JOB,
-                [
-                    row.id,
-                    row.organization_id,
-                    row.queue,
-                    row.job_type,
-                    row.payload_json,
-                    row.idempotency_key,
-                    row.priority,
-                    row.run_at,
-                    row.delay,
-                    row.max_attempts,
-                    notify,
-                    JOBS_CHANNEL,
-                ],
+                {
+                    "id": row.id,
+                    "organization_id": row.organization_id,
+                    "queue": row.queue,
+                    "job_type": row.job_type,
+                    "payload": row.payload_json,
+                    "idempotency_key": row.idempotency_key,
+                    "priority": row.priority,
+                    "run_at": row.run_at,
+                    "delay": row.delay,
+                    "max_attempts": row.max_attempts,
+                    "notify": notify,
+                    "channel": JOBS_CHANNEL,
+                },
             )
             written = cursor.fetchone()
         if written is not None:
@@ -104,20 +110,7 @@ def _insert_unkeyed(alias: str, rows: Sequence[JobRow], notify: bool) -> list[Jo
     with server_side_cursor(alias) as cursor:
         cursor.execute(
             queries.ENQUEUE_JOBS_UNKEYED,
-            [
-                [r.id for r in rows],
-                [r.organization_id for r in rows],
-                [r.queue for r in rows],
-                [r.job_type for r in rows],
-                [r.payload_json for r in rows],
-                [None] * len(rows),
-                [r.priority for r in rows],
-                [r.run_at for r in rows],
-                [r.delay for r in rows],
-                [r.max_attempts for r in rows],
-                JOBS_CHANNEL,
-                notify,
-            ],
+            _many(rows, notify),
         )
         row = cursor.fetchone()
         assert row is not None

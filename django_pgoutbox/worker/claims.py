@@ -84,7 +84,7 @@ class RecordAndClaim:
     def run(self, connection: psycopg.Connection[Any]) -> RecordAndClaim:
         conf, batch, limit = self.settings, self.batch, self.limit
         special = conf.fair or conf.limited
-        claim_params: list[Any] = [conf.name, limit, self.worker_id, conf.lease_seconds]
+        claim_params = claim(conf, limit, self.worker_id)
         started = time.perf_counter()
         rows: list[tuple[Any, ...]] = []
         with connection.cursor() as cursor:
@@ -93,7 +93,7 @@ class RecordAndClaim:
                     queries.send(
                         cursor,
                         "RECORD_AND_CLAIM",
-                        outcomes.params(batch, self.worker_id) + claim_params,
+                        outcomes.params(batch, self.worker_id) | claim_params,
                     )
                 except outcomes.STATEMENT_ERRORS as error:
                     # Nothing of it was written, the claim neither: the outcomes one by one,
@@ -128,6 +128,11 @@ class RecordAndClaim:
         return self
 
 
+def claim(conf: QueueSettings, limit: int, worker_id: str) -> dict[str, Any]:
+    """CLAIM_JOBS's parameters."""
+    return {"queue": conf.name, "limit": limit, "worker_id": worker_id, "lease": conf.lease_seconds}
+
+
 def claim_limited(
     connection: psycopg.Connection[Any], conf: QueueSettings, limit: int, worker_id: str
 ) -> tuple[list[tuple[Any, ...]], float]:
@@ -144,7 +149,9 @@ def claim_limited(
             cursor.execute(queries.CLAIM_LOCK, [conf.name])
         wanted = limit
         if conf.limited and not per_org:
-            cursor.execute(queries.QUEUE_ALLOWANCE, [conf.name, rate, burst, conf.name])
+            cursor.execute(
+                queries.QUEUE_ALLOWANCE, {"queue": conf.name, "rate": rate, "burst": burst}
+            )
             running, tokens = cursor.fetchone() or (0, None)
             if conf.max_running is not None:
                 limit = min(limit, conf.max_running - running)
@@ -170,7 +177,7 @@ def claim_limited(
                 },
             )
         else:
-            queries.send(cursor, "CLAIM_JOBS", [conf.name, limit, worker_id, conf.lease_seconds])
+            queries.send(cursor, "CLAIM_JOBS", claim(conf, limit, worker_id))
         rows = cursor.fetchall()
         if rate is not None and rows:
             counts: dict[str, int] = {}
@@ -181,7 +188,12 @@ def claim_limited(
                 counts[key] = counts.get(key, 0) + 1
             cursor.execute(
                 queries.TAKE_TOKENS,
-                [burst, list(counts), list(counts.values()), rate, burst, burst],
+                {
+                    "keys": list(counts),
+                    "counts": list(counts.values()),
+                    "rate": rate,
+                    "burst": burst,
+                },
             )
         if per_org and rate is not None and len(rows) < wanted:
             # Some organization may be out of tokens: look again when one may have refilled.

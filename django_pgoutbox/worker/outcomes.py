@@ -42,19 +42,19 @@ def second_outcome(outcome: Outcome, queue: str) -> None:
     )
 
 
-def params(batch: Sequence[Outcome], worker_id: str) -> list[Any]:
+def params(batch: Sequence[Outcome], worker_id: str) -> dict[str, Any]:
     """RECORD_OUTCOMES's parameters for ``batch``."""
-    return [
-        [o.job.id for o in batch],
-        [o.job.attempt for o in batch],
-        [o.status.value for o in batch],
-        [o.gives_back_attempt for o in batch],
-        [o.delay for o in batch],
-        [o.code for o in batch],
-        [o.summary for o in batch],
-        [o.result_json for o in batch],
-        worker_id,
-    ]
+    return {
+        "ids": [o.job.id for o in batch],
+        "attempts": [o.job.attempt for o in batch],
+        "statuses": [o.status.value for o in batch],
+        "gives_back_attempt": [o.gives_back_attempt for o in batch],
+        "delays": [o.delay for o in batch],
+        "codes": [o.code for o in batch],
+        "summaries": [o.summary for o in batch],
+        "results": [o.result_json for o in batch],
+        "worker_id": worker_id,
+    }
 
 
 def record(

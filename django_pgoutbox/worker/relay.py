@@ -236,15 +236,15 @@ class Relay:
             cursor.execute(queries.CLAIM_EVENTS_PLAN)
             cursor.execute(
                 queries.CLAIM_EVENTS,
-                [
-                    self.settings.claim_seconds,
-                    self.settings.batch_size,
-                    self.settings.max_attempts,
-                    self.relay_id,
-                    RELAY_CRASHED,
-                    RELAY_CRASHED_DEAD_SUMMARY,
-                    RELAY_CRASHED_SUMMARY,
-                ],
+                {
+                    "claim_seconds": self.settings.claim_seconds,
+                    "limit": self.settings.batch_size,
+                    "max_attempts": self.settings.max_attempts,
+                    "relay_id": self.relay_id,
+                    "crashed_code": RELAY_CRASHED,
+                    "dead_summary": RELAY_CRASHED_DEAD_SUMMARY,
+                    "summary": RELAY_CRASHED_SUMMARY,
+                },
             )
             rows = cursor.fetchall()
         names = [
@@ -393,14 +393,14 @@ class Relay:
     def _record_failures(self, cursor: Any, failures: Sequence[_Failure]) -> None:
         cursor.execute(
             queries.RECORD_EVENT_FAILURES,
-            [
-                [f.event_id for f in failures],
-                [f.dead for f in failures],
-                [f.delay for f in failures],
-                [f.code for f in failures],
-                [f.error for f in failures],
-                [f.event_id in self._suspects for f in failures],
-            ],
+            {
+                "ids": [f.event_id for f in failures],
+                "dead": [f.dead for f in failures],
+                "delays": [f.delay for f in failures],
+                "codes": [f.code for f in failures],
+                "errors": [f.error for f in failures],
+                "counted": [f.event_id in self._suspects for f in failures],
+            },
         )
 
     def _count(

@@ -78,7 +78,10 @@ class TestMetricsMove:
     def test_leased_gauge_and_lease_expiration(self) -> None:
         enqueue("tests.behave", {})
         with connection.cursor() as cursor:
-            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "crashed", 0.0])
+            cursor.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "default", "limit": 1, "worker_id": "crashed", "lease": 0.0},
+            )
         assert gauges().queues["default"].leased == 1
         expired = metrics.LEASE_EXPIRATIONS.value(queue="default")
         drain()

@@ -32,7 +32,9 @@ def claim(max_attempts: int = 3, **fields: Any) -> ClaimedJob:
     job = enqueue("tests.behave", {}, queue="reports")
     Job.objects.filter(pk=job.pk).update(max_attempts=max_attempts, **fields)
     with connection.cursor() as cursor:
-        cursor.execute(queries.CLAIM_JOBS, ["reports", 1, WORKER, 60.0])
+        cursor.execute(
+            queries.CLAIM_JOBS, {"queue": "reports", "limit": 1, "worker_id": WORKER, "lease": 60.0}
+        )
         (row,) = cursor.fetchall()
     attempt, claimed_max = row[3], row[4]
     claimed: ClaimedJob = claimed_job(
@@ -117,7 +119,7 @@ class TestSnoozeGivesTheAttemptBack:
         """SQL reads the flag, not a pseudo-status: the statuses sent are the table's own."""
         job = claim()
         sent = params([snoozed(job)], WORKER)
-        statuses, gives_back = sent[2], sent[3]
+        statuses, gives_back = sent["statuses"], sent["gives_back_attempt"]
         assert (statuses, gives_back) == (["retrying"], [True])
         assert set(statuses) <= {status.value for status in JobStatus}
 

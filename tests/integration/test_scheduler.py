@@ -309,7 +309,10 @@ class TestMaintenance:
             from django_pgoutbox import queries
 
             # Inside the test's transaction now() stands still: a lease that already ended.
-            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "killed-worker", -1.0])
+            cursor.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "default", "limit": 1, "worker_id": "killed-worker", "lease": -1.0},
+            )
         out = StringIO()
         call_command("pgoutbox", "recover-leases", stdout=out)
         assert "Recovered 1 expired lease(s)" in out.getvalue()

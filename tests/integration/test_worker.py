@@ -186,21 +186,25 @@ class TestClaiming:
         if jobs[5].pk < jobs[0].pk:  # same priority, run_at and created_at: id decides
             expected[-2:] = [jobs[5].pk, jobs[0].pk]
         with connection.cursor() as cursor:
-            cursor.execute(queries.CLAIM_JOBS, ["default", 3, "w", 60.0])
+            cursor.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "default", "limit": 3, "worker_id": "w", "lease": 60.0},
+            )
             first = [row[0] for row in cursor.fetchall()]
             nones = [None] * 3
-            outcomes: list[Any] = [
-                first,
-                [1, 1, 1],
-                ["completed"] * 3,
-                [False] * 3,
-                [0.0] * 3,
-                nones,
-                nones,
-                nones,
-                "w",
-            ]
-            cursor.execute(queries.RECORD_AND_CLAIM, [*outcomes, "default", 3, "w", 60.0])
+            outcomes: dict[str, Any] = {
+                "ids": first,
+                "attempts": [1, 1, 1],
+                "statuses": ["completed"] * 3,
+                "gives_back_attempt": [False] * 3,
+                "delays": [0.0] * 3,
+                "codes": nones,
+                "summaries": nones,
+                "results": nones,
+                "worker_id": "w",
+            }
+            claim = {"queue": "default", "limit": 3, "lease": 60.0}
+            cursor.execute(queries.RECORD_AND_CLAIM, outcomes | claim)
             rows = cursor.fetchall()
         assert first == expected[:3]
         assert [row[0] for row in rows] == [False] * 3 + [True] * 3
@@ -219,9 +223,21 @@ class TestClaiming:
             psycopg.connect(**raw_connection_params) as first,
             psycopg.connect(**raw_connection_params, autocommit=True) as second,
         ):
-            held = [r[0] for r in first.execute(queries.CLAIM_JOBS, ["default", 3, "a", 60.0])]
+            held = [
+                r[0]
+                for r in first.execute(
+                    queries.CLAIM_JOBS,
+                    {"queue": "default", "limit": 3, "worker_id": "a", "lease": 60.0},
+                )
+            ]
             second.execute("SET lock_timeout = '2s'")
-            taken = [r[0] for r in second.execute(queries.CLAIM_JOBS, ["default", 3, "b", 60.0])]
+            taken = [
+                r[0]
+                for r in second.execute(
+                    queries.CLAIM_JOBS,
+                    {"queue": "default", "limit": 3, "worker_id": "b", "lease": 60.0},
+                )
+            ]
             first.commit()
         assert held == [job.pk for job in jobs[:3]]
         assert taken == [job.pk for job in jobs[3:]]
@@ -301,7 +317,10 @@ class TestLeases:
     def test_expired_lease_is_recovered_and_counted(self, fast: Any) -> None:
         job = behave()
         with connection.cursor() as cursor:
-            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "crashed-worker", 0.0])
+            cursor.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "default", "limit": 1, "worker_id": "crashed-worker", "lease": 0.0},
+            )
         before = metrics.LEASE_EXPIRATIONS.value(queue="default")
         drain()
         job.refresh_from_db()
@@ -317,7 +336,10 @@ class TestLeases:
         job = behave()
         Job.objects.filter(pk=job.pk).update(max_attempts=1)
         with connection.cursor() as cursor:
-            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "crashed-worker", 0.0])
+            cursor.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "default", "limit": 1, "worker_id": "crashed-worker", "lease": 0.0},
+            )
             cursor.execute(queries.MARK_ALONE, [job.pk, 1, "crashed-worker"])
             assert cursor.fetchall() == [(job.pk,)]
         drain()
@@ -332,7 +354,10 @@ class TestLeases:
         job = behave()
         Job.objects.filter(pk=job.pk).update(max_attempts=1)
         with connection.cursor() as cursor:
-            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "crashed-worker", 0.0])
+            cursor.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "default", "limit": 1, "worker_id": "crashed-worker", "lease": 0.0},
+            )
         drain()
         job.refresh_from_db()
         assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1)
@@ -340,14 +365,30 @@ class TestLeases:
     def test_stale_outcome_is_fenced(self, fast: Any) -> None:
         job = behave()
         with connection.cursor() as cursor:
-            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "worker-a", 0.0])
+            cursor.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "default", "limit": 1, "worker_id": "worker-a", "lease": 0.0},
+            )
             cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": None})
-            cursor.execute(queries.CLAIM_JOBS, ["default", 1, "worker-b", 60.0])
+            cursor.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "default", "limit": 1, "worker_id": "worker-b", "lease": 60.0},
+            )
 
             def write(worker: str, attempt: int, status: str) -> Any:
                 cursor.execute(
                     queries.RECORD_OUTCOMES,
-                    [[job.pk], [attempt], [status], [False], [0.0], [None], [None], [None], worker],
+                    {
+                        "ids": [job.pk],
+                        "attempts": [attempt],
+                        "statuses": [status],
+                        "gives_back_attempt": [False],
+                        "delays": [0.0],
+                        "codes": [None],
+                        "summaries": [None],
+                        "results": [None],
+                        "worker_id": worker,
+                    },
                 )
                 return cursor.fetchall()
 
@@ -518,14 +559,19 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
 
     from django_pgoutbox import queries
     from django_pgoutbox.db import DispatcherConnection
+    from django_pgoutbox.worker import outcomes
 
     connection = DispatcherConnection("default")
     try:
         with connection.get().cursor() as cursor:
             for _ in range(6):
-                queries.send(cursor, "CLAIM_JOBS", ["default", 0, "w", 60.0])
+                queries.send(
+                    cursor,
+                    "CLAIM_JOBS",
+                    {"queue": "default", "limit": 0, "worker_id": "w", "lease": 60.0},
+                )
                 queries.send(cursor, "RENEW_LEASES", [60.0, [], [], "w"])
-                queries.send(cursor, "RECORD_OUTCOMES", [[], [], [], [], [], [], [], [], "w"])
+                queries.send(cursor, "RECORD_OUTCOMES", outcomes.params([], "w"))
             cursor.execute("SELECT statement FROM pg_prepared_statements")
             prepared = {row[0] for row in cursor.fetchall()}
     finally:
@@ -542,10 +588,7 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
     } == planned_each_time
     if "prepare_threshold" in django_settings.DATABASES["default"].get("OPTIONS", {}):
         pytest.skip("the test database's OPTIONS decide on prepared statements")
-    texts = {
-        name: statement.sql.replace("%b", "$").split("$")[0]
-        for name, statement in queries.DISPATCHED.items()
-    }
+    texts = {name: statement.sql.split("%")[0] for name, statement in queries.DISPATCHED.items()}
     assert any(texts["CLAIM_JOBS"].strip() in text for text in prepared)
     assert not any(texts["RENEW_LEASES"].strip() in text for text in prepared)
     assert not any(texts["RECORD_OUTCOMES"].strip() in text for text in prepared)

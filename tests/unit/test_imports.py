@@ -52,10 +52,14 @@ def _imported(name: str, node: ast.Import | ast.ImportFrom) -> set[str]:
             parts = package.split(".")[: len(package.split(".")) - node.level + 1]
             base = ".".join([*parts, *([node.module] if node.module else [])])
         targets = [f"{base}.{alias.name}" for alias in node.names] + [base]
+    # The packages of ``name`` itself ran before it did: importing a sibling through them
+    # (``a.b.d`` from ``a.b.c``) runs only the sibling, not ``a.b`` again.
+    own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
     found = set()
     for target in targets:
         parts = target.split(".")
-        found |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & MODULES.keys()
+        packages = {".".join(parts[:i]) for i in range(1, len(parts))} - own
+        found |= ({target} | packages) & MODULES.keys()
     return found - {name}
 
 

@@ -221,7 +221,11 @@ def test_an_outcome_jsonb_refuses_is_dead_and_the_rest_of_its_batch_is_written()
     connection = DispatcherConnection("default")
     try:
         with connection.get().cursor() as cursor:
-            queries.send(cursor, "CLAIM_JOBS", ["default", 4, "w-poison", 60.0])
+            queries.send(
+                cursor,
+                "CLAIM_JOBS",
+                {"queue": "default", "limit": 4, "worker_id": "w-poison", "lease": 60.0},
+            )
             claimed = [Attempt(queries.ClaimRow._make(row)) for row in cursor.fetchall()]
         assert {entry.id for entry in claimed} == {job.pk for job in batch}
         poison = claimed[-1]

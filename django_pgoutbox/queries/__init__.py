@@ -1,0 +1,200 @@
+"""Every SQL statement of the package, named and commented, in one package, by area.
+
+- ``enqueue``: writing jobs (one row, many rows, binary COPY) and waking their queues;
+- ``claims``: the claim's columns (``ClaimRow``), the claim and the outcomes of attempts;
+- ``limits``: the fair and limited claims (the queue's lock, its allowance, its tokens);
+- ``leases``: renewal, recovery of expired leases, suspects, giving jobs back;
+- ``outbox``: publishing a fact, and the relay's claim, fence and outcomes;
+- ``operations``: pruning, dead letters, cancellation;
+- ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks.
+
+Every name is importable from here (``queries.CLAIM_JOBS``), and the rest of the code calls the
+statements by these names; this module also says how a queue's lanes send theirs (``DISPATCHED``).
+Each statement's comment gives its parameters: positional ``%s`` placeholders in the order given
+where a statement takes at most four, each once; else, where it says "Named parameters",
+``%(name)s`` placeholders passed as a dict. Arrays are passed as Python lists. A statement sent
+with binary parameters has ``%b`` (``%(name)b``) instead.
+
+SQL that stays elsewhere, and why:
+
+- ``admin.EstimatedCountPaginator.count`` runs ``EXPLAIN (FORMAT JSON)`` on the SQL that Django
+  builds for the admin page's queryset at run time: only that prefix is fixed.
+- ``worker.listener`` composes ``LISTEN`` with ``psycopg.sql.Identifier``: a channel is an
+  identifier, which no parameter can carry.
+- ``migrations/`` hold the schema's ``RunSQL``: a migration is history, and must not change when
+  this module does.
+- The ORM's queries (the admin's pages, a heartbeat row deleted at stop, ``scheduler.cursors()``,
+  the models' managers) are Django's to write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from django_pgoutbox.queries.claims import (
+    CLAIM_COLUMNS,
+    CLAIM_JOBS,
+    CLAIM_RETURNING,
+    RECORD_AND_CLAIM,
+    RECORD_OUTCOMES,
+    ClaimRow,
+)
+from django_pgoutbox.queries.enqueue import (
+    COPY_JOBS,
+    COPY_JOBS_NOW,
+    ENQUEUE_JOB,
+    ENQUEUE_JOB_UNKEYED,
+    ENQUEUE_JOBS,
+    ENQUEUE_JOBS_UNKEYED,
+    WAKE_QUEUES,
+)
+from django_pgoutbox.queries.leases import (
+    MARK_ALONE,
+    RECOVER_EXPIRED_LEASES,
+    RELEASE_JOBS,
+    RENEW_LEASES,
+    UNCLAIM_JOBS,
+)
+from django_pgoutbox.queries.limits import (
+    CLAIM_LOCK,
+    FAIR_CLAIM,
+    FAIR_CLAIM_TEMPLATE,
+    FAIR_PLAN,
+    ORGANIZATION_LIMITED_CLAIM,
+    QUEUE_ALLOWANCE,
+    TAKE_TOKENS,
+    fair_claim,
+)
+from django_pgoutbox.queries.monitoring import (
+    ADVANCE_SCHEDULE_CURSOR,
+    AUTOVACUUM_ON,
+    DATABASE_NOW,
+    HEARTBEAT,
+    JOB_GAUGES,
+    OUTBOX_AND_SERVER_GAUGES,
+    SCHEDULE_CURSOR,
+    SCHEDULE_LOCK,
+    SET_STUCK_QUEUE,
+    START_SCHEDULE_CURSOR,
+    WORKER_HEARTBEATS,
+)
+from django_pgoutbox.queries.operations import (
+    CANCEL_DEAD_JOBS,
+    CANCEL_JOBS,
+    DISCARD_DEAD_EVENTS,
+    OVERDUE_EVENTS,
+    PRUNE_EVENTS,
+    PRUNE_HEARTBEATS,
+    PRUNE_JOBS,
+    REDRIVE_DEAD_EVENTS,
+    RELEASE_EXPIRED_EVENT_CLAIMS,
+    RETRY_DEAD_JOBS,
+)
+from django_pgoutbox.queries.outbox import (
+    CLAIM_EVENTS,
+    CLAIM_EVENTS_PLAN,
+    LOCK_CLAIMED_EVENTS,
+    MARK_EVENTS_PROCESSED,
+    PUBLISH_EVENT,
+    RECORD_EVENT_FAILURES,
+)
+from django_pgoutbox.queries.params import binary
+
+__all__ = [
+    "ADVANCE_SCHEDULE_CURSOR",
+    "AUTOVACUUM_ON",
+    "CANCEL_DEAD_JOBS",
+    "CANCEL_JOBS",
+    "CLAIM_COLUMNS",
+    "CLAIM_EVENTS",
+    "CLAIM_EVENTS_PLAN",
+    "CLAIM_JOBS",
+    "CLAIM_LOCK",
+    "CLAIM_RETURNING",
+    "COPY_JOBS",
+    "COPY_JOBS_NOW",
+    "DATABASE_NOW",
+    "DISCARD_DEAD_EVENTS",
+    "DISPATCHED",
+    "ENQUEUE_JOB",
+    "ENQUEUE_JOBS",
+    "ENQUEUE_JOBS_UNKEYED",
+    "ENQUEUE_JOB_UNKEYED",
+    "FAIR_CLAIM",
+    "FAIR_CLAIM_TEMPLATE",
+    "FAIR_PLAN",
+    "HEARTBEAT",
+    "JOB_GAUGES",
+    "LOCK_CLAIMED_EVENTS",
+    "MARK_ALONE",
+    "MARK_EVENTS_PROCESSED",
+    "ORGANIZATION_LIMITED_CLAIM",
+    "OUTBOX_AND_SERVER_GAUGES",
+    "OVERDUE_EVENTS",
+    "PRUNE_EVENTS",
+    "PRUNE_HEARTBEATS",
+    "PRUNE_JOBS",
+    "PUBLISH_EVENT",
+    "QUEUE_ALLOWANCE",
+    "RECORD_AND_CLAIM",
+    "RECORD_EVENT_FAILURES",
+    "RECORD_OUTCOMES",
+    "RECOVER_EXPIRED_LEASES",
+    "REDRIVE_DEAD_EVENTS",
+    "RELEASE_EXPIRED_EVENT_CLAIMS",
+    "RELEASE_JOBS",
+    "RENEW_LEASES",
+    "RETRY_DEAD_JOBS",
+    "SCHEDULE_CURSOR",
+    "SCHEDULE_LOCK",
+    "SET_STUCK_QUEUE",
+    "START_SCHEDULE_CURSOR",
+    "TAKE_TOKENS",
+    "UNCLAIM_JOBS",
+    "WAKE_QUEUES",
+    "WORKER_HEARTBEATS",
+    "ClaimRow",
+    "Dispatched",
+    "binary",
+    "fair_claim",
+    "send",
+]
+
+# -- how the dispatcher sends its statements -----------------------------------------------------
+
+
+class Dispatched(NamedTuple):
+    """A statement as a queue's lanes send it on their own connection (``send``)."""
+
+    #: The SQL with binary parameters (``%b``): psycopg then sends arrays without quoting each
+    #: element in Python. Django's cursors, which the tests use with the same statements, take
+    #: the ``%s`` form of the constant of the same name.
+    sql: str
+    #: psycopg's ``prepare``: None (prepared after a few runs, as the connection says) or False.
+    #: Those that join an array of (id, attempt) pairs to this worker's leased rows are False,
+    #: planned each time knowing how many pairs they carry: a generic plan took the leased rows
+    #: (estimated at one) as the outer side of a nested loop and read the whole array again for
+    #: each row (docs/benchmarks.md, "What profiling found", item 17).
+    prepare: bool | None
+
+
+def _dispatched(name: str, *, prepare: bool | None) -> Dispatched:
+    return Dispatched(binary(globals()[name]), prepare)
+
+
+#: The statements of a queue's lanes, by name.
+DISPATCHED: dict[str, Dispatched] = {
+    "CLAIM_JOBS": _dispatched("CLAIM_JOBS", prepare=None),
+    "RECORD_AND_CLAIM": _dispatched("RECORD_AND_CLAIM", prepare=False),
+    "RECORD_OUTCOMES": _dispatched("RECORD_OUTCOMES", prepare=False),
+    "RENEW_LEASES": _dispatched("RENEW_LEASES", prepare=False),
+    "UNCLAIM_JOBS": _dispatched("UNCLAIM_JOBS", prepare=False),
+    "RELEASE_JOBS": _dispatched("RELEASE_JOBS", prepare=False),
+}
+
+
+def send(cursor: Any, name: str, params: Sequence[Any] | Mapping[str, Any]) -> None:
+    """Run the dispatched statement ``name`` on a lane's psycopg ``cursor``."""
+    statement = DISPATCHED[name]
+    cursor.execute(statement.sql, params, prepare=statement.prepare)

@@ -1,0 +1,188 @@
+"""The outbox: publishing a fact, and the relay's claim, fence and outcomes."""
+
+from __future__ import annotations
+
+from django_pgoutbox.queries.params import binary
+
+#: Write one fact in the caller's transaction, and say so at commit.
+#:
+#: Named parameters: id uuid, organization_id uuid, aggregate_type text, aggregate_id uuid,
+#: event_type text, schema_version int, payload text (JSON), occurred_at timestamptz (NULL =
+#: now()), available_at timestamptz (NULL = now()), notify boolean, channel text.
+#:
+#: ``pg_notify`` runs in the same statement, inside the caller's transaction: the relay hears of
+#: the event only once it is committed, and never after a rollback. ``occurred_at`` defaults to
+#: ``now()``, the start of the business transaction, as the source text's example writes it.
+PUBLISH_EVENT = """
+INSERT INTO outbox_events (
+    id, organization_id, aggregate_type, aggregate_id, event_type, schema_version, payload,
+    occurred_at, available_at
+)
+VALUES (
+    %(id)s, %(organization_id)s, %(aggregate_type)s, %(aggregate_id)s, %(event_type)s,
+    %(schema_version)s, %(payload)s::jsonb, COALESCE(%(occurred_at)s, now()),
+    COALESCE(%(available_at)s, now())
+)
+RETURNING occurred_at, available_at,
+          CASE WHEN %(notify)s THEN pg_notify(%(channel)s, left(event_type, 200))::text END
+"""
+
+#: Run before CLAIM_EVENTS, in its transaction: the plan the claim is written for. The planner
+#: cannot know that most unprocessed events head their aggregate, so it costs the claim as a scan of
+#: the whole backlog. Two consequences (docs/benchmarks.md, "What profiling found", item 10): past
+#: ``jit_above_cost`` (PostgreSQL's default: JIT on, above 100,000), each claim spent longer
+#: compiling its plan than running it; and with statistics from a fuller backlog it preferred to
+#: read every waiting event (a sequential or bitmap scan), check each one's aggregate, then sort, to
+#: walking ``outbox_claim_idx`` in order until the batch is full.
+CLAIM_EVENTS_PLAN = (
+    "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),"
+    " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
+)
+
+#: Claim a bounded batch of events to project: the source text's claim, plus order.
+#:
+#: Named parameters: claim_seconds float, limit int, max_attempts int, relay_id text,
+#: crashed_code text, summary text (a reclaimed event, retrying), dead_summary text (dead).
+#:
+#: As in the source text: unprocessed, available, and not claimed (or claimed longer ago than
+#: the claim lasts: a relay that died is taken over), oldest first, ``FOR UPDATE SKIP LOCKED``.
+#: Two additions: dead events are never claimed, and only the *earliest* unprocessed event of
+#: each aggregate is claimable, so that the events of one aggregate are projected one at a time,
+#: in ``(occurred_at, id)`` order, however many relays run.
+#:
+#: A claim counts no attempt (``attempts`` counts failures, recorded by RECORD_EVENT_FAILURES),
+#: except a claim *taken over*: an event whose last claim expired unfinished (only a projection
+#: or a recorded failure clears ``claimed_at``; RELEASE_EXPIRED_EVENT_CLAIMS keeps it) was held
+#: by a relay that died or stalled, perhaps because of that very event (a
+#: subscriber's ``os._exit()``, a crash in native code, the OOM killer). Such a *suspect* is
+#: counted here, in the claim, before any subscriber of it runs, with ``relay_crashed`` as its
+#: last error, and dead once that count reaches ``MAX_ATTEMPTS``. At most one suspect is claimed
+#: per batch (``reclaimed`` says which), the one that has cost the fewest attempts: the relay
+#: projects it alone, so a relay that dies under it next time takes no other event down with it,
+#: and the events reclaimed beside it, untouched here, keep their count until their own turn.
+#: The ``claimed_at`` returned is the fencing token of the claim.
+#:
+#: Plan: ``outbox_claim_idx`` yields candidates in order, and the scan stops at ``LIMIT``; for each
+#: candidate, the head of its aggregate is one probe of ``outbox_aggregate_pending_idx``. A
+#: ``NOT EXISTS (earlier event)`` form reads the same, but PostgreSQL plans it as a hash anti join
+#: over the whole backlog (docs/benchmarks.md, "What profiling found", item 10). The CTE is
+#: MATERIALIZED so that ``LIMIT`` and the locks apply once, as in CLAIM_JOBS.
+CLAIM_EVENTS = """
+WITH candidates AS MATERIALIZED (
+    SELECT e.id, e.claimed_at IS NOT NULL AS reclaimed, e.claimed_by AS holder, e.attempts,
+           e.occurred_at
+    FROM outbox_events AS e
+    WHERE e.processed_at IS NULL
+      AND e.dead_at IS NULL
+      AND e.available_at <= now()
+      AND (e.claimed_at IS NULL OR e.claimed_at < now() - make_interval(secs => %(claim_seconds)s))
+      AND e.id = (
+          SELECT head.id
+          FROM outbox_events AS head
+          WHERE head.aggregate_type = e.aggregate_type
+            AND head.aggregate_id = e.aggregate_id
+            AND head.processed_at IS NULL
+          ORDER BY head.occurred_at, head.id
+          LIMIT 1
+      )
+    ORDER BY e.occurred_at, e.id
+    FOR UPDATE SKIP LOCKED
+    LIMIT %(limit)s
+),
+chosen AS (
+    SELECT id, false AS reclaimed, false AS spent, NULL::text AS holder
+    FROM candidates
+    WHERE NOT reclaimed
+    UNION ALL
+    (SELECT id, true, attempts + 1 >= %(max_attempts)s, holder
+     FROM candidates
+     WHERE reclaimed
+     ORDER BY attempts, occurred_at, id
+     LIMIT 1)
+)
+UPDATE outbox_events AS o
+SET claimed_at = CASE WHEN c.spent THEN NULL ELSE now() END,
+    claimed_by = %(relay_id)s,
+    attempts = o.attempts + c.reclaimed::int,
+    dead_at = CASE WHEN c.spent THEN now() END,
+    last_error_code = CASE WHEN c.reclaimed THEN %(crashed_code)s ELSE o.last_error_code END,
+    last_error = CASE WHEN c.reclaimed
+                      THEN CASE WHEN c.spent THEN %(dead_summary)s ELSE %(summary)s END
+                           || coalesce(' (last held by ' || left(c.holder, 200) || ')', '')
+                      ELSE o.last_error END
+FROM chosen AS c
+WHERE o.id = c.id
+RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_type,
+          o.schema_version, o.payload::text, o.occurred_at, o.available_at, o.attempts,
+          o.claimed_at, c.reclaimed, c.spent
+"""
+
+# LOCK_CLAIMED_EVENTS, MARK_EVENTS_PROCESSED and RECORD_EVENT_FAILURES take arrays of a batch's
+# ids, sent in binary (``%b``, run with ``db.server_side_cursor``): quoting each UUID into the SQL
+# text was a large part of a batch (docs/benchmarks.md, "What profiling found", item 10).
+
+#: Lock the claimed events this relay still holds, at the start of the projecting transaction.
+#:
+#: Parameters: ids uuid[], claimed_at timestamptz[], relay_id text.
+#:
+#: The fence of the outbox: an event whose claim expired and was taken over by another relay
+#: (its ``claimed_at`` moved on: each claim is a transaction of its own, with its own ``now()``)
+#: is not returned, and is skipped; the lock keeps any other relay from claiming these rows
+#: until this transaction ends.
+#:
+#: Each id is looked up by the primary key (``LATERAL``): as a join, the planner, trusting
+#: statistics in which ``claimed_by`` is nearly always NULL, compared every claimed row with
+#: every id (docs/benchmarks.md, "What profiling found", item 10).
+LOCK_CLAIMED_EVENTS = binary(
+    """
+SELECT o.id
+FROM unnest(%s::uuid[], %s::timestamptz[]) AS c(id, claimed_at)
+CROSS JOIN LATERAL (
+    SELECT e.id
+    FROM outbox_events AS e
+    WHERE e.id = c.id
+      AND e.claimed_at = c.claimed_at
+      AND e.claimed_by = %s
+      AND e.processed_at IS NULL
+    FOR UPDATE
+) AS o
+"""
+)
+
+#: Mark events projected, in the transaction that committed what their subscribers wrote.
+#:
+#: Parameters: ids uuid[].
+MARK_EVENTS_PROCESSED = binary(
+    """
+UPDATE outbox_events
+SET processed_at = now(), claimed_at = NULL
+WHERE id = ANY(%s::uuid[])
+"""
+)
+
+#: Record failed projections: retry later (backoff) or dead.
+#:
+#: Named parameters: ids uuid[], dead boolean[], delays float8[] (seconds), codes text[],
+#: errors text[], counted boolean[]. Sent in binary.
+#:
+#: Counts the failure (``attempts`` counts failures only, see CLAIM_EVENTS), unless the claim
+#: counted this run already (``counted``: an event taken over, projected alone), so that a run
+#: that fails after a takeover is one attempt, not two. The claim is released so that the retry
+#: does not wait for the claim to expire.
+RECORD_EVENT_FAILURES = binary(
+    """
+UPDATE outbox_events AS o
+SET attempts = o.attempts + (NOT f.counted)::int,
+    available_at = CASE WHEN f.dead THEN o.available_at
+                        ELSE now() + make_interval(secs => f.delay) END,
+    dead_at = CASE WHEN f.dead THEN now() END,
+    claimed_at = NULL,
+    last_error_code = f.code,
+    last_error = f.error
+FROM unnest(
+    %(ids)s::uuid[], %(dead)s::boolean[], %(delays)s::float8[], %(codes)s::text[],
+    %(errors)s::text[], %(counted)s::boolean[]
+) AS f(id, dead, delay, code, error, counted)
+WHERE o.id = f.id
+"""
+)
