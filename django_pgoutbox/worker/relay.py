@@ -39,7 +39,6 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, transaction
@@ -48,22 +47,15 @@ from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
 from django_pgoutbox.db import ERROR_BACKOFF, ErrorKind, classify_error, server_side_cursor
 from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
-from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.models import OutboxEvent, saved_instance
-from django_pgoutbox.outbox import subscribers_for
-from django_pgoutbox.retry import Kind, bound, error_code, summarize
+from django_pgoutbox.retry import summarize
+from django_pgoutbox.worker import subscribers
 
 logger = logging.getLogger("django_pgoutbox.relay")
 
 #: A turn that fails with the same unexpected error this many times in a row stops the relay
 #: (about 6 s of back-off): a schema gone, not a passing fault. Lost connections never do.
 SAME_FAILURE_LIMIT = 5
-
-#: ``last_error_code`` of an event whose subscribers enqueued a job that cannot be written.
-UNWRITABLE_JOB = "unwritable_job"
-
-#: ``last_error_code`` of an event whose subscriber closed the relay's connection.
-CLOSED_RELAY_CONNECTION = "closed_relay_connection"
 
 #: ``last_error_code`` of an event taken over from a relay that never finished it (see
 #: ``queries.CLAIM_EVENTS``), and the summaries the claim writes: counted, or dead.
@@ -91,37 +83,6 @@ class _SubscriberFailed(Exception):
 
 class _ConnectionLost(Exception):
     """The relay's connection broke during a batch: the batch is abandoned, nothing recorded."""
-
-
-class _ClosedBySubscriber(Exception):
-    """A subscriber closed the relay's connection (``connection.close()``,
-    ``close_old_connections()``): the batch's transaction is gone, through that event's fault."""
-
-    def __init__(self, event: OutboxEvent) -> None:
-        super().__init__(
-            f"a subscriber of {event.event_type!r} closed the relay's database connection "
-            "inside the batch's transaction (connection.close(), close_old_connections()); "
-            "nothing the event's subscribers wrote was kept"
-        )
-        self.event = event
-
-
-class _Raised(Exception):
-    """What a subscriber raised (any ``BaseException``), carried apart from the relay's own
-    statements."""
-
-    def __init__(self, error: BaseException) -> None:
-        super().__init__()
-        self.error = error
-
-
-@dataclass(frozen=True)
-class _Failure:
-    event_id: uuid.UUID
-    dead: bool
-    delay: float
-    code: str
-    error: str
 
 
 class Relay:
@@ -304,7 +265,7 @@ class Relay:
             try:
                 self._project_passes(events)
                 break
-            except _ClosedBySubscriber as closed:
+            except subscribers.ClosedBySubscriber as closed:
                 # The batch's transaction died with the connection. That event's failure is
                 # recorded apart, and the rest of the batch projected again without it.
                 self._record_apart(closed.event, closed)
@@ -314,7 +275,7 @@ class Relay:
 
     def _record_apart(self, event: OutboxEvent, error: BaseException) -> None:
         """Record ``event``'s failure in a transaction of its own, if its claim is still held."""
-        failure = self._failure(event, error, CLOSED_RELAY_CONNECTION)
+        failure = self._failure(event, error, subscribers.CLOSED_RELAY_CONNECTION)
         with transaction.atomic(using=self.using):
             if self._lock([event]):
                 with server_side_cursor(self.using) as cursor:
@@ -346,7 +307,7 @@ class Relay:
         self, events: Sequence[OutboxEvent], *, isolate: bool, flush_each: bool
     ) -> None:
         processed: list[uuid.UUID] = []
-        failures: list[_Failure] = []
+        failures: list[subscribers.Failure] = []
         with (
             transaction.atomic(using=self.using),
             deferred_enqueues(self.using) as jobs,
@@ -363,11 +324,11 @@ class Relay:
                 if isolate:
                     failure = self._project_one(event, jobs, flush=flush_each)
                 else:
-                    failure = self._check_versions(event)
+                    failure = subscribers.check_versions(event)
                     if failure is None:
                         try:
-                            self._run_subscribers(event)
-                        except _Raised as raised:
+                            subscribers.run_subscribers(event, self.using)
+                        except subscribers.SubscriberRaised as raised:
                             if self._connection_lost():
                                 raise _ConnectionLost from raised.error
                             raise _SubscriberFailed from raised.error
@@ -390,7 +351,7 @@ class Relay:
         # Counted once committed: a batch abandoned (its connection lost) is projected again.
         self._count(processed, failures, {event.id: event.event_type for event in events})
 
-    def _record_failures(self, cursor: Any, failures: Sequence[_Failure]) -> None:
+    def _record_failures(self, cursor: Any, failures: Sequence[subscribers.Failure]) -> None:
         cursor.execute(
             queries.RECORD_EVENT_FAILURES,
             {
@@ -406,7 +367,7 @@ class Relay:
     def _count(
         self,
         processed: Sequence[uuid.UUID],
-        failures: Sequence[_Failure],
+        failures: Sequence[subscribers.Failure],
         types: dict[uuid.UUID, str],
     ) -> None:
         for event_id in processed:
@@ -425,29 +386,9 @@ class Relay:
             )
             return {row[0] for row in cursor.fetchall()}
 
-    def _check_versions(self, event: OutboxEvent) -> _Failure | None:
-        refusing = [
-            s.name
-            for s in subscribers_for(event.event_type)
-            if event.schema_version not in s.versions
-        ]
-        if not refusing:
-            return None
-        message = (
-            f"schema version {event.schema_version} of {event.event_type!r} is not accepted "
-            f"by {', '.join(refusing)}"
-        )
-        logger.error(
-            "event %s: %s; dead-lettered",
-            event.id,
-            message,
-            extra={"event_id": str(event.id), "event_type": event.event_type},
-        )
-        return _Failure(event.id, True, 0.0, "unsupported_schema_version", bound(message))
-
     def _project_one(
         self, event: OutboxEvent, jobs: DeferredEnqueues, *, flush: bool
-    ) -> _Failure | None:
+    ) -> subscribers.Failure | None:
         """Project ``event`` in a savepoint (and, with ``flush``, write the jobs it enqueued
         there); its failure, if any.
 
@@ -455,92 +396,35 @@ class Relay:
         are its failure. A broken connection is nobody's: ``_ConnectionLost`` abandons the batch.
         Any other error of the relay's own statements leaves the turn.
         """
-        refused = self._check_versions(event)
+        refused = subscribers.check_versions(event)
         if refused is not None:
             return refused
         mark = jobs.mark()
         try:
             with transaction.atomic(using=self.using):  # a savepoint: this event only
-                self._run_subscribers(event)
+                subscribers.run_subscribers(event, self.using)
                 if flush:
                     jobs.flush()
         except Exception as error:
             jobs.discard_from(mark)
-            if isinstance(error, _ClosedBySubscriber):
+            if isinstance(error, subscribers.ClosedBySubscriber):
                 raise
-            cause = error.error if isinstance(error, _Raised) else error
+            cause = error.error if isinstance(error, subscribers.SubscriberRaised) else error
             if self._connection_lost():
                 raise _ConnectionLost from cause
-            if isinstance(error, _Raised):
-                return self._failure(event, cause, _code(cause))
+            if isinstance(error, subscribers.SubscriberRaised):
+                return self._failure(event, cause, subscribers.code_of(cause))
             if classify_error(error) is ErrorKind.DATA:
-                return self._failure(event, error, UNWRITABLE_JOB)
+                return self._failure(event, error, subscribers.UNWRITABLE_JOB)
             raise
         return None
 
-    def _run_subscribers(self, event: OutboxEvent) -> None:
-        """Run ``event``'s subscribers; whatever one raises (``KeyboardInterrupt`` aside) comes
-        out as ``_Raised``, so that it is told apart from the relay's own statements, and a
-        connection closed by one of them as ``_ClosedBySubscriber``."""
-        wrapper = connections[self.using]
-        try:
-            for projection in subscribers_for(event.event_type):
-                projection(event)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as error:  # SystemExit too: a subscriber's, not the process's
-            if wrapper.closed_in_transaction:
-                raise _ClosedBySubscriber(event) from error
-            raise _Raised(error) from error
-        # Set by Django's close() alone, never by a connection the server dropped.
-        if wrapper.closed_in_transaction:
-            raise _ClosedBySubscriber(event)
-
-    def _failure(self, event: OutboxEvent, error: BaseException, code: str) -> _Failure:
-        # ``attempts`` counts the failures before this one, and, for an event taken over, this
-        # very run: the claim counted it before any subscriber ran (CLAIM_EVENTS).
-        attempt = event.attempts if event.id in self._suspects else event.attempts + 1
-        summary = summarize(error)
-        if code == UNWRITABLE_JOB:
-            summary = bound(f"a job it enqueued cannot be written: {summary}")
-        elif code == CLOSED_RELAY_CONNECTION:
-            summary = bound(str(error))
-        # Whatever a subscriber raised, the event is retried until its attempts run out.
-        failed = failure_outcome(
+    def _failure(self, event: OutboxEvent, error: BaseException, code: str) -> subscribers.Failure:
+        return subscribers.failure(
+            event,
             error,
-            attempt=attempt,
+            code,
+            suspect=event.id in self._suspects,
             max_attempts=self.settings.max_attempts,
             policy=self.policy,
-            kind=Kind.TRANSIENT,
-            code=code,
-            summary=summary,
         )
-        dead, delay = failed.dead, failed.delay
-        arguments = (
-            event.id,
-            event.event_type,
-            attempt,
-            self.settings.max_attempts,
-            summary,
-            "dead" if dead else f"retry in {delay:.1f}s",
-        )
-        fields = {"event_id": str(event.id), "event_type": event.event_type, "attempt": attempt}
-        try:
-            logger.error(
-                "event %s (%s) attempt %d/%d: %s -> %s", *arguments, exc_info=error, extra=fields
-            )
-        except BaseException:  # a traceback that cannot be formatted (its __class__ raises)
-            logger.error(
-                "event %s (%s) attempt %d/%d: %s -> %s (its traceback could not be formatted)",
-                *arguments,
-                extra=fields,
-            )
-        return _Failure(event.id, dead, delay, code, summary)
-
-
-def _code(error: BaseException) -> str:
-    """``error_code(error)``, bounded; the class name when its ``code`` is not text."""
-    try:
-        return bound(error_code(error), 200)
-    except Exception:
-        return bound(type(error).__name__, 200)

@@ -1,206 +1,36 @@
-"""The ``PGOUTBOX`` settings dict, merged over documented defaults, typed and validated.
-
-Every value is read through :func:`get_settings`, which parses ``settings.PGOUTBOX`` once and
-caches the result until Django's ``setting_changed`` signal says it changed (as
-``override_settings`` does). Parsing collects every problem instead of stopping at the first, so
-that one ``manage.py check`` run names them all. :mod:`django_pgoutbox.checks` turns them into
-system check errors, and :func:`get_settings` raises ``ImproperlyConfigured`` if code runs with a
-broken configuration anyway.
-"""
+"""Parsing ``PGOUTBOX``: every problem collected, each naming its key, with defaults where a
+value is broken."""
 
 from __future__ import annotations
 
 import difflib
-import functools
 import math
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from django.core.signals import setting_changed
-from django.dispatch import receiver
 
-SETTING_NAME = "PGOUTBOX"
-
-#: The notification channel that wakes job workers; the payload is the queue name.
-JOBS_CHANNEL = "pgoutbox_jobs"
-#: The notification channel that tells workers a running job of a queue was asked to stop.
-CANCEL_CHANNEL = "pgoutbox_cancel"
-#: The notification channel that wakes the outbox relay; the payload is the event type.
-OUTBOX_CHANNEL = "outbox_ready"
-
-#: Queue names travel in NOTIFY payloads, metric labels and command-line flags: keep them plain.
-QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")
-
-#: The longest duration any setting, retry or snooze may ask for (365 days), in seconds. Every
-#: delay is refused when it is not a finite number >= 0 and cut to this ceiling where it is made,
-#: so that ``now() + delay`` (PostgreSQL) and ``Event.wait(delay)`` (Python) always accept it.
-MAX_DELAY_CEILING = 365 * 24 * 3600.0
-
-#: The longest retention a setting may keep finished rows for (100 years), in seconds.
-MAX_RETENTION = 100 * 365 * 24 * 3600.0
-
-#: The shortest ``LEASE_SECONDS``: a lease shorter than a renewal's round trip (1e-9 s is
-#: "now" to PostgreSQL's microseconds) expires while its job runs, which then runs twice.
-MIN_LEASE_SECONDS = 0.5
-
-#: ``attempts`` and ``max_attempts`` are 32-bit integer columns.
-MAX_INT32 = 2**31 - 1
-
-#: Keys a queue may override; each defaults to the top-level key of the same name.
-QUEUE_KEYS = ("CONCURRENCY", "LEASE_SECONDS", "POLL_INTERVAL")
-
-DEFAULTS: dict[str, Any] = {
-    # Queue name -> overrides of CONCURRENCY, LEASE_SECONDS and POLL_INTERVAL for that queue.
-    "QUEUES": {"default": {}},
-    # Handler threads per queue in one ``runworkers`` process.
-    "CONCURRENCY": 4,
-    # How long a claim lasts before another worker may take the job over; renewed while it runs.
-    "LEASE_SECONDS": 60,
-    # Seconds between reconciliation polls; NOTIFY only shortens the wait.
-    "POLL_INTERVAL": 5.0,
-    # Attempts a job gets unless its @job(max_attempts=...) says otherwise.
-    "MAX_ATTEMPTS": 10,
-    "RETRY": {
-        # Exponential backoff: BASE_DELAY * 2**min(attempt, 10), capped at MAX_DELAY (seconds).
-        "BASE_DELAY": 1.0,
-        "MAX_DELAY": 3600.0,
-        # Fraction of the delay added or removed at random, so that retries do not stampede.
-        "JITTER": 0.1,
-        # Retries granted to an exception the policy does not know, before it is dead-lettered.
-        "UNKNOWN_ERROR_RETRIES": 3,
-    },
-    "RETENTION": {
-        # How long finished rows are kept before pruning; None keeps them forever.
-        "COMPLETED_JOBS": timedelta(days=7),
-        "CANCELLED_JOBS": timedelta(days=7),
-        "PROCESSED_EVENTS": timedelta(days=7),
-    },
-    "OUTBOX": {
-        # Events the relay claims (and projects in one transaction) at a time.
-        "BATCH_SIZE": 500,
-        # The relay's claim lasts this long; then another relay may take the event over.
-        "CLAIM_SECONDS": 60,
-        # Projection attempts before a failing event is dead (its aggregate's later events wait).
-        "MAX_ATTEMPTS": 10,
-        # Seconds between the relay's polls; None uses the top-level POLL_INTERVAL.
-        "POLL_INTERVAL": None,
-        # Outbox reconciliation warns about events still unprocessed this long after they occurred.
-        "OVERDUE_SECONDS": 300,
-    },
-    # The queue of the built-in maintenance schedules (lease recovery, pruning, reconciliation).
-    "MAINTENANCE_QUEUE": "default",
-    # Send pg_notify wake-ups on enqueue and publish; workers poll either way.
-    "NOTIFY": True,
-    # Recurring schedules: name -> definition (see docs/scheduling.md).
-    "SCHEDULES": {},
-    # Database alias -> alias of a direct connection to LISTEN on, for a database reached
-    # through a transaction-pooling proxy (see docs/databases.md).
-    "LISTEN_DATABASES": {},
-}
-
-#: Per-queue keys that have no top-level counterpart, with their defaults (docs/limits.md).
-QUEUE_ONLY_DEFAULTS: dict[str, Any] = {
-    "PREFETCH": 2000,
-    "CONNECTIONS": 2,
-    "FAIR": False,
-    "MAX_RUNNING": None,
-    "RATE_LIMIT": None,
-    "LIMIT_BY": None,
-}
-
-#: Values of a queue's LIMIT_BY.
-LIMIT_BY_CHOICES = ("organization",)
+from django_pgoutbox.conf.values import (
+    DEFAULTS,
+    LIMIT_BY_CHOICES,
+    MAX_DELAY_CEILING,
+    MAX_INT32,
+    MAX_RETENTION,
+    MIN_LEASE_SECONDS,
+    QUEUE_NAME_RE,
+    QUEUE_ONLY_DEFAULTS,
+    SETTING_NAME,
+    OutboxSettings,
+    PgOutboxSettings,
+    QueueSettings,
+    RetentionSettings,
+    RetrySettings,
+    SettingsProblem,
+)
 
 
-@dataclass(frozen=True)
-class QueueSettings:
-    name: str
-    concurrency: int
-    lease_seconds: float
-    poll_interval: float
-    #: The most jobs a worker may hold claimed beyond its busy threads, so that fast jobs are
-    #: claimed in batches; how many it holds follows the queue's pace (see docs/workers.md).
-    prefetch: int = 2000
-    #: The dispatcher connections of this queue in each worker: with two, a claim can go out
-    #: while the previous one is still in flight (see docs/workers.md). A fair or limited queue
-    #: claims under its lock, one connection.
-    connections: int = 2
-    #: Interleave organizations in each claim (see docs/limits.md).
-    fair: bool = False
-    #: Most jobs of this queue running at once across every worker; None: no cap.
-    max_running: int | None = None
-    #: Most jobs of this queue started per second across every worker; None: no limit.
-    rate_limit: float | None = None
-    #: "organization": MAX_RUNNING and RATE_LIMIT apply to each organization apart.
-    limit_by: str | None = None
-
-    @property
-    def limited(self) -> bool:
-        """Whether claims of this queue must be serialized across workers to honour a limit."""
-        return self.max_running is not None or self.rate_limit is not None
-
-
-@dataclass(frozen=True)
-class RetrySettings:
-    base_delay: float
-    max_delay: float
-    jitter: float
-    unknown_error_retries: int
-
-
-@dataclass(frozen=True)
-class RetentionSettings:
-    completed_jobs: timedelta | None
-    cancelled_jobs: timedelta | None
-    processed_events: timedelta | None
-
-
-@dataclass(frozen=True)
-class OutboxSettings:
-    batch_size: int
-    claim_seconds: float
-    max_attempts: int
-    poll_interval: float
-    overdue_seconds: float
-
-
-@dataclass(frozen=True)
-class PgOutboxSettings:
-    queues: Mapping[str, QueueSettings]
-    concurrency: int
-    lease_seconds: float
-    poll_interval: float
-    max_attempts: int
-    retry: RetrySettings
-    retention: RetentionSettings
-    outbox: OutboxSettings
-    maintenance_queue: str
-    notify: bool
-    schedules: Mapping[str, Any] = field(default_factory=dict)
-    #: Database alias -> the alias whose connection LISTENs for it (a direct connection when
-    #: the main one goes through a transaction-pooling proxy).
-    listen_databases: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class SettingsProblem:
-    """One thing wrong with ``PGOUTBOX``; ``check_id`` is the system check that reports it."""
-
-    key: str
-    message: str
-    hint: str | None = None
-    check_id: str = "pgoutbox.E004"
-
-    def __str__(self) -> str:
-        return f"{self.key}: {self.message}"
-
-
-class _Parser:
+class Parser:
     def __init__(self) -> None:
         self.problems: list[SettingsProblem] = []
 
@@ -285,7 +115,7 @@ class _Parser:
 
 def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
     """Parse a ``PGOUTBOX`` value; return usable settings (defaults where broken) and problems."""
-    parser = _Parser()
+    parser = Parser()
     top = parser.section(raw, DEFAULTS, SETTING_NAME)
 
     concurrency = parser.positive_int(top["CONCURRENCY"], f"{SETTING_NAME}['CONCURRENCY']")
@@ -399,7 +229,7 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
 
 
 def _parse_queues(
-    parser: _Parser, raw: Any, concurrency: int, lease: float, poll: float
+    parser: Parser, raw: Any, concurrency: int, lease: float, poll: float
 ) -> dict[str, QueueSettings]:
     key = f"{SETTING_NAME}['QUEUES']"
     if not isinstance(raw, Mapping):
@@ -477,30 +307,3 @@ def _parse_queues(
             limit_by=limit_by,
         )
     return queues
-
-
-@functools.cache
-def _cached() -> tuple[PgOutboxSettings, tuple[SettingsProblem, ...]]:
-    parsed, problems = parse_settings(getattr(settings, SETTING_NAME, None))
-    return parsed, tuple(problems)
-
-
-def settings_problems() -> tuple[SettingsProblem, ...]:
-    """What is wrong with the current ``PGOUTBOX`` (empty when it is valid)."""
-    return _cached()[1]
-
-
-def get_settings() -> PgOutboxSettings:
-    """The parsed ``PGOUTBOX``; raises ``ImproperlyConfigured`` naming every bad key."""
-    parsed, problems = _cached()
-    if problems:
-        raise ImproperlyConfigured(
-            "Invalid PGOUTBOX setting:\n" + "\n".join(f"  - {p}" for p in problems)
-        )
-    return parsed
-
-
-@receiver(setting_changed)
-def _reset_on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting == SETTING_NAME:
-        _cached.cache_clear()
