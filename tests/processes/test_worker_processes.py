@@ -303,3 +303,43 @@ def test_a_failed_loop_stops_the_worker_with_an_error(start_worker: Any) -> None
     output = worker.output()
     assert "pgoutbox-dispatch-default failed; stopping this worker" in output
     assert "stopped because pgoutbox-dispatch-default failed" in output
+
+
+def test_grace_end_cancels_a_claim_stuck_behind_another_sessions_lock(
+    start_worker: Any, raw_connection_params: dict[str, Any]
+) -> None:
+    """A limited queue's claim waits on the queue's lock, which another session holds and never
+    lets go. At SIGTERM the grace period ends, the statement is cancelled a second later, and the
+    process exits: no lock anywhere on the server keeps it from stopping."""
+    import psycopg
+
+    job = enqueue("tests.behave", {})
+    with psycopg.connect(**raw_connection_params) as holder:
+        holder.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended('pgoutbox.claim:' || %s, 0))",
+            ["default"],
+        )
+        worker = start_worker(
+            "--queues",
+            "default",
+            "--grace-period",
+            "0.5",
+            QUEUES={"default": {"MAX_RUNNING": 2}},
+            **QUICK,
+        )
+
+        def claim_waits_on_the_lock() -> bool:
+            """the worker's claim is waiting on the queue's lock"""
+            return worker.backends("wait_event_type = 'Lock' AND wait_event = 'advisory'") > 0
+
+        wait_for(claim_waits_on_the_lock)
+        started = time.monotonic()
+        worker.signal(signal.SIGTERM)
+        status = worker.wait(timeout=15)
+        took = time.monotonic() - started
+        assert claim_waits_on_the_lock() is False
+        holder.rollback()
+    assert status == 0, worker.output()
+    assert took < scaled(6), f"exited {took:.1f}s after SIGTERM"
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (JobStatus.PENDING, 0)
