@@ -380,8 +380,11 @@ def test_a_job_that_kills_its_process_dies_alone(start_worker: Any) -> None:
     )
     poison, innocents = jobs[0], jobs[1:]
     crashes = 0
+    # An innocent running alone must keep its lease: under a loaded machine's stalls, a lease
+    # of 1 s was once lost (and that attempt, alone, counted). Scaled with the suite's deadlines.
+    settings = {**QUICK, "LEASE_SECONDS": scaled(1.0)}
     while True:
-        worker = start_worker(*FOUR, **QUICK)
+        worker = start_worker(*FOUR, **settings)
         wait_for(partial(exited_or_dead, worker.process, poison), timeout=30)
         if worker.process.poll() is None:
             break
