@@ -177,10 +177,29 @@ def unapplied_migrations(alias: str) -> list[str]:
     ]
 
 
-def require_migrated(alias: str) -> None:
-    """Raise ``CommandError`` naming the missing migrations, if ``alias`` lacks any."""
+def require_postgresql(alias: str) -> None:
+    """Raise ``CommandError`` if ``alias`` (a command's ``--database``) is not a PostgreSQL
+    database of ``DATABASES``."""
     from django.core.management.base import CommandError
 
+    if alias not in settings.DATABASES:
+        raise CommandError(
+            f"--database {alias!r} is not in DATABASES "
+            f"(it has {', '.join(map(repr, settings.DATABASES))})"
+        )
+    if connections[alias].vendor != "postgresql":
+        raise CommandError(
+            f"--database {alias!r} is a {connections[alias].vendor} database; "
+            "django-pgoutbox needs PostgreSQL"
+        )
+
+
+def require_migrated(alias: str) -> None:
+    """Raise ``CommandError`` naming the missing migrations, if ``alias`` lacks any (or is not
+    a PostgreSQL database of ``DATABASES``)."""
+    from django.core.management.base import CommandError
+
+    require_postgresql(alias)
     missing = unapplied_migrations(alias)
     if missing:
         raise CommandError(

@@ -59,6 +59,11 @@ class Heartbeat:
         self._first = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pgoutbox-heartbeat", daemon=True)
 
+    @property
+    def params(self) -> dict[str, Any]:
+        """HEARTBEAT's parameters for this process."""
+        return dict(self._params)
+
     def start(self) -> None:
         """Write the first beat (on the heartbeat thread's own connection), then beat on."""
         self._thread.start()
@@ -76,7 +81,12 @@ class Heartbeat:
         self._stop.set()
         self._thread.join(timeout=5)
         try:
-            WorkerHeartbeat.objects.using(self.using).filter(worker_id=self.worker_id).delete()
+            # Its own row only: never one that another process wrote under this id.
+            WorkerHeartbeat.objects.using(self.using).filter(
+                worker_id=self.worker_id,
+                hostname=self._params["hostname"],
+                pid=self._params["pid"],
+            ).delete()
         except DatabaseError:
             pass  # the row ages out of the report on its own
         finally:

@@ -14,6 +14,7 @@ from django.conf import settings
 from django_pgoutbox.conf.values import (
     DEFAULTS,
     LIMIT_BY_CHOICES,
+    MAX_CONCURRENCY,
     MAX_DELAY_CEILING,
     MAX_INT32,
     MAX_RETENTION,
@@ -118,7 +119,9 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
     parser = Parser()
     top = parser.section(raw, DEFAULTS, SETTING_NAME)
 
-    concurrency = parser.positive_int(top["CONCURRENCY"], f"{SETTING_NAME}['CONCURRENCY']")
+    concurrency = parser.positive_int(
+        top["CONCURRENCY"], f"{SETTING_NAME}['CONCURRENCY']", maximum=MAX_CONCURRENCY
+    )
     lease = parser.seconds(
         top["LEASE_SECONDS"], f"{SETTING_NAME}['LEASE_SECONDS']", minimum=MIN_LEASE_SECONDS
     )
@@ -296,7 +299,9 @@ def _parse_queues(
             connections=parser.positive_int(
                 merged["CONNECTIONS"], f"{queue_key}['CONNECTIONS']", minimum=1
             ),
-            concurrency=parser.positive_int(merged["CONCURRENCY"], f"{queue_key}['CONCURRENCY']"),
+            concurrency=parser.positive_int(
+                merged["CONCURRENCY"], f"{queue_key}['CONCURRENCY']", maximum=MAX_CONCURRENCY
+            ),
             lease_seconds=parser.seconds(
                 merged["LEASE_SECONDS"], f"{queue_key}['LEASE_SECONDS']", minimum=MIN_LEASE_SECONDS
             ),

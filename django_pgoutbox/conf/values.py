@@ -32,6 +32,10 @@ MAX_RETENTION = 100 * 365 * 24 * 3600.0
 #: "now" to PostgreSQL's microseconds) expires while its job runs, which then runs twice.
 MIN_LEASE_SECONDS = 0.5
 
+#: The most handler threads one queue of one process may run (``CONCURRENCY``,
+#: ``runworkers --concurrency``): each is an operating system thread with its own stack.
+MAX_CONCURRENCY = 1000
+
 #: ``attempts`` and ``max_attempts`` are 32-bit integer columns.
 MAX_INT32 = 2**31 - 1
 

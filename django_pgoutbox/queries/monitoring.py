@@ -109,3 +109,22 @@ WHERE name = %(name)s
 
 #: Whether autovacuum is on (check ``pgoutbox.W001``).
 AUTOVACUUM_ON = "SELECT current_setting('autovacuum')::boolean"
+
+#: A worker id's heartbeat row, locked until the transaction ends: its process (hostname, pid)
+#: and the seconds since it was last written. Parameters: worker_id text.
+LOCK_WORKER_ID = """
+SELECT hostname, pid, extract(epoch FROM now() - last_seen_at)::float8
+FROM worker_heartbeats
+WHERE worker_id = %s
+FOR UPDATE
+"""
+
+#: Take a worker id no row holds: the first heartbeat of this process, unless another process
+#: wrote one for the id meanwhile (then nothing is returned). Named parameters: those of
+#: HEARTBEAT.
+TAKE_WORKER_ID = """
+INSERT INTO worker_heartbeats (worker_id, hostname, pid, roles, queues)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(roles)s::jsonb, %(queues)s::jsonb)
+ON CONFLICT (worker_id) DO NOTHING
+RETURNING worker_id
+"""

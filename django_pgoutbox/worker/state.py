@@ -47,6 +47,8 @@ class RunnerSnapshot:
     reserved: int
     #: Attempts failed for their timeout whose handler has not returned.
     abandoned: int
+    #: Outcomes written since the queue started.
+    written: int
     suspect_held: bool
     suspect_alone: bool
     #: Statements sent on each lane, and whether its connection is open.
@@ -80,6 +82,8 @@ class QueueState:
         self.abandoned: dict[tuple[int, int], Attempt] = {}
         #: Attempts to give back unstarted (UNCLAIM_JOBS) as soon as a lane is free.
         self.to_unclaim: list[Attempt] = []
+        #: Outcomes written since the queue started (``runworkers --max-jobs``).
+        self.written_total = 0
 
     # -- what the handler threads post -----------------------------------------------------------
 
@@ -238,6 +242,7 @@ class QueueState:
             if attempt.state == WRITING:
                 attempts.pop(attempt.slot, None)
         self.writing -= sum(1 for outcome in request.batch if not outcome.timed_out)
+        self.written_total += len(request.written)
         outcome_writes.count_written(self.queue, request.written, request.applied)
         self.reserved -= request.limit
         if request.limit:
@@ -312,6 +317,7 @@ class QueueState:
             writing=self.writing,
             reserved=self.reserved,
             abandoned=len(self.abandoned),
+            written=self.written_total,
             suspect_held=held is not None,
             suspect_alone=alone is not None,
             lane_turns=tuple(turns),

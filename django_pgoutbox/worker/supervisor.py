@@ -7,14 +7,22 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from django.db import router
 
-from django_pgoutbox.conf import CANCEL_CHANNEL, JOBS_CHANNEL, OUTBOX_CHANNEL, get_settings
+from django_pgoutbox.conf import (
+    CANCEL_CHANNEL,
+    JOBS_CHANNEL,
+    MAX_CONCURRENCY,
+    OUTBOX_CHANNEL,
+    get_settings,
+)
 from django_pgoutbox.health import Heartbeat
 from django_pgoutbox.models import Job
 from django_pgoutbox.scheduler import Scheduler, load_schedules
+from django_pgoutbox.worker import recycling, worker_ids
 from django_pgoutbox.worker.listener import Listener
 from django_pgoutbox.worker.relay import Relay
 from django_pgoutbox.worker.runner import AloneGate, QueueRunner
@@ -28,6 +36,25 @@ ROLES = ("jobs", "relay", "scheduler")
 def default_worker_id() -> str:
     """``host:pid:random``: unique per process, readable in ``jobs.locked_by``."""
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+#: The longest ``--worker-id``: it is written into every job's ``worker_ids`` and each lease.
+MAX_WORKER_ID_LENGTH = 200
+
+
+def check_worker_id(worker_id: str) -> str:
+    """``worker_id`` if it can name a worker; else ``ValueError`` saying why."""
+    if not isinstance(worker_id, str) or not worker_id.strip():
+        raise ValueError(f"worker id must be non-empty text, not {worker_id!r}")
+    if len(worker_id) > MAX_WORKER_ID_LENGTH:
+        raise ValueError(
+            f"worker id must be at most {MAX_WORKER_ID_LENGTH} characters, not {len(worker_id):,}"
+        )
+    if not worker_id.isprintable():
+        raise ValueError(
+            f"worker id {worker_id!r} must hold printable characters only (no NUL, no newline)"
+        )
+    return worker_id
 
 
 class WorkerFailed(RuntimeError):
@@ -52,6 +79,7 @@ class Worker:
         worker_id: str | None = None,
         using: str | None = None,
         grace_period: float = 30.0,
+        recycle: recycling.Recycling | None = None,
     ) -> None:
         conf = get_settings()
         self.roles = list(dict.fromkeys(roles))
@@ -61,7 +89,16 @@ class Worker:
                 f"unknown role(s) {', '.join(map(repr, unknown_roles)) or '(none given)'}; "
                 f"roles are {', '.join(ROLES)}"
             )
-        self.worker_id = worker_id or default_worker_id()
+        if concurrency is not None and (
+            isinstance(concurrency, bool)
+            or not isinstance(concurrency, int)
+            or not 1 <= concurrency <= MAX_CONCURRENCY
+        ):
+            raise ValueError(
+                f"concurrency must be a whole number from 1 to {MAX_CONCURRENCY}, "
+                f"not {concurrency!r}"
+            )
+        self.worker_id = check_worker_id(worker_id) if worker_id else default_worker_id()
         self.using = using or router.db_for_write(Job)
         # A burst drains what is already due: nothing to wait for, so nothing to listen to.
         self.listen = conf.notify and not burst
@@ -100,6 +137,11 @@ class Worker:
             )
         self.listener: Listener | None = None
         self.failed: list[str] = []  # the loops that raised
+        #: The limits past which this process recycles itself (``runworkers --max-jobs``...).
+        self.recycling = recycle or recycling.Recycling(max_abandoned=None)
+        #: Why the worker stopped to recycle itself (the limit it reached), or None. The
+        #: thread of ``run()`` alone writes it.
+        self.recycled: str | None = None
 
     @staticmethod
     def _queue_names(
@@ -128,7 +170,10 @@ class Worker:
         return ", ".join(parts)
 
     def run(self) -> None:
-        """Run until ``stop()`` (or, with ``burst``, until nothing is due)."""
+        """Run until ``stop()`` (or, with ``burst``, until nothing is due); raises
+        ``WorkerIdInUse`` first if another live process runs under this worker id."""
+        heartbeat = Heartbeat(self.worker_id, self.roles, list(self.runners), self.using)
+        worker_ids.take(heartbeat.params, self.using)
         logger.info("worker %s running %s", self.worker_id, self.describe())
         if self.listen:
             channels: dict[str, Callable[[str], None]] = {}
@@ -154,14 +199,11 @@ class Worker:
             threading.Thread(target=self._guarded(name, target), name=name)
             for name, target in loops
         ]
-        heartbeat = Heartbeat(self.worker_id, self.roles, list(self.runners), self.using)
         heartbeat.start()
         for thread in threads:
             thread.start()
         try:
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(0.5)
+            self._watch(threads)
         finally:
             heartbeat.stop()
             if self.listener is not None:
@@ -172,6 +214,34 @@ class Worker:
             raise WorkerFailed(
                 f"worker {self.worker_id} stopped because {', '.join(self.failed)} failed"
             )
+
+    def _watch(self, threads: list[threading.Thread]) -> None:
+        """Wait for ``threads`` to end; meanwhile, stop the worker once it is past one of its
+        recycling limits."""
+        watching = self.recycling.limited
+        next_check = time.monotonic() + recycling.CHECK_INTERVAL
+        while alive := [thread for thread in threads if thread.is_alive()]:
+            alive[0].join(max(0.0, next_check - time.monotonic()) if watching else 0.5)
+            if watching and time.monotonic() >= next_check:
+                next_check = time.monotonic() + recycling.CHECK_INTERVAL
+                self.recycled = self._recycle_reason()
+                if self.recycled is not None:
+                    watching = False
+                    logger.warning(
+                        "worker %s recycles: %s; finishing its running jobs, then starting again",
+                        self.worker_id,
+                        self.recycled,
+                    )
+                    self.stop()
+
+    def _recycle_reason(self) -> str | None:
+        snapshots = [runner.snapshot() for runner in self.runners.values()]
+        limits = self.recycling
+        return limits.reason(
+            jobs=sum(snapshot.written for snapshot in snapshots),
+            memory=recycling.resident_memory() if limits.max_memory is not None else None,
+            abandoned=sum(snapshot.abandoned for snapshot in snapshots),
+        )
 
     def _guarded(self, name: str, target: Callable[[], None]) -> Callable[[], None]:
         """``target``, but an error that escapes it stops the whole worker.

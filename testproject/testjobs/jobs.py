@@ -371,3 +371,16 @@ def snooze_then_sleep(payload: dict[str, Any], ctx: JobContext) -> Any:
     time.sleep(payload.get("sleep", 3.0))
     record(ctx, "end")
     return {"attempt": ctx.attempt}
+
+
+# -- Leaks (tests/processes/test_recycling.py) --------------------------------------------
+
+#: What ``tests.leak`` keeps, for the life of its process: a handler that leaks.
+_LEAKED: list[bytes] = []
+
+
+@job("tests.leak")
+def leak(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Keep ``mb`` MiB (touched, so resident) for as long as the process lives."""
+    _LEAKED.append(b"x" * (payload.get("mb", 10) * 2**20))
+    record(ctx, "end")

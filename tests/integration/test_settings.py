@@ -312,13 +312,25 @@ class TestDurationsAndCounts:
         [
             {"MAX_ATTEMPTS": 2**40},
             {"OUTBOX": {"MAX_ATTEMPTS": 2**31}},
-            {"QUEUES": {"default": {"CONCURRENCY": 10**12}}},
         ],
     )
     def test_a_count_beyond_32_bits_is_refused(self, raw: Any) -> None:
         messages = [m for _, _, m in problems_of(raw)]
         assert messages
         assert "must be an integer <= 2147483647" in messages[0]
+
+    @pytest.mark.parametrize(
+        ("raw", "key"),
+        [
+            ({"QUEUES": {"default": {"CONCURRENCY": 10**12}}}, "['QUEUES']['default']"),
+            ({"CONCURRENCY": 1001}, "['CONCURRENCY']"),
+        ],
+    )
+    def test_concurrency_beyond_a_thousand_threads_is_refused(self, raw: Any, key: str) -> None:
+        found = [(k, m) for _, k, m in problems_of(raw)]
+        assert found
+        assert key in found[0][0]
+        assert "must be an integer <= 1000" in found[0][1]
 
     def test_max_delay_of_365_days_is_accepted(self) -> None:
         assert problems_of({"RETRY": {"MAX_DELAY": timedelta(days=365)}}) == []

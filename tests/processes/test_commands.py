@@ -15,7 +15,23 @@ from django_pgoutbox.models import Job, JobStatus
     [
         (["--concurrency", "0"], "must be at least 1"),
         (["--concurrency", "many"], "is not an integer"),
-        (["--grace-period", "-1"], "must be >= 0"),
+        (["--grace-period", "-1"], "must be a finite number >= 0"),
+        # nan passed every comparison: SIGTERM then spun at 100% CPU, never releasing a job
+        (["--grace-period", "nan"], "must be a finite number >= 0, not 'nan'"),
+        (["--grace-period", "inf"], "must be a finite number >= 0, not 'inf'"),
+        (["--grace-period", "1e300"], "must be at most 31536000 seconds"),
+        (["--concurrency", "99999999"], "must be at most 1,000, not 99,999,999"),
+        (["--metrics-port", "70000"], "must be at most 65,535, not 70,000"),
+        (["--metrics-port", "0"], "must be at least 1"),
+        (["--max-jobs", "0"], "must be at least 1"),
+        (["--max-memory", "-5"], "must be at least 1"),
+        (["--max-memory", "lots"], "'lots' is not an integer"),
+        (["--max-abandoned-threads", "-1"], "must be >= 0"),
+        (["--database", "nope"], "--database 'nope' is not in DATABASES"),
+        (["--worker-id", "w" * 201], "worker id must be at most 200 characters, not 201"),
+        (["--worker-id", "a\x00b"], "must hold printable characters only"),
+        (["--worker-id", "a\nb"], "must hold printable characters only"),
+        (["--worker-id", "  "], "worker id must be non-empty text"),
         (["--gc-threshold", "-1"], "must be >= 0"),
         (["--gc-threshold", "many"], "'many' is not an integer"),
         (["--queues", ","], "expected comma-separated queue names"),
@@ -33,6 +49,59 @@ from django_pgoutbox.models import Job, JobStatus
 def test_runworkers_rejects_bad_arguments(args: list[str], message: str) -> None:
     with pytest.raises(CommandError, match=message.replace("(", r"\(").replace(")", r"\)")):
         call_command("runworkers", *args)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["stats", "--watch", "-1"], "must be from 0.1 to 86400 seconds, not '-1'"),
+        (["stats", "--watch", "nan"], "must be from 0.1 to 86400 seconds, not 'nan'"),
+        (["stats", "--watch", "0"], "must be from 0.1 to 86400 seconds, not '0'"),
+        (["deadletters", "list", "--limit", "-1"], "must be from 1 to 10,000, not -1"),
+        (
+            ["deadletters", "list", "--limit", "99999999999999999999"],
+            "must be from 1 to 10,000",
+        ),
+        (["--database", "nope", "stats"], "--database 'nope' is not in DATABASES"),
+    ],
+)
+def test_pgoutbox_rejects_bad_arguments(args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("pgoutbox", *args)
+
+
+def test_ctrl_c_ends_stats_watch_quietly() -> None:
+    """Ctrl-C is how ``stats --watch`` ends: exit status 0, no traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from tests.processes import database_url_for_tests, scaled
+
+    root = Path(__file__).resolve().parents[2]
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "pgoutbox", "stats", "--watch", "0.2"],
+        cwd=root,
+        env={**os.environ, "DATABASE_URL": database_url_for_tests()},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(scaled(2.0))  # Django's start-up, then a few refreshes
+        assert process.poll() is None, process.communicate()
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=scaled(10))
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert "KeyboardInterrupt" not in err, err
+    assert "queue" in out
 
 
 @pytest.mark.parametrize(("threshold", "expected"), [("12345", 12345), ("0", None)])

@@ -330,7 +330,7 @@ def test_grace_end_cancels_a_claim_stuck_behind_another_sessions_lock(
 
         def claim_waits_on_the_lock() -> bool:
             """the worker's claim is waiting on the queue's lock"""
-            return worker.backends("wait_event_type = 'Lock' AND wait_event = 'advisory'") > 0
+            return bool(worker.backends("wait_event_type = 'Lock' AND wait_event = 'advisory'") > 0)
 
         wait_for(claim_waits_on_the_lock)
         started = time.monotonic()

@@ -15,7 +15,9 @@ pgoutbox reconcile-outbox            release expired relay claims, report overdu
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import sys
 import time
 import uuid
@@ -29,6 +31,32 @@ from django_pgoutbox import control, maintenance, metrics, scheduler
 from django_pgoutbox.db import require_migrated
 from django_pgoutbox.health import DEFAULT_MAX_AGE, health_report
 from django_pgoutbox.models import Job
+
+
+def _seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not math.isfinite(number) or not 0.1 <= number <= 86400:
+        raise argparse.ArgumentTypeError(f"must be from 0.1 to 86400 seconds, not {value!r}")
+    return number
+
+
+#: ``deadletters list --limit``'s ceiling: one page of a terminal or a script's batch.
+MAX_LIST_LIMIT = 10_000
+
+
+def _limit(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if not 1 <= number <= MAX_LIST_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"must be from 1 to {MAX_LIST_LIMIT:,}, not {value if len(value) < 30 else '…'}"
+        )
+    return number
 
 
 def _uuid(value: str) -> uuid.UUID:
@@ -47,7 +75,10 @@ class Command(BaseCommand):
         stats = sub.add_parser("stats", help="Counts by queue and state, backlog age, outbox lag.")
         stats.add_argument("--json", action="store_true", help="One JSON object, for scripts.")
         stats.add_argument(
-            "--watch", type=float, metavar="SECONDS", help="Refresh every SECONDS until Ctrl-C."
+            "--watch",
+            type=_seconds,
+            metavar="SECONDS",
+            help="Refresh every SECONDS (0.1 to 86400) until Ctrl-C.",
         )
         health = sub.add_parser("health", help="Report liveness; exit status 1 when unhealthy.")
         health.add_argument(
@@ -71,7 +102,9 @@ class Command(BaseCommand):
             command.add_argument("--job-type")
             command.add_argument("--code", help="last_error_code")
             if name == "list":
-                command.add_argument("--limit", type=int, default=50)
+                command.add_argument(
+                    "--limit", type=_limit, default=50, help=f"At most {MAX_LIST_LIMIT:,}."
+                )
             else:
                 command.add_argument("ids", nargs="*", metavar="ID")
                 command.add_argument(
@@ -140,17 +173,22 @@ class Command(BaseCommand):
             )
 
     def _stats(self, using: str, *, as_json: bool, watch: float | None) -> None:
-        while True:
-            gauges = metrics.database_gauges(using)
-            if as_json:
-                self.stdout.write(json.dumps(asdict(gauges), indent=2))
-            else:
-                if watch:
-                    self.stdout.write("\x1b[2J\x1b[H", ending="")  # clear the terminal
-                self._stats_table(gauges)
+        try:
+            while True:
+                gauges = metrics.database_gauges(using)
+                if as_json:
+                    self.stdout.write(json.dumps(asdict(gauges), indent=2))
+                else:
+                    if watch:
+                        self.stdout.write("\x1b[2J\x1b[H", ending="")  # clear the terminal
+                    self._stats_table(gauges)
+                if not watch:
+                    return
+                time.sleep(watch)
+        except KeyboardInterrupt:
             if not watch:
-                return
-            time.sleep(watch)
+                raise
+            self.stdout.write("")  # Ctrl-C: how --watch ends, not an error
 
     def _stats_table(self, gauges: metrics.DatabaseGauges) -> None:
         columns = ("pending", "scheduled", "leased", "retrying", "dead")

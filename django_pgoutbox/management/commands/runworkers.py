@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import math
 import os
 import signal
 import sys
@@ -15,10 +16,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
-from django_pgoutbox.db import require_migrated
+from django_pgoutbox.conf import MAX_CONCURRENCY, MAX_DELAY_CEILING
+from django_pgoutbox.db import require_migrated, require_postgresql
 from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.isolated import kill_isolated_children
+from django_pgoutbox.worker.recycling import DEFAULT_MAX_ABANDONED, Recycling
 from django_pgoutbox.worker.supervisor import ROLES, WorkerFailed
+from django_pgoutbox.worker.worker_ids import WorkerIdInUse
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -37,11 +41,25 @@ def _integer(value: str) -> int:
         raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
 
 
-def _positive_int(value: str) -> int:
+def _positive_int(value: str, maximum: int = 2**31 - 1) -> int:
     number = _integer(value)
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {number}")
+    if number > maximum:
+        raise argparse.ArgumentTypeError(f"must be at most {maximum:,}, not {number:,}")
     return number
+
+
+def _concurrency(value: str) -> int:
+    return _positive_int(value, MAX_CONCURRENCY)
+
+
+def _port(value: str) -> int:
+    return _positive_int(value, 65535)
+
+
+def _mebibytes(value: str) -> int:
+    return _positive_int(value, 2**40) * 2**20
 
 
 def _count(value: str) -> int:
@@ -80,8 +98,12 @@ def _seconds(value: str) -> float:
         number = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, not {number}")
+    if not math.isfinite(number) or number < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {value!r}")
+    if number > MAX_DELAY_CEILING:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_DELAY_CEILING:.0f} seconds (365 days), not {value}"
+        )
     return number
 
 
@@ -117,8 +139,9 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=_positive_int,
-            help="Handler threads per queue, overriding each queue's CONCURRENCY.",
+            type=_concurrency,
+            help="Handler threads per queue, overriding each queue's CONCURRENCY "
+            f"(at most {MAX_CONCURRENCY}).",
         )
         parser.add_argument(
             "--burst",
@@ -137,7 +160,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--metrics-port",
-            type=_positive_int,
+            type=_port,
             help="Serve this process's Prometheus metrics on this port (needs the "
             "'prometheus' extra).",
         )
@@ -155,8 +178,31 @@ class Command(BaseCommand):
             default=None,
             help="Database alias holding the jobs (default: the router's choice).",
         )
+        parser.add_argument(
+            "--max-jobs",
+            type=_positive_int,
+            metavar="N",
+            help="Recycle the process after N jobs: finish the running ones, then start again "
+            "(the same command, in the same process).",
+        )
+        parser.add_argument(
+            "--max-memory",
+            type=_mebibytes,
+            metavar="MiB",
+            help="Recycle the process once its resident memory reaches this many MiB.",
+        )
+        parser.add_argument(
+            "--max-abandoned-threads",
+            type=_count,
+            default=DEFAULT_MAX_ABANDONED,
+            metavar="N",
+            help="Recycle the process once N handler threads, abandoned at their timeout, are "
+            f"still running (default {DEFAULT_MAX_ABANDONED}; 0: never).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["database"] is not None:
+            require_postgresql(options["database"])
         try:
             worker = Worker(
                 roles=options["roles"] or ROLES,
@@ -167,6 +213,11 @@ class Command(BaseCommand):
                 worker_id=options["worker_id"],
                 using=options["database"],
                 grace_period=options["grace_period"],
+                recycle=Recycling(
+                    max_jobs=options["max_jobs"],
+                    max_memory=options["max_memory"],
+                    max_abandoned=options["max_abandoned_threads"] or None,
+                ),
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
@@ -185,6 +236,8 @@ class Command(BaseCommand):
             self.stdout.write(f"Worker {worker.worker_id}: {worker.describe()}")
         try:
             worker.run()
+        except WorkerIdInUse as error:
+            raise CommandError(str(error)) from error
         except WorkerFailed as error:
             raise CommandError(f"{error} (the log above has the error)") from error
         finally:
@@ -195,9 +248,21 @@ class Command(BaseCommand):
         # their threads (daemons) or anything else keep the process alive.
         sys.stdout.flush()
         sys.stderr.flush()
+        if worker.recycled is not None:
+            self._start_again(worker)
         if any(t.daemon and t.is_alive() for t in threading.enumerate()):
             logging.shutdown()
             os._exit(0)
+
+    def _start_again(self, worker: Worker) -> None:
+        """Run this very command again in this process (``exec``): a fresh interpreter, its
+        memory and abandoned threads gone, the same pid for the process manager."""
+        logger.warning("worker %s recycled (%s): starting again", worker.worker_id, worker.recycled)
+        connections.close_all()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, sys.orig_argv)
 
     def _install_signal_handlers(self, worker: Worker) -> None:
         received: list[int] = []
