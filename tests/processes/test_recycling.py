@@ -29,7 +29,7 @@ def completed(count: int) -> Any:
 def recycled(worker: Any, times: int) -> Any:
     def check() -> bool:
         """the process recycled itself"""
-        return worker.output().count("recycled (") >= times
+        return bool(worker.output().count("recycled (") >= times)
 
     return check
 
