@@ -20,7 +20,7 @@ from dataclasses import dataclass
 DEFAULT_MAX_ABANDONED = 16
 
 #: How often (seconds) the worker compares itself with its limits.
-CHECK_INTERVAL = 1.0
+CHECK_INTERVAL = 0.25
 
 
 @dataclass(frozen=True)

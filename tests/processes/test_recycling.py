@@ -35,7 +35,7 @@ def recycled(worker: Any, times: int) -> Any:
 
 
 def test_max_jobs_recycles_the_process_and_every_job_completes(start_worker: Any) -> None:
-    """Past 5 jobs (checked every second) the process finishes its running jobs, gives back
+    """Past 5 jobs (checked every quarter second) the process finishes its running jobs, gives back
     those it had claimed for later, and starts again; every job completes once."""
     enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.25}}] * 16)
     worker = start_worker("--queues", "default", "--max-jobs", "5", "--concurrency", "2", **QUICK)
@@ -124,3 +124,20 @@ def test_a_killed_workers_id_is_free_again_on_its_host(start_worker: Any) -> Non
     second = start_worker("--queues", "default", "--worker-id", "fixed", **QUICK)
     wait_for(lambda: WorkerHeartbeat.objects.filter(worker_id="fixed", pid=second.pid).exists())
     assert second.process.poll() is None
+
+
+def test_sigterm_while_recycling_stops_the_process(start_worker: Any) -> None:
+    """A SIGTERM that comes while the process finishes its jobs to recycle is the last word:
+    the process exits, and does not start again."""
+    slow = enqueue("tests.behave", {"sleep": 3}, priority=5)
+    enqueue("tests.behave", {})
+    worker = start_worker(
+        "--queues", "default", "--max-jobs", "1", "--concurrency", "2", "--grace-period", "10"
+    )
+    wait_for(lambda: "recycles: " in worker.output(), timeout=30)
+    assert Job.objects.get(pk=slow.pk).status == JobStatus.LEASED  # still finishing
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=30) == 0
+    assert "recycled (" not in worker.output()
+    assert worker.output().count("Worker ") == 1  # started once
+    assert Job.objects.get(pk=slow.pk).status == JobStatus.COMPLETED

@@ -248,7 +248,8 @@ class Command(BaseCommand):
         # their threads (daemons) or anything else keep the process alive.
         sys.stdout.flush()
         sys.stderr.flush()
-        if worker.recycled is not None:
+        # Recycled, unless a signal asked the process to stop meanwhile: that one wins.
+        if worker.recycled is not None and not self._signals:
             self._start_again(worker)
         if any(t.daemon and t.is_alive() for t in threading.enumerate()):
             logging.shutdown()
@@ -265,7 +266,9 @@ class Command(BaseCommand):
         os.execv(sys.executable, sys.orig_argv)
 
     def _install_signal_handlers(self, worker: Worker) -> None:
-        received: list[int] = []
+        #: The signals received (their handler runs in the main thread, as ``handle`` does).
+        self._signals: list[int] = []
+        received = self._signals
 
         def handle(signum: int, frame: FrameType | None) -> None:
             received.append(signum)
