@@ -18,25 +18,38 @@ Every page is bounded by what it reads, whatever its query string says:
 - Filters offer names the app knows (configured queues, registered job types, subscribers' event
   types, a bounded sample of the newest dead letters), never ``SELECT DISTINCT`` over the rows.
   The query string takes these filters and nothing else: any other lookup is a 400.
+- Bulk actions act on every selected row, ``CHUNK`` ids per statement, each chunk locked, checked
+  and logged in a transaction of its own; a row that changed since the confirmation page is left
+  alone and counted in the message. "Select all" acts on the rows that matched the filters when
+  the confirmation page was shown, and only with the signed confirmation of that page.
+- Nothing unfinished is deleted: jobs once finished, events once processed, cursors once their
+  schedule is gone. Detail pages are read-only: a save would write back a copy that a worker may
+  have changed since.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import islice
 from math import ceil
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import EmptyResultSet, PermissionDenied
+from django.core import signing
+from django.core.exceptions import EmptyResultSet, PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db import connections, router
+from django.db import connections, router, transaction
 from django.db.models import Model, Q, QuerySet, TextField
 from django.db.models.functions import Cast, Left, Length
-from django.http import HttpRequest, HttpResponse
+from django.forms import BooleanField
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -46,6 +59,8 @@ from django.utils.html import format_html
 from django_pgoutbox import control, metrics, outbox, scheduler
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.models import (
+    CLAIMABLE_STATUSES,
+    FINISHED_STATUSES,
     DeadLetter,
     Job,
     JobStatus,
@@ -54,6 +69,10 @@ from django_pgoutbox.models import (
 )
 from django_pgoutbox.registry import registered_jobs
 
+#: Ids per statement of a bulk action (and rows per transaction).
+CHUNK = 500
+#: Rows that a confirmation page names; it gives the exact count of all of them.
+LISTED = 100
 #: The newest dead letters of each configured queue that the dead letters' filters read to offer
 #: job types and error codes (an index scan of ``jobs_dead_idx`` each).
 SAMPLE = 200
@@ -61,6 +80,8 @@ SAMPLE = 200
 MAX_PAGE = 100
 #: The most of a payload or a result that a detail page shows (characters of its JSON).
 PREVIEW_CHARS = 256 * 1024
+
+_CONFIRMATION_SALT = "django_pgoutbox.admin.select-across"
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]
@@ -128,38 +149,192 @@ def _json_preview(obj: Model, column: str) -> str:
     )
 
 
-def _confirmed(
-    modeladmin: admin.ModelAdmin[Any],
-    request: HttpRequest,
-    queryset: QuerySet[Any],
-    *,
-    action: str,
-    title: str,
-    explanation: str,
-    perform: Callable[[list[Any]], int],
+def _counted(count: int, noun: tuple[str, str]) -> str:
+    return f"{count} {noun[0] if count == 1 else noun[1]}"
+
+
+def _short(value: str, limit: int = 60) -> str:
+    return repr(value if len(value) <= limit else value[: limit - 3] + "...")
+
+
+# -- bulk actions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Bulk:
+    """One bulk action: what it says, what it does to a chunk of ids, what it logs."""
+
+    name: str  # the action's name, as the changelist posts it
+    title: str  # the confirmation page's title; also each admin log entry's message
+    explanation: str
+    noun: tuple[str, str]  # what it acts on: ("dead letter", "dead letters")
+    verb: str  # "Retried"
+    infinitive: str  # "retry"
+    # Why a selected row is left out at confirmation ("is not dead", "are not dead"), and why it
+    # was left alone afterwards ("was no longer dead", "were no longer dead").
+    left_out: tuple[str, str]
+    gone: tuple[str, str]
+    perform: Callable[[list[Any]], int]  # acts on locked rows' ids; returns how many it changed
+    # With "select all": the column that a row gets when it enters the set (a job's finished_at
+    # when it dies). Rows whose value is later than the confirmation page are left out.
+    since: str | None = None
+    log_flag: int = CHANGE
+
+
+def _select_across(request: HttpRequest) -> bool:
+    """Whether "select all N" was chosen, read as Django's action form reads it."""
+    return bool(BooleanField(required=False).to_python(request.POST.get("select_across")))
+
+
+def _bulk(
+    modeladmin: _ReadOnly, request: HttpRequest, eligible: QuerySet[Any], action: _Bulk
 ) -> HttpResponse | None:
-    """Ask first; on confirmation run ``perform`` on the ids and log it for each object."""
+    """Confirm, then act on every row of ``eligible`` (the selection, less the rows that
+    ``action`` does not apply to), ``CHUNK`` at a time."""
     if request.POST.get("confirmed") != "yes":
-        return TemplateResponse(
-            request,
-            "admin/django_pgoutbox/confirm_action.html",
-            {
-                **modeladmin.admin_site.each_context(request),
-                "title": title,
-                "explanation": explanation,
-                "objects": list(queryset[:500]),
-                "count": queryset.count(),
-                "action": action,
-                "opts": modeladmin.model._meta,
-                "action_checkbox_name": ACTION_CHECKBOX_NAME,
-            },
+        return _ask(modeladmin, request, eligible, action)
+    if _select_across(request):
+        confirmed = _confirmation(request, action)
+        if confirmed is None:
+            modeladmin.message_user(
+                request,
+                "This confirmation does not match its page (the filters or the action changed): "
+                "nothing was done. Select the rows again.",
+                messages.ERROR,
+            )
+            return None
+        as_of, expected = confirmed
+        rows = _since(eligible, action, as_of)
+    else:
+        rows = eligible  # Django filtered it to the posted ids
+        expected = len(set(request.POST.getlist(ACTION_CHECKBOX_NAME)))
+    done = _perform(request, rows, action)
+    message = f"{action.verb} {_counted(done, action.noun)}."
+    skipped = expected - done
+    if skipped > 0:
+        left = "was left as it is" if skipped == 1 else "were left as they are"
+        message = (
+            f"{action.verb} {_counted(done, action.noun)}; {skipped} of the {expected} confirmed "
+            f"{action.gone[skipped != 1]} and {left}."
         )
-    objects = list(queryset)
-    done = perform([obj.pk for obj in objects])
-    for obj in objects:
-        modeladmin.log_change(request, obj, title)  # the admin log: who did what, to which
-    modeladmin.message_user(request, f"{title}: {done} of {len(objects)} done.", messages.SUCCESS)
+    modeladmin.message_user(
+        request, message, messages.SUCCESS if skipped <= 0 else messages.WARNING
+    )
     return None
+
+
+def _since(rows: QuerySet[Any], action: _Bulk, as_of: datetime | None) -> QuerySet[Any]:
+    if action.since is None or as_of is None:
+        return rows
+    return rows.filter(**{f"{action.since}__lte": as_of})
+
+
+def _ask(
+    modeladmin: _ReadOnly, request: HttpRequest, eligible: QuerySet[Any], action: _Bulk
+) -> HttpResponse | None:
+    select_across = _select_across(request)
+    token = None
+    left_out = ""
+    ids: list[Any] = []
+    if select_across:
+        as_of = scheduler.database_now(eligible.db) if action.since else None
+        rows = _since(eligible, action, as_of)
+        count = rows.count()
+        token = signing.dumps(
+            [action.name, request.GET.urlencode(), as_of.isoformat() if as_of else None, count],
+            salt=_CONFIRMATION_SALT,
+        )
+    else:
+        rows = eligible
+        ids = list(eligible.order_by().values_list("pk", flat=True))  # at most the posted ids
+        count = len(ids)
+        posted = len(set(request.POST.getlist(ACTION_CHECKBOX_NAME)))
+        if posted > count:
+            extra = posted - count
+            left_out = (
+                f"{extra} of the {posted} selected rows {action.left_out[extra != 1]}: "
+                f"{'it is' if extra == 1 else 'they are'} left out."
+            )
+    if count == 0:
+        modeladmin.message_user(
+            request,
+            f"No {action.noun[1]} to {action.infinitive} among the selected rows: "
+            "nothing was done.",
+            messages.WARNING,
+        )
+        return None
+    listed = list(rows[:LISTED])
+    return TemplateResponse(
+        request,
+        "admin/django_pgoutbox/confirm_action.html",
+        {
+            **modeladmin.admin_site.each_context(request),
+            "title": action.title,
+            "explanation": action.explanation,
+            "left_out": left_out,
+            "count": count,
+            "noun": action.noun[0] if count == 1 else action.noun[1],
+            "objects": listed,
+            "more": count - len(listed),
+            # With "select all", Django needs one id to take the confirmation as an action.
+            "ids": [obj.pk for obj in listed[:1]] if select_across else ids,
+            "select_across": select_across,
+            "confirmation": token,
+            "action": action.name,
+            "opts": modeladmin.model._meta,
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        },
+    )
+
+
+def _confirmation(request: HttpRequest, action: _Bulk) -> tuple[datetime | None, int] | None:
+    """The moment and the count of the confirmation page that this POST answers, if it is one
+    of this action on these filters."""
+    try:
+        name, query, as_of, count = signing.loads(
+            request.POST.get("confirmation", ""), salt=_CONFIRMATION_SALT
+        )
+        moment = datetime.fromisoformat(as_of) if as_of is not None else None
+    except (signing.BadSignature, TypeError, ValueError):
+        return None
+    if name != action.name or query != request.GET.urlencode() or not isinstance(count, int):
+        return None
+    return moment, count
+
+
+def _perform(request: HttpRequest, rows: QuerySet[Any], action: _Bulk) -> int:
+    """Act on ``rows`` a chunk at a time; each chunk locks the rows that still qualify (a row
+    that changed since is left out), acts on them and logs them, in one transaction."""
+    alias = rows.db
+    done = 0
+    for chunk in _chunks(rows):
+        with transaction.atomic(using=alias):
+            locked = list(rows.filter(pk__in=chunk).order_by("pk").select_for_update())
+            if not locked:
+                continue
+            if action.log_flag == DELETION:
+                _log(request, locked, action)  # while the rows are there to be named
+            done += action.perform([obj.pk for obj in locked])
+            if action.log_flag != DELETION:
+                _log(request, locked, action)
+    return done
+
+
+def _chunks(rows: QuerySet[Any]) -> Iterator[list[Any]]:
+    """The ids of ``rows``, ``CHUNK`` at a time, from one read (a server-side cursor)."""
+    ids = rows.order_by().values_list("pk", flat=True).iterator(chunk_size=CHUNK)
+    while chunk := list(islice(ids, CHUNK)):
+        yield chunk
+
+
+def _log(request: HttpRequest, objects: list[Model], action: _Bulk) -> None:
+    """One admin log entry per row ("Recent actions", ``django_admin_log``): who did what."""
+    LogEntry.objects.log_actions(
+        user_id=cast(int, request.user.pk),
+        queryset=objects,
+        action_flag=action.log_flag,
+        change_message=action.title,
+    )
 
 
 # -- filters -------------------------------------------------------------------------------------
@@ -298,6 +473,32 @@ class _ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        """Actions need the change permission; a detail page never saves, since it would write
+        back the copy it read over what a worker or the relay wrote since."""
+        return obj is None and super().has_change_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        """Only a finished row, from its own page: no bulk delete (``delete_selected``) here."""
+        return (
+            obj is not None
+            and super().has_delete_permission(request, obj)
+            and self.deletable_rows(self.model._base_manager.filter(pk=obj.pk)).exists()
+        )
+
+    def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The rows of ``queryset`` that may be deleted: none, unless a page says otherwise."""
+        return queryset.none()
+
+    def delete_model(self, request: HttpRequest, obj: Model) -> None:
+        """Delete ``obj`` only if it still may be: the row is locked and checked again."""
+        alias = obj._state.db or router.db_for_write(self.model)
+        with transaction.atomic(using=alias):
+            rows = self.model._base_manager.using(alias).filter(pk=obj.pk)
+            if not list(self.deletable_rows(rows).select_for_update().values_list("pk")):
+                raise PermissionDenied(f"{obj} may no longer be deleted")
+            super().delete_model(request, obj)
+
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         """Only the parameters of this page's own filters. Django's default also takes any
         lookup on a column (``?payload__a__b=``, ``?job_type__regex=``, ``?id__in=`` with
@@ -311,6 +512,22 @@ class _ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return _ChangeList
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        if request.method == "POST":
+            for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
+                try:
+                    self.model._meta.pk.to_python(value)
+                except ValidationError:
+                    self.message_user(
+                        request,
+                        f"{_short(value)} is not a valid id: nothing was done.",
+                        messages.ERROR,
+                    )
+                    return HttpResponseRedirect(request.get_full_path())
+        return super().changelist_view(request, extra_context)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Model | None = None) -> list[str]:
         hidden = set(self.exclude or ())  # shown pretty-printed by a readonly_fields method
@@ -368,30 +585,86 @@ class DeadLetterAdmin(_ReadOnly):
     ) -> tuple[QuerySet[Any], bool]:
         return _job_search(queryset, search_term)
 
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        """Dead letters may be deleted, one or many (this page's own delete action)."""
+        if obj is None:
+            return admin.ModelAdmin.has_delete_permission(self, request)
+        return super().has_delete_permission(request, obj)
+
+    def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(status=JobStatus.DEAD)
+
+    def _dead_letters(self, **fields: Any) -> _Bulk:
+        return _Bulk(
+            noun=("dead letter", "dead letters"),
+            left_out=("is not dead", "are not dead"),
+            gone=("was no longer dead", "were no longer dead"),
+            since="finished_at",
+            **fields,
+        )
+
     @admin.action(description="Retry now (fresh attempt budget)", permissions=["change"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        return _confirmed(
+        alias = queryset.db
+        return _bulk(
             self,
             request,
             queryset,
-            action="retry_now",
-            title="Retry dead letters",
-            explanation="These jobs go back to their queue, due now, with their attempts reset "
-            "to zero. Their handlers must be idempotent.",
-            perform=control.retry_dead_jobs,
+            self._dead_letters(
+                name="retry_now",
+                title="Retry dead letters",
+                explanation="These jobs go back to their queue, due now, with their attempts "
+                "reset to zero. Their handlers must be idempotent.",
+                verb="Retried",
+                infinitive="retry",
+                perform=lambda ids: control.retry_dead_jobs(ids, using=alias),
+            ),
         )
 
     @admin.action(description="Cancel (never run again)", permissions=["change"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        return _confirmed(
+        alias = queryset.db
+        return _bulk(
             self,
             request,
             queryset,
-            action="cancel",
-            title="Cancel dead letters",
-            explanation="These jobs become cancelled: they never run again, and retention "
-            "deletes them with the other finished jobs.",
-            perform=control.cancel_dead_jobs,
+            self._dead_letters(
+                name="cancel",
+                title="Cancel dead letters",
+                explanation="These jobs become cancelled: they never run again, and retention "
+                "deletes them with the other finished jobs.",
+                verb="Cancelled",
+                infinitive="cancel",
+                perform=lambda ids: control.cancel_dead_jobs(ids, using=alias),
+            ),
+        )
+
+    @admin.action(description="Delete", permissions=["delete"])
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        """Django's own ``delete_selected`` lists every row on its page and deletes by id; this
+        one is chunked and deletes only rows still dead."""
+        alias = queryset.db
+
+        def perform(ids: list[Any]) -> int:
+            rows = Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.DEAD)
+            deleted: int = rows.delete()[0]
+            return deleted
+
+        return _bulk(
+            self,
+            request,
+            queryset,
+            self._dead_letters(
+                name="delete_selected",
+                title="Delete dead letters",
+                explanation="These jobs are deleted, with their payloads and errors; only the "
+                "admin log keeps their names. Cancel instead keeps them until retention "
+                "deletes them with the other finished jobs.",
+                verb="Deleted",
+                infinitive="delete",
+                perform=perform,
+                log_flag=DELETION,
+            ),
         )
 
 
@@ -428,22 +701,37 @@ class JobAdmin(_ReadOnly):
         opts = self.model._meta
         return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
 
+    def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Finished jobs: completed, cancelled, dead. Retention deletes the first two anyway."""
+        return queryset.filter(status__in=FINISHED_STATUSES)
+
     @admin.action(description="Cancel (running ones are asked to stop)", permissions=["cancel"])
     def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        alias = queryset.db
+
         def perform(ids: list[Any]) -> int:
-            states = control.cancel_jobs(ids, using=queryset.db, by=f"admin user {request.user}")
+            states = control.cancel_jobs(ids, using=alias, by=f"admin user {request.user}")
             return sum(1 for state in states.values() if state in ("cancelled", "cancelling"))
 
-        return _confirmed(
+        return _bulk(
             self,
             request,
-            queryset,
-            action="cancel_jobs",
-            title="Cancel jobs",
-            explanation="Jobs not running yet become cancelled and never run. Running jobs are "
-            "asked to stop: their handlers see ctx.cancelled, and they end cancelled. Finished "
-            "jobs are left as they are.",
-            perform=perform,
+            # Not "exclude finished": this OR is what the partial indexes of both answer.
+            queryset.filter(Q(status__in=CLAIMABLE_STATUSES) | Q(status=JobStatus.LEASED)),
+            _Bulk(
+                name="cancel_jobs",
+                title="Cancel jobs",
+                explanation="Jobs not running yet become cancelled and never run. Running jobs "
+                "are asked to stop: their handlers see ctx.cancelled, and they end cancelled. "
+                "Finished jobs are left as they are.",
+                noun=("job", "jobs"),
+                verb="Cancelled",
+                infinitive="cancel",
+                left_out=("has finished", "have finished"),
+                gone=("had finished", "had finished"),
+                perform=perform,
+                since="created_at",
+            ),
         )
 
     @admin.display(description="payload")
@@ -538,30 +826,54 @@ class OutboxEventAdmin(_ReadOnly):
         except ValueError:
             return queryset.none(), False
 
+    def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Processed events. A pending one is still to be projected, and a dead one holds back
+        its aggregate's later events: discard it instead (retention then deletes it)."""
+        return queryset.filter(processed_at__isnull=False)
+
+    def _dead_events(self, **fields: Any) -> _Bulk:
+        return _Bulk(
+            noun=("dead event", "dead events"),
+            left_out=("is not dead", "are not dead"),
+            gone=("was no longer dead", "were no longer dead"),
+            since="dead_at",
+            **fields,
+        )
+
     @admin.action(description="Re-drive dead events", permissions=["change"])
     def redrive(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        return _confirmed(
+        alias = queryset.db
+        return _bulk(
             self,
             request,
             queryset.filter(dead_at__isnull=False, processed_at__isnull=True),
-            action="redrive",
-            title="Re-drive dead events",
-            explanation="These dead events become claimable again with a fresh attempt budget; "
-            "the relay projects them, then their aggregates' later events.",
-            perform=control.redrive_dead_events,
+            self._dead_events(
+                name="redrive",
+                title="Re-drive dead events",
+                explanation="These dead events become claimable again with a fresh attempt "
+                "budget; the relay projects them, then their aggregates' later events.",
+                verb="Re-drove",
+                infinitive="re-drive",
+                perform=lambda ids: control.redrive_dead_events(ids, using=alias),
+            ),
         )
 
     @admin.action(description="Discard dead events (mark processed)", permissions=["change"])
     def discard(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        return _confirmed(
+        alias = queryset.db
+        return _bulk(
             self,
             request,
             queryset.filter(dead_at__isnull=False, processed_at__isnull=True),
-            action="discard",
-            title="Discard dead events",
-            explanation="These dead events are marked processed without being projected, so "
-            "the later events of their aggregates go on.",
-            perform=control.discard_dead_events,
+            self._dead_events(
+                name="discard",
+                title="Discard dead events",
+                explanation="These dead events are marked processed without being projected, "
+                "so the later events of their aggregates go on.",
+                verb="Discarded",
+                infinitive="discard",
+                perform=lambda ids: control.discard_dead_events(ids, using=alias),
+            ),
         )
 
 
@@ -591,22 +903,33 @@ class ScheduleAdmin(_ReadOnly):
         entry = self._schedules.get(obj.name)
         return entry.next_after(timezone.now()) if entry else None
 
+    def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Cursors of schedules no longer configured (as this process loads them). A configured
+        schedule without its cursor would start again from its latest slot."""
+        return queryset.exclude(name__in=list(scheduler.load_schedules()[0]))
+
     @admin.action(description="Run now", permissions=["change"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        def perform(names: list[Any]) -> int:
-            started = 0
-            for name in names:
-                if name in self._schedules:
-                    scheduler.run_now(self._schedules[name])
-                    started += 1
-            return started
+        schedules = self._schedules
 
-        return _confirmed(
+        def perform(names: list[Any]) -> int:
+            for name in names:
+                scheduler.run_now(schedules[name])
+            return len(names)
+
+        return _bulk(
             self,
             request,
-            queryset,
-            action="run_now",
-            title="Run schedules now",
-            explanation="Each schedule's job is enqueued once now; its slots are unchanged.",
-            perform=perform,
+            queryset.filter(name__in=list(schedules)),
+            _Bulk(
+                name="run_now",
+                title="Run schedules now",
+                explanation="Each schedule's job is enqueued once now; its slots are unchanged.",
+                noun=("schedule", "schedules"),
+                verb="Ran",
+                infinitive="run",
+                left_out=("is not configured", "are not configured"),
+                gone=("was no longer configured", "were no longer configured"),
+                perform=perform,
+            ),
         )

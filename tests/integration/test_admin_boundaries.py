@@ -1,17 +1,23 @@
-"""The admin as a hostile or hurried staff user meets it: filters and searches that do not scan
-whole tables, only the lookups the admin offers, hostile paging and ordering."""
+"""The admin as a hostile or hurried staff user meets it: bulk actions on every selected row,
+no deletes of unfinished rows, filters and searches that do not scan whole tables, only the
+lookups the admin offers, hostile paging and ordering."""
 
 from __future__ import annotations
 
 import uuid
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.messages import get_messages
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
-from django_pgoutbox.models import Job, JobStatus
+from django_pgoutbox import control, enqueue, publish
+from django_pgoutbox.models import Job, JobStatus, OutboxEvent, ScheduleCursor
 
 pytestmark = pytest.mark.django_db
 
@@ -57,6 +63,349 @@ def insert_events(count: int, *, event_type: str = "tests.projected", state: str
             [event_type, count],
         )
         return [row[0] for row in cursor.fetchall()]
+
+
+class _Forms(HTMLParser):
+    """The POST forms of a page, each as a list of (name, value) of its inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forms: list[list[tuple[str, str]]] = []
+        self._current: list[tuple[str, str]] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = dict(attrs)
+        if tag == "form" and (values.get("method") or "").lower() == "post":
+            self._current = []
+            self.forms.append(self._current)
+        elif (
+            tag == "input"
+            and self._current is not None
+            and values.get("name")
+            and values.get("type") != "submit"
+        ):
+            self._current.append((values["name"] or "", values.get("value") or ""))
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._current = None
+
+
+def confirmation_form(page: Any) -> dict[str, list[str]]:
+    """What the browser posts when the confirmation page's button is pressed."""
+    parser = _Forms()
+    parser.feed(page.content.decode())
+    forms = [form for form in parser.forms if any(name == "action" for name, _ in form)]
+    assert len(forms) == 1, parser.forms
+    data: dict[str, list[str]] = {}
+    for name, value in forms[0]:
+        data.setdefault(name, []).append(value)
+    return data
+
+
+def messages_of(response: Any) -> list[str]:
+    return [str(message) for message in get_messages(response.wsgi_request)]
+
+
+def statuses(ids: list[Any]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for status in Job.objects.filter(pk__in=ids).values_list("status", flat=True):
+        counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+# -- bulk actions act on every selected row -----------------------------------------------------
+
+
+class TestBulkActions:
+    def test_select_across_retries_every_matching_row_in_chunks(self, admin_client: Client) -> None:
+        webhooks = insert_jobs(700, queue="webhooks")
+        reports = insert_jobs(30, queue="reports")
+        url = DEAD + "?queue=webhooks"
+        first_page = [str(pk) for pk in webhooks[:100]]  # what the page's checkboxes hold
+        ask = admin_client.post(
+            url,
+            {
+                "action": "retry_now",
+                "index": "0",
+                "select_across": "1",
+                "_selected_action": first_page,
+            },
+        )
+        assert ask.status_code == 200
+        assert "<strong>700</strong> dead letters" in ask.content.decode()
+        with CaptureQueriesContext(connection) as queries:
+            done = admin_client.post(url, confirmation_form(ask))
+        assert done.status_code == 302
+        assert statuses(webhooks) == {JobStatus.PENDING: 700}
+        assert statuses(reports) == {JobStatus.DEAD: 30}
+        assert messages_of(done) == ["Retried 700 dead letters."]
+        assert LogEntry.objects.count() == 700
+        updates = [q["sql"] for q in queries.captured_queries if q["sql"].startswith("\nUPDATE")]
+        assert len(updates) == 2  # 500 ids, then 200
+
+    def test_every_explicitly_selected_row_is_acted_on(self, admin_client: Client) -> None:
+        ids = insert_jobs(700)
+        ask = admin_client.post(
+            DEAD, {"action": "cancel", "index": "0", "_selected_action": [str(i) for i in ids]}
+        )
+        assert "<strong>700</strong> dead letters" in ask.content.decode()
+        form = confirmation_form(ask)
+        assert len(form["_selected_action"]) == 700
+        done = admin_client.post(DEAD, form)
+        assert statuses(ids) == {JobStatus.CANCELLED: 700}
+        assert messages_of(done) == ["Cancelled 700 dead letters."]
+
+    def test_rows_changed_since_the_confirmation_page_are_counted_and_left_alone(
+        self, admin_client: Client
+    ) -> None:
+        ids = insert_jobs(10)
+        ask = admin_client.post(
+            DEAD,
+            {"action": "retry_now", "index": "0", "select_across": "1", "_selected_action": ids[0]},
+        )
+        assert "<strong>10</strong> dead letters" in ask.content.decode()
+        # Meanwhile: an operator retries two from the command line, and three more jobs die.
+        assert control.retry_dead_jobs(ids[:2]) == 2
+        later = insert_jobs(3, finished="clock_timestamp() + interval '1 second'")
+        done = admin_client.post(DEAD, confirmation_form(ask))
+        assert messages_of(done) == [
+            "Retried 8 dead letters; 2 of the 10 confirmed were no longer dead "
+            "and were left as they are."
+        ]
+        assert statuses(ids) == {JobStatus.PENDING: 10}
+        assert statuses(later) == {JobStatus.DEAD: 3}
+        assert LogEntry.objects.count() == 8
+
+    def test_explicit_selection_changed_since_the_confirmation_page(
+        self, admin_client: Client
+    ) -> None:
+        ids = insert_jobs(4)
+        ask = admin_client.post(
+            DEAD, {"action": "cancel", "index": "0", "_selected_action": [str(i) for i in ids]}
+        )
+        control.retry_dead_jobs(ids[:1])
+        done = admin_client.post(DEAD, confirmation_form(ask))
+        assert messages_of(done) == [
+            "Cancelled 3 dead letters; 1 of the 4 confirmed was no longer dead "
+            "and was left as it is."
+        ]
+        assert statuses(ids) == {JobStatus.PENDING: 1, JobStatus.CANCELLED: 3}
+
+    def test_a_select_across_confirmation_must_come_from_its_page(
+        self, admin_client: Client
+    ) -> None:
+        ids = insert_jobs(5, queue="webhooks")
+        others = insert_jobs(5, queue="reports")
+        # Straight to "confirmed" with every row selected: no page said how many.
+        done = admin_client.post(
+            DEAD,
+            {
+                "action": "retry_now",
+                "select_across": "1",
+                "_selected_action": [str(ids[0])],
+                "confirmed": "yes",
+            },
+        )
+        assert statuses(ids + others) == {JobStatus.DEAD: 10}
+        assert messages_of(done) == [
+            "This confirmation does not match its page (the filters or the action changed): "
+            "nothing was done. Select the rows again."
+        ]
+        # A confirmation of "webhooks" replayed on the unfiltered list.
+        ask = admin_client.post(
+            DEAD + "?queue=webhooks",
+            {
+                "action": "retry_now",
+                "index": "0",
+                "select_across": "1",
+                "_selected_action": [str(ids[0])],
+            },
+        )
+        form = confirmation_form(ask)
+        replay = admin_client.post(DEAD, form)
+        assert statuses(ids + others) == {JobStatus.DEAD: 10}
+        assert "nothing was done" in messages_of(replay)[0]
+        form["action"] = ["cancel"]
+        admin_client.post(DEAD + "?queue=webhooks", form)
+        assert statuses(ids + others) == {JobStatus.DEAD: 10}
+        form["action"] = ["retry_now"]
+        admin_client.post(DEAD + "?queue=webhooks", form)
+        assert statuses(ids) == {JobStatus.PENDING: 5}
+        assert statuses(others) == {JobStatus.DEAD: 5}
+
+    def test_cancel_across_jobs_leaves_finished_ones(self, admin_client: Client) -> None:
+        pending = insert_jobs(5, status=JobStatus.PENDING, code=None, finished="NULL")
+        completed = insert_jobs(3, status=JobStatus.COMPLETED, code=None)
+        with CaptureQueriesContext(connection) as queries:
+            ask = admin_client.post(
+                JOBS,
+                {
+                    "action": "cancel_jobs",
+                    "index": "0",
+                    "select_across": "1",
+                    "_selected_action": [str(pending[0])],
+                },
+            )
+        assert "<strong>5</strong> jobs" in ask.content.decode()
+        counts = [q["sql"] for q in queries.captured_queries if "COUNT(*)" in q["sql"]]
+        # The unfinished jobs as the claim and lease indexes' predicates name them.
+        assert any("IN ('pending', 'retrying') OR" in sql for sql in counts), counts
+        done = admin_client.post(JOBS, confirmation_form(ask))
+        assert messages_of(done) == ["Cancelled 5 jobs."]
+        assert statuses(pending) == {JobStatus.CANCELLED: 5}
+        assert statuses(completed) == {JobStatus.COMPLETED: 3}
+
+    def test_redrive_across_dead_events(self, admin_client: Client) -> None:
+        dead = insert_events(12, state="dead")
+        pending = insert_events(3, state="pending")
+        url = EVENTS + "?state=dead"
+        ask = admin_client.post(
+            url,
+            {
+                "action": "redrive",
+                "index": "0",
+                "select_across": "1",
+                "_selected_action": [str(dead[0])],
+            },
+        )
+        assert "<strong>12</strong> dead events" in ask.content.decode()
+        done = admin_client.post(url, confirmation_form(ask))
+        assert messages_of(done) == ["Re-drove 12 dead events."]
+        assert not OutboxEvent.objects.filter(dead_at__isnull=False).exists()
+        assert OutboxEvent.objects.filter(pk__in=pending).count() == 3
+
+    def test_a_listed_page_is_bounded(self, admin_client: Client) -> None:
+        ids = insert_jobs(700)
+        ask = admin_client.post(
+            DEAD,
+            {"action": "retry_now", "index": "0", "select_across": "1", "_selected_action": ids[0]},
+        )
+        text = ask.content.decode()
+        assert text.count("<li>tests.behave [webhooks] dead") == 100
+        assert "and 600 more." in text
+
+    def test_a_malformed_id_is_refused_without_an_error_page(self, admin_client: Client) -> None:
+        ids = insert_jobs(1)
+        response = admin_client.post(
+            DEAD, {"action": "retry_now", "index": "0", "_selected_action": ["nope", str(ids[0])]}
+        )
+        assert response.status_code == 302
+        assert messages_of(response) == ["'nope' is not a valid id: nothing was done."]
+        assert statuses(ids) == {JobStatus.DEAD: 1}
+
+
+# -- no deletes of unfinished rows ---------------------------------------------------------------
+
+
+class TestDeletes:
+    @pytest.mark.parametrize("url", [JOBS, EVENTS, CURSORS])
+    def test_no_bulk_delete_where_rows_can_be_unfinished(
+        self, admin_client: Client, url: str
+    ) -> None:
+        enqueue("tests.behave", {})
+        publish("x.y", aggregate_type="x", aggregate_id=uuid.uuid4(), payload={})
+        ScheduleCursor.objects.create(name="pgoutbox.prune", last_slot_at=timezone.now())
+        page = admin_client.get(url)
+        assert page.status_code == 200
+        assert b'value="delete_selected"' not in page.content
+
+    def test_posting_delete_selected_deletes_nothing(self, admin_client: Client) -> None:
+        leased = insert_jobs(1, status=JobStatus.LEASED, code=None, finished="NULL")
+        event = publish("x.y", aggregate_type="x", aggregate_id=uuid.uuid4(), payload={})
+        cursor = ScheduleCursor.objects.create(name="pgoutbox.prune", last_slot_at=None)
+        for url, pk in ((JOBS, leased[0]), (EVENTS, event.pk), (CURSORS, cursor.pk)):
+            admin_client.post(
+                url,
+                {"action": "delete_selected", "index": "0", "_selected_action": [str(pk)]},
+            )
+            admin_client.post(
+                url, {"action": "delete_selected", "_selected_action": [str(pk)], "post": "yes"}
+            )
+        assert Job.objects.filter(pk=leased[0]).exists()
+        assert OutboxEvent.objects.filter(pk=event.pk).exists()
+        assert ScheduleCursor.objects.filter(pk=cursor.pk).exists()
+
+    @pytest.mark.parametrize(
+        ("status", "deletable"),
+        [
+            (JobStatus.PENDING, False),
+            (JobStatus.LEASED, False),
+            (JobStatus.RETRYING, False),
+            (JobStatus.COMPLETED, True),
+            (JobStatus.CANCELLED, True),
+            (JobStatus.DEAD, True),
+        ],
+    )
+    def test_one_job_is_deleted_only_once_finished(
+        self, admin_client: Client, status: str, deletable: bool
+    ) -> None:
+        [pk] = insert_jobs(1, status=status, code=None)
+        change = admin_client.get(f"{JOBS}{pk}/change/").content
+        assert (f"{pk}/delete/".encode() in change) is deletable
+        url = f"{JOBS}{pk}/delete/"
+        assert admin_client.get(url).status_code == (200 if deletable else 403)
+        response = admin_client.post(url, {"post": "yes"})
+        assert response.status_code == (302 if deletable else 403)
+        assert Job.objects.filter(pk=pk).exists() is not deletable
+
+    @pytest.mark.parametrize(
+        ("state", "deletable"), [("pending", False), ("dead", False), ("processed", True)]
+    )
+    def test_one_event_is_deleted_only_once_processed(
+        self, admin_client: Client, state: str, deletable: bool
+    ) -> None:
+        [pk] = insert_events(1, state=state)
+        url = f"{EVENTS}{pk}/delete/"
+        assert admin_client.get(url).status_code == (200 if deletable else 403)
+        admin_client.post(url, {"post": "yes"})
+        assert OutboxEvent.objects.filter(pk=pk).exists() is not deletable
+
+    @pytest.mark.parametrize(
+        ("name", "deletable"), [("pgoutbox.prune", False), ("a.schedule.since.removed", True)]
+    )
+    def test_a_cursor_is_deleted_only_once_its_schedule_is_gone(
+        self, admin_client: Client, name: str, deletable: bool
+    ) -> None:
+        ScheduleCursor.objects.create(name=name, last_slot_at=timezone.now())
+        url = f"{CURSORS}{name}/delete/"
+        assert admin_client.get(url).status_code == (200 if deletable else 403)
+        admin_client.post(url, {"post": "yes"})
+        assert ScheduleCursor.objects.filter(pk=name).exists() is not deletable
+
+    def test_delete_dead_letters_in_chunks_only_while_dead(self, admin_client: Client) -> None:
+        ids = insert_jobs(620)
+        ask = admin_client.post(
+            DEAD,
+            {
+                "action": "delete_selected",
+                "index": "0",
+                "select_across": "1",
+                "_selected_action": [str(ids[0])],
+            },
+        )
+        assert "<strong>620</strong> dead letters" in ask.content.decode()
+        control.retry_dead_jobs(ids[:20])
+        done = admin_client.post(DEAD, confirmation_form(ask))
+        assert messages_of(done) == [
+            "Deleted 600 dead letters; 20 of the 620 confirmed were no longer dead "
+            "and were left as they are."
+        ]
+        assert statuses(ids) == {JobStatus.PENDING: 20}
+        assert LogEntry.objects.filter(action_flag=3).count() == 600
+
+    @pytest.mark.parametrize("url", [DEAD, EVENTS, CURSORS])
+    def test_a_detail_page_never_saves(self, admin_client: Client, url: str) -> None:
+        [job] = insert_jobs(1)
+        [event] = insert_events(1, state="pending")
+        ScheduleCursor.objects.create(name="pgoutbox.prune", last_slot_at=timezone.now())
+        pk = {DEAD: job, EVENTS: event, CURSORS: "pgoutbox.prune"}[url]
+        page = admin_client.get(f"{url}{pk}/change/")
+        assert page.status_code == 200
+        assert b'name="_save"' not in page.content
+        # A save writes back the copy it read, over whatever a worker or the relay wrote since.
+        response = admin_client.post(f"{url}{pk}/change/", {"_save": "Save"})
+        assert response.status_code == 403
 
 
 # -- filters that do not scan whole tables ----------------------------------------------------
@@ -302,3 +651,18 @@ class TestSiblings:
             if '"jobs"."payload"' in q["sql"] and "LEFT(" not in q["sql"].upper()
         ]
         assert whole == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_select_across_in_autocommit(admin_client: Client) -> None:
+    """As in production, without a test's transaction around the request: the ids come from a
+    server-side cursor that outlives each chunk's commit."""
+    ids = insert_jobs(1_100)
+    ask = admin_client.post(
+        DEAD, {"action": "cancel", "index": "0", "select_across": "1", "_selected_action": ids[0]}
+    )
+    assert "<strong>1100</strong> dead letters" in ask.content.decode()
+    done = admin_client.post(DEAD, confirmation_form(ask))
+    assert messages_of(done) == ["Cancelled 1100 dead letters."]
+    assert statuses(ids) == {JobStatus.CANCELLED: 1_100}
+    assert LogEntry.objects.count() == 1_100
