@@ -139,7 +139,10 @@ def _json_preview(obj: Model, column: str) -> str:
         return _pretty_json(None)
     size, head = found
     if size <= PREVIEW_CHARS:
-        return _pretty_json(json.loads(head))
+        try:
+            return _pretty_json(json.loads(head))
+        except (ValueError, RecursionError):  # a 5,000-digit number, arrays 5,000 deep
+            return format_html('<pre style="white-space: pre-wrap">{}</pre>', head)
     return format_html(
         '<p>{} characters of JSON; the first {} are shown.</p><pre style="white-space: pre-wrap">'
         "{}</pre>",
@@ -194,7 +197,7 @@ def _bulk(
     if request.POST.get("confirmed") != "yes":
         return _ask(modeladmin, request, eligible, action)
     if _select_across(request):
-        confirmed = _confirmation(request, action)
+        confirmed = _confirmation(modeladmin, request, action)
         if confirmed is None:
             modeladmin.message_user(
                 request,
@@ -241,7 +244,13 @@ def _ask(
         rows = _since(eligible, action, as_of)
         count = rows.count()
         token = signing.dumps(
-            [action.name, request.GET.urlencode(), as_of.isoformat() if as_of else None, count],
+            [
+                modeladmin.opts.label_lower,
+                action.name,
+                request.GET.urlencode(),
+                as_of.isoformat() if as_of else None,
+                count,
+            ],
             salt=_CONFIRMATION_SALT,
         )
     else:
@@ -287,19 +296,21 @@ def _ask(
     )
 
 
-def _confirmation(request: HttpRequest, action: _Bulk) -> tuple[datetime | None, int] | None:
+def _confirmation(
+    modeladmin: _ReadOnly, request: HttpRequest, action: _Bulk
+) -> tuple[datetime | None, int] | None:
     """The moment and the count of the confirmation page that this POST answers, if it is one
-    of this action on these filters."""
+    of this action on this page with these filters."""
     try:
-        name, query, as_of, count = signing.loads(
+        page, name, query, as_of, count = signing.loads(
             request.POST.get("confirmation", ""), salt=_CONFIRMATION_SALT
         )
         moment = datetime.fromisoformat(as_of) if as_of is not None else None
     except (signing.BadSignature, TypeError, ValueError):
         return None
-    if name != action.name or query != request.GET.urlencode() or not isinstance(count, int):
+    if (page, name, query) != (modeladmin.opts.label_lower, action.name, request.GET.urlencode()):
         return None
-    return moment, count
+    return (moment, count) if isinstance(count, int) else None
 
 
 def _perform(request: HttpRequest, rows: QuerySet[Any], action: _Bulk) -> int:
@@ -516,7 +527,9 @@ class _ReadOnly(admin.ModelAdmin):  # type: ignore[type-arg]
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        if request.method == "POST":
+        # Django filters by the posted ids before an action runs, and a malformed one is a
+        # server error there; a user without access gets Django's 403 instead of this message.
+        if request.method == "POST" and self.has_view_or_change_permission(request):
             for value in request.POST.getlist(ACTION_CHECKBOX_NAME):
                 try:
                     self.model._meta.pk.to_python(value)

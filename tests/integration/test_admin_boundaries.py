@@ -230,6 +230,11 @@ class TestBulkActions:
         admin_client.post(DEAD + "?queue=webhooks", form)
         assert statuses(ids + others) == {JobStatus.DEAD: 10}
         form["action"] = ["retry_now"]
+        token = form["confirmation"][0]
+        form["confirmation"] = [token[:-1] + ("A" if token[-1] != "A" else "B")]
+        admin_client.post(DEAD + "?queue=webhooks", form)
+        assert statuses(ids + others) == {JobStatus.DEAD: 10}
+        form["confirmation"] = [token]
         admin_client.post(DEAD + "?queue=webhooks", form)
         assert statuses(ids) == {JobStatus.PENDING: 5}
         assert statuses(others) == {JobStatus.DEAD: 5}
@@ -619,6 +624,24 @@ class TestSiblings:
         assert found.content.count(b'name="_selected_action"') == 1
         assert text.content.count(b'name="_selected_action"') == 0
         assert [q["sql"] for q in queries.captured_queries if "LIKE" in q["sql"].upper()] == []
+
+    @pytest.mark.parametrize(
+        ("json", "shown"),
+        [
+            ("'{\"n\": 1' || repeat('0', 5000) || '}'", "{&quot;n&quot;: 1000000"),
+            ("repeat('[', 5000) || repeat(']', 5000)", "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]"),
+        ],
+    )
+    def test_a_payload_that_python_cannot_load_is_shown_as_text(
+        self, admin_client: Client, json: str, shown: str
+    ) -> None:
+        [pk] = insert_jobs(1)
+        with connection.cursor() as cursor:
+            cursor.execute(f"UPDATE jobs SET payload = ({json})::jsonb WHERE id = %s", [pk])
+        page = admin_client.get(f"{DEAD}{pk}/change/")
+        assert page.status_code == 200
+        assert shown in page.content.decode()
+        assert admin_client.get(DEAD).status_code == 200
 
     def test_changelists_do_not_read_payloads(self, admin_client: Client) -> None:
         insert_jobs(3)
