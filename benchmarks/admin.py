@@ -20,9 +20,9 @@ from benchmarks.common import ROOT, setup_django, write_results
 
 PAGES = [
     "/admin/pgoutbox/job/",
-    "/admin/pgoutbox/job/?status__exact=completed",
+    "/admin/pgoutbox/job/?status=completed",
     "/admin/pgoutbox/job/?queue=webhooks",
-    "/admin/pgoutbox/job/?status__exact=pending",
+    "/admin/pgoutbox/job/?status=pending",
     "/admin/pgoutbox/deadletter/",
     "/admin/pgoutbox/deadletter/?queue=webhooks",
     "/admin/pgoutbox/job/overview/",

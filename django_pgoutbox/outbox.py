@@ -213,6 +213,11 @@ def subscribers_for(event_type: str) -> list[Subscriber]:
     return list(_subscribers.get(event_type, ()))
 
 
+def subscribed_event_types() -> list[str]:
+    """The event types that have at least one subscriber, sorted."""
+    return sorted(_subscribers)
+
+
 def unregister_subscriber(name: str) -> None:
     """Forget a subscriber (for tests that register their own)."""
     for event_type in list(_subscribers):

@@ -162,11 +162,13 @@ class TestActions:
     def test_delete_is_confirmed(self, admin_client: Client) -> None:
         job = dead_job()
         ask = admin_client.post(DEAD, {"action": "delete_selected", "_selected_action": [job.pk]})
-        assert b"Are you sure" in ask.content
+        assert b"Yes, I" in ask.content
+        assert Job.objects.exists()  # not yet
         admin_client.post(
-            DEAD, {"action": "delete_selected", "_selected_action": [job.pk], "post": "yes"}
+            DEAD, {"action": "delete_selected", "_selected_action": [job.pk], "confirmed": "yes"}
         )
         assert not Job.objects.exists()
+        assert LogEntry.objects.get().get_change_message() == "Delete dead letters"
 
     def test_retry_never_touches_a_job_that_is_no_longer_dead(self, admin_client: Client) -> None:
         job = dead_job()
