@@ -17,7 +17,7 @@ with binary parameters has ``%b`` (``%(name)b``) instead.
 
 SQL that stays elsewhere, and why:
 
-- ``admin.EstimatedCountPaginator.count`` runs ``EXPLAIN (FORMAT JSON)`` on the SQL that Django
+- ``admin.common.EstimatedCountPaginator.count`` runs ``EXPLAIN (FORMAT JSON)`` on the SQL that Django
   builds for the admin page's queryset at run time: only that prefix is fixed.
 - ``worker.listener`` composes ``LISTEN`` with ``psycopg.sql.Identifier``: a channel is an
   identifier, which no parameter can carry.

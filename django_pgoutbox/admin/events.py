@@ -1,0 +1,170 @@
+"""The outbox events' and the schedules' pages."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.functional import cached_property
+
+from django_pgoutbox import control, scheduler
+from django_pgoutbox.admin.bulk import Bulk, bulk_action
+from django_pgoutbox.admin.common import ReadOnlyAdmin, json_preview
+from django_pgoutbox.admin.filters import EventStateFilter, EventTypeFilter
+from django_pgoutbox.models import (
+    OutboxEvent,
+    ScheduleCursor,
+)
+
+
+@admin.register(OutboxEvent)
+class OutboxEventAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "event_type",
+        "aggregate_type",
+        "aggregate_id",
+        "schema_version",
+        "occurred_at",
+        "processed_at",
+        "attempts",
+        "last_error_code",
+        "dead_at",
+    )
+    list_filter = (EventStateFilter, EventTypeFilter)
+    search_fields = ("id",)
+    search_help_text = "An event id."
+    ordering = ("-id",)
+    sortable_by = ("id",)
+    heavy_fields = ("payload", "last_error")
+    readonly_fields = ("pretty_payload",)
+    exclude = ("payload",)
+    actions = ("redrive", "discard")
+
+    @admin.display(description="payload")
+    def pretty_payload(self, obj: OutboxEvent) -> str:
+        return json_preview(obj, "payload")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        """An event id, through the primary key: no ``LIKE`` over a million events."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        try:
+            return queryset.filter(pk=uuid.UUID(term)), False
+        except ValueError:
+            return queryset.none(), False
+
+    def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Processed events. A pending one is still to be projected, and a dead one holds back
+        its aggregate's later events: discard it instead (retention then deletes it)."""
+        return queryset.filter(processed_at__isnull=False)
+
+    def _dead_events(self, **fields: Any) -> Bulk:
+        return Bulk(
+            noun=("dead event", "dead events"),
+            left_out=("is not dead", "are not dead"),
+            gone=("was no longer dead", "were no longer dead"),
+            since="dead_at",
+            **fields,
+        )
+
+    @admin.action(description="Re-drive dead events", permissions=["change"])
+    def redrive(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        alias = queryset.db
+        return bulk_action(
+            self,
+            request,
+            queryset.filter(dead_at__isnull=False, processed_at__isnull=True),
+            self._dead_events(
+                name="redrive",
+                title="Re-drive dead events",
+                explanation="These dead events become claimable again with a fresh attempt "
+                "budget; the relay projects them, then their aggregates' later events.",
+                verb="Re-drove",
+                infinitive="re-drive",
+                perform=lambda ids: control.redrive_dead_events(ids, using=alias),
+            ),
+        )
+
+    @admin.action(description="Discard dead events (mark processed)", permissions=["change"])
+    def discard(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        alias = queryset.db
+        return bulk_action(
+            self,
+            request,
+            queryset.filter(dead_at__isnull=False, processed_at__isnull=True),
+            self._dead_events(
+                name="discard",
+                title="Discard dead events",
+                explanation="These dead events are marked processed without being projected, "
+                "so the later events of their aggregates go on.",
+                verb="Discarded",
+                infinitive="discard",
+                perform=lambda ids: control.discard_dead_events(ids, using=alias),
+            ),
+        )
+
+
+@admin.register(ScheduleCursor)
+class ScheduleAdmin(ReadOnlyAdmin):
+    list_display = ("name", "job", "spec", "last_slot_at", "next_slot")
+    actions = ("run_now",)
+    ordering = ("name",)
+    sortable_by = ("name", "last_slot_at")  # one row per schedule: a small table
+
+    @cached_property
+    def _schedules(self) -> dict[str, scheduler.Schedule]:
+        return scheduler.load_schedules()[0]
+
+    @admin.display(description="job")
+    def job(self, obj: ScheduleCursor) -> str:
+        entry = self._schedules.get(obj.name)
+        return entry.job_type if entry else "(no longer configured)"
+
+    @admin.display(description="when")
+    def spec(self, obj: ScheduleCursor) -> str:
+        entry = self._schedules.get(obj.name)
+        return entry.spec if entry else ""
+
+    @admin.display(description="next slot")
+    def next_slot(self, obj: ScheduleCursor) -> Any:
+        entry = self._schedules.get(obj.name)
+        return entry.next_after(timezone.now()) if entry else None
+
+    def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Cursors of schedules no longer configured (as this process loads them). A configured
+        schedule without its cursor would start again from its latest slot."""
+        return queryset.exclude(name__in=list(scheduler.load_schedules()[0]))
+
+    @admin.action(description="Run now", permissions=["change"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        schedules = self._schedules
+
+        def perform(names: list[Any]) -> int:
+            for name in names:
+                scheduler.run_now(schedules[name])
+            return len(names)
+
+        return bulk_action(
+            self,
+            request,
+            queryset.filter(name__in=list(schedules)),
+            Bulk(
+                name="run_now",
+                title="Run schedules now",
+                explanation="Each schedule's job is enqueued once now; its slots are unchanged.",
+                noun=("schedule", "schedules"),
+                verb="Ran",
+                infinitive="run",
+                left_out=("is not configured", "are not configured"),
+                gone=("was no longer configured", "were no longer configured"),
+                perform=perform,
+            ),
+        )

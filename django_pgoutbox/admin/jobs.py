@@ -1,0 +1,284 @@
+"""The dead letters' and the jobs' pages."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.models import DELETION
+from django.core.exceptions import PermissionDenied
+from django.db import router
+from django.db.models import Model, Q, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+
+from django_pgoutbox import control, metrics, scheduler
+from django_pgoutbox.admin.bulk import Bulk, bulk_action
+from django_pgoutbox.admin.common import ReadOnlyAdmin, json_preview
+from django_pgoutbox.admin.filters import (
+    DeadJobTypeFilter,
+    ErrorCodeFilter,
+    QueueFilter,
+    StatusFilter,
+)
+from django_pgoutbox.models import (
+    CLAIMABLE_STATUSES,
+    FINISHED_STATUSES,
+    DeadLetter,
+    Job,
+    JobStatus,
+)
+
+
+def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any], bool]:
+    term = search_term.strip()
+    if not term:
+        return queryset, False
+    try:
+        return queryset.filter(pk=uuid.UUID(term)), False
+    except ValueError:
+        return queryset.filter(idempotency_key=term), False
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "job_type",
+        "queue",
+        "attempts",
+        "last_error_code",
+        "error",
+        "organization_id",
+        "finished_at",
+    )
+    list_filter = (QueueFilter, DeadJobTypeFilter, ErrorCodeFilter)
+    search_help_text = "A job id, or an idempotency key."
+    search_fields = ("idempotency_key",)
+    ordering = ("-finished_at",)
+    sortable_by = ("finished_at",)
+    heavy_fields = ("payload", "result", "worker_ids")
+    readonly_fields = ("pretty_payload", "pretty_result")
+    actions = ("retry_now", "cancel", "delete_selected")
+    exclude = ("payload", "result")
+
+    @admin.display(description="error summary")
+    def error(self, obj: Job) -> str:
+        summary = obj.last_error_summary or ""
+        return summary if len(summary) <= 120 else summary[:117] + "..."
+
+    @admin.display(description="payload")
+    def pretty_payload(self, obj: Job) -> str:
+        return json_preview(obj, "payload")
+
+    @admin.display(description="result")
+    def pretty_result(self, obj: Job) -> str:
+        return json_preview(obj, "result")
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        return _job_search(queryset, search_term)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        """Dead letters may be deleted, one or many (this page's own delete action)."""
+        if obj is None:
+            return admin.ModelAdmin.has_delete_permission(self, request)
+        return super().has_delete_permission(request, obj)
+
+    def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        return queryset.filter(status=JobStatus.DEAD)
+
+    def _dead_letters(self, **fields: Any) -> Bulk:
+        return Bulk(
+            noun=("dead letter", "dead letters"),
+            left_out=("is not dead", "are not dead"),
+            gone=("was no longer dead", "were no longer dead"),
+            since="finished_at",
+            **fields,
+        )
+
+    @admin.action(description="Retry now (fresh attempt budget)", permissions=["change"])
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        alias = queryset.db
+        return bulk_action(
+            self,
+            request,
+            queryset,
+            self._dead_letters(
+                name="retry_now",
+                title="Retry dead letters",
+                explanation="These jobs go back to their queue, due now, with their attempts "
+                "reset to zero. Their handlers must be idempotent.",
+                verb="Retried",
+                infinitive="retry",
+                perform=lambda ids: control.retry_dead_jobs(ids, using=alias),
+            ),
+        )
+
+    @admin.action(description="Cancel (never run again)", permissions=["change"])
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        alias = queryset.db
+        return bulk_action(
+            self,
+            request,
+            queryset,
+            self._dead_letters(
+                name="cancel",
+                title="Cancel dead letters",
+                explanation="These jobs become cancelled: they never run again, and retention "
+                "deletes them with the other finished jobs.",
+                verb="Cancelled",
+                infinitive="cancel",
+                perform=lambda ids: control.cancel_dead_jobs(ids, using=alias),
+            ),
+        )
+
+    @admin.action(description="Delete", permissions=["delete"])
+    def delete_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        """Django's own ``delete_selected`` lists every row on its page and deletes by id; this
+        one is chunked and deletes only rows still dead."""
+        alias = queryset.db
+
+        def perform(ids: list[Any]) -> int:
+            rows = Job.objects.using(alias).filter(pk__in=ids, status=JobStatus.DEAD)
+            deleted: int = rows.delete()[0]
+            return deleted
+
+        return bulk_action(
+            self,
+            request,
+            queryset,
+            self._dead_letters(
+                name="delete_selected",
+                title="Delete dead letters",
+                explanation="These jobs are deleted, with their payloads and errors; only the "
+                "admin log keeps their names. Cancel instead keeps them until retention "
+                "deletes them with the other finished jobs.",
+                verb="Deleted",
+                infinitive="delete",
+                perform=perform,
+                log_flag=DELETION,
+            ),
+        )
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "job_type",
+        "queue",
+        "status",
+        "priority",
+        "attempts",
+        "run_at",
+        "created_at",
+    )
+    list_filter = (StatusFilter, QueueFilter)
+    search_fields = ("idempotency_key",)
+    search_help_text = "A job id, or an idempotency key."
+    ordering = ("-id",)  # UUIDv7: newest first, straight from the primary key index
+    sortable_by = ("id",)
+    heavy_fields = ("payload", "result", "worker_ids", "last_error_summary")
+    readonly_fields = ("pretty_payload", "pretty_result")
+    exclude = ("payload", "result")
+    change_list_template = "admin/django_pgoutbox/job_change_list.html"
+    actions = ("cancel_jobs",)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        return _job_search(queryset, search_term)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        """Cancelling changes jobs, though the admin never edits one."""
+        opts = self.model._meta
+        return request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+
+    def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """Finished jobs: completed, cancelled, dead. Retention deletes the first two anyway."""
+        return queryset.filter(status__in=FINISHED_STATUSES)
+
+    @admin.action(description="Cancel (running ones are asked to stop)", permissions=["cancel"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        alias = queryset.db
+
+        def perform(ids: list[Any]) -> int:
+            states = control.cancel_jobs(ids, using=alias, by=f"admin user {request.user}")
+            return sum(1 for state in states.values() if state in ("cancelled", "cancelling"))
+
+        return bulk_action(
+            self,
+            request,
+            # Not "exclude finished": this OR is what the partial indexes of both answer.
+            queryset.filter(Q(status__in=CLAIMABLE_STATUSES) | Q(status=JobStatus.LEASED)),
+            Bulk(
+                name="cancel_jobs",
+                title="Cancel jobs",
+                explanation="Jobs not running yet become cancelled and never run. Running jobs "
+                "are asked to stop: their handlers see ctx.cancelled, and they end cancelled. "
+                "Finished jobs are left as they are.",
+                noun=("job", "jobs"),
+                verb="Cancelled",
+                infinitive="cancel",
+                left_out=("has finished", "have finished"),
+                gone=("had finished", "had finished"),
+                perform=perform,
+                since="created_at",
+            ),
+        )
+
+    @admin.display(description="payload")
+    def pretty_payload(self, obj: Job) -> str:
+        return json_preview(obj, "payload")
+
+    @admin.display(description="result")
+    def pretty_result(self, obj: Job) -> str:
+        return json_preview(obj, "result")
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        overview = self.admin_site.admin_view(self.overview_view)
+        return [path("overview/", overview, name="pgoutbox_overview"), *super().get_urls()]
+
+    def overview_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        gauges = metrics.database_gauges(router.db_for_read(Job))
+        dead_url = reverse("admin:pgoutbox_deadletter_changelist")
+        queues = [
+            {"gauges": g, "dead_url": f"{dead_url}?queue={g.queue}"} for g in gauges.queues.values()
+        ]
+        schedules, problems = scheduler.load_schedules()
+        now = scheduler.database_now(router.db_for_read(Job))
+        cursors = scheduler.cursors()
+        rows = []
+        for name, entry in sorted(schedules.items()):
+            last = cursors.get(name)
+            latest = entry.latest_due(now)
+            rows.append(
+                {
+                    "name": name,
+                    "spec": entry.spec,
+                    "last": last,
+                    "next": entry.next_after(now),
+                    "due": last is not None and latest > last,
+                }
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Queues overview",
+            "queues": queues,
+            "gauges": gauges,
+            "schedules": rows,
+            "schedule_problems": problems,
+            "now": timezone.now(),
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/django_pgoutbox/overview.html", context)
