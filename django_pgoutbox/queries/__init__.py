@@ -17,8 +17,8 @@ with binary parameters has ``%b`` (``%(name)b``) instead.
 
 SQL that stays elsewhere, and why:
 
-- ``admin.common.EstimatedCountPaginator.count`` runs ``EXPLAIN (FORMAT JSON)`` on the SQL that Django
-  builds for the admin page's queryset at run time: only that prefix is fixed.
+- ``admin.common.EstimatedCountPaginator.count`` runs ``EXPLAIN (FORMAT JSON)`` on the SQL that
+  Django builds for the admin page's queryset at run time: only that prefix is fixed.
 - ``worker.listener`` composes ``LISTEN`` with ``psycopg.sql.Identifier``: a channel is an
   identifier, which no parameter can carry.
 - ``migrations/`` hold the schema's ``RunSQL``: a migration is history, and must not change when
