@@ -36,6 +36,16 @@ def _our_databases(databases: Sequence[str] | None = None) -> list[str]:
     return [alias for alias in aliases if router.allow_migrate_model(alias, Job)]
 
 
+def postgresql_databases() -> list[str]:
+    """The aliases of PostgreSQL databases that hold the app's tables (by their settings: no
+    connection is opened)."""
+    return [
+        alias
+        for alias in _our_databases()
+        if _vendor(settings.DATABASES[alias].get("ENGINE", "")) == "postgresql"
+    ]
+
+
 def _vendor(engine: str) -> str:
     """The vendor of a backend, from its class: no connection is opened."""
     try:

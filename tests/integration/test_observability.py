@@ -282,7 +282,10 @@ class TestHealth:
             assert elsewhere.json()["workers"] == []
             unknown = client.get("/pgoutbox/health?database=nope")
             assert unknown.status_code == 400
-            assert unknown.json() == {"error": "no database 'nope' in DATABASES"}
+            assert unknown.json() == {
+                "error": "database must be the alias of a PostgreSQL database that holds the "
+                "pgoutbox tables (default, secondary, direct), not 'nope'"
+            }
         finally:
             beat.stop()
 

@@ -1,7 +1,7 @@
 """``manage.py pgoutbox``: operations without the admin.
 
 pgoutbox stats [--json] [--watch S]  counts by queue and state, backlog age, outbox lag
-pgoutbox health [--require R,R]      workers, relay, scheduler alive? (exit 1 if not)
+pgoutbox health [--require R,R]      workers, relay, scheduler alive? (exit 1 if not, 2 if misused)
 pgoutbox deadletters list [--queue Q] [--job-type T] [--code C] [--limit N]
 pgoutbox deadletters show ID
 pgoutbox deadletters retry ID... | --all [filters]    back to pending, fresh budget
@@ -27,7 +27,14 @@ from django.db import router
 
 from django_pgoutbox import control, maintenance, metrics, scheduler
 from django_pgoutbox.db import require_migrated
-from django_pgoutbox.health import DEFAULT_MAX_AGE, health_report
+from django_pgoutbox.health import (
+    DEFAULT_MAX_AGE,
+    MAX_AGE_LIMIT,
+    ROLES,
+    health_report,
+    parse_max_age,
+    parse_roles,
+)
 from django_pgoutbox.models import Job
 
 
@@ -51,13 +58,17 @@ class Command(BaseCommand):
         )
         health = sub.add_parser("health", help="Report liveness; exit status 1 when unhealthy.")
         health.add_argument(
-            "--require", default="jobs,relay,scheduler", help="Roles that must be alive."
+            "--require",
+            default=",".join(ROLES),
+            metavar="ROLE[,ROLE]",
+            help=f"Roles that must be alive, of {', '.join(ROLES)} (default: all).",
         )
         health.add_argument(
             "--max-age",
             type=float,
             default=DEFAULT_MAX_AGE,
-            help=f"Seconds since a heartbeat (default {DEFAULT_MAX_AGE:g}).",
+            help=f"Seconds since a heartbeat, > 0 and <= {MAX_AGE_LIMIT:g} "
+            f"(default {DEFAULT_MAX_AGE:g}).",
         )
         dead = sub.add_parser("deadletters", help="List, show, retry or discard dead jobs.")
         dead_actions = dead.add_subparsers(dest="dead_action", required=True, metavar="ACTION")
@@ -97,11 +108,13 @@ class Command(BaseCommand):
         if action == "stats":
             self._stats(using, as_json=options["json"], watch=options["watch"])
         elif action == "health":
-            report = health_report(
-                max_age=options["max_age"],
-                require=[r for r in options["require"].split(",") if r],
-                using=using,
-            )
+            try:
+                require = parse_roles(options["require"], "--require")
+                max_age = parse_max_age(options["max_age"], "--max-age")
+            except ValueError as error:
+                # 2, as for any misuse of the command: 1 says unhealthy, 0 healthy.
+                raise CommandError(str(error), returncode=2) from None
+            report = health_report(max_age=max_age, require=require, using=using)
             self.stdout.write(json.dumps(report.as_dict(), indent=2))
             if not report.healthy:
                 sys.exit(1)
