@@ -28,6 +28,7 @@ from django_pgoutbox.conf.values import (
     MAX_INT32,
     MAX_RETENTION,
     MIN_LEASE_SECONDS,
+    MIN_TOKEN_LENGTH,
     OUTBOX_CHANNEL,
     QUEUE_KEYS,
     QUEUE_NAME_RE,
@@ -39,6 +40,7 @@ from django_pgoutbox.conf.values import (
     RetentionSettings,
     RetrySettings,
     SettingsProblem,
+    ViewsAuthSettings,
 )
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "MAX_INT32",
     "MAX_RETENTION",
     "MIN_LEASE_SECONDS",
+    "MIN_TOKEN_LENGTH",
     "OUTBOX_CHANNEL",
     "QUEUE_KEYS",
     "QUEUE_NAME_RE",
@@ -61,6 +64,7 @@ __all__ = [
     "RetentionSettings",
     "RetrySettings",
     "SettingsProblem",
+    "ViewsAuthSettings",
     "get_settings",
     "parse_settings",
     "settings_problems",

@@ -244,43 +244,43 @@ class TestExposition:
         assert families["pgoutbox_job_outcomes"].type == "counter"  # exposed as ..._total
         assert "pgoutbox_job_outcomes_total" in text
 
-    def test_metrics_view(self, client: Any) -> None:
-        response = client.get("/pgoutbox/metrics")
+    def test_metrics_view(self, admin_client: Any) -> None:
+        response = admin_client.get("/pgoutbox/metrics")
         assert response.status_code == 200
         assert b"pgoutbox_jobs{" in response.content
 
 
 @pytest.mark.django_db(transaction=True)
 class TestHealth:
-    def test_no_worker_is_unhealthy(self, client: Any) -> None:
-        response = client.get("/pgoutbox/health")
+    def test_no_worker_is_unhealthy(self, admin_client: Any) -> None:
+        response = admin_client.get("/pgoutbox/health")
         assert response.status_code == 503
         assert response.json()["roles"] == {"jobs": False, "relay": False, "scheduler": False}
 
-    def test_heartbeat_makes_roles_healthy_until_it_stops_or_ages(self, client: Any) -> None:
+    def test_heartbeat_makes_roles_healthy_until_it_stops_or_ages(self, admin_client: Any) -> None:
         beat = Heartbeat("w1", ["jobs", "relay"], ["default"], "default")
         beat.start()
         try:
-            response = client.get("/pgoutbox/health?require=jobs,relay")
+            response = admin_client.get("/pgoutbox/health?require=jobs,relay")
             assert response.status_code == 200
             assert response.json()["workers"][0]["queues"] == ["default"]
-            assert client.get("/pgoutbox/health").status_code == 503  # no scheduler
+            assert admin_client.get("/pgoutbox/health").status_code == 503  # no scheduler
             wait_for(lambda: not health_report(max_age=0.1, require=["jobs"]).healthy)  # too old
         finally:
             beat.stop()
-        assert client.get("/pgoutbox/health?require=jobs").status_code == 503  # row deleted
-        assert client.get("/pgoutbox/health?max_age=soon").status_code == 400
+        assert admin_client.get("/pgoutbox/health?require=jobs").status_code == 503  # row deleted
+        assert admin_client.get("/pgoutbox/health?max_age=soon").status_code == 400
 
     @pytest.mark.django_db(transaction=True, databases=["default", "secondary"])
-    def test_health_view_reads_the_database_asked_for(self, client: Any) -> None:
+    def test_health_view_reads_the_database_asked_for(self, admin_client: Any) -> None:
         beat = Heartbeat("w1", ["jobs"], ["default"], "default")
         beat.start()
         try:
-            assert client.get("/pgoutbox/health?require=jobs").status_code == 200
-            elsewhere = client.get("/pgoutbox/health?require=jobs&database=secondary")
+            assert admin_client.get("/pgoutbox/health?require=jobs").status_code == 200
+            elsewhere = admin_client.get("/pgoutbox/health?require=jobs&database=secondary")
             assert elsewhere.status_code == 503
             assert elsewhere.json()["workers"] == []
-            unknown = client.get("/pgoutbox/health?database=nope")
+            unknown = admin_client.get("/pgoutbox/health?database=nope")
             assert unknown.status_code == 400
             assert unknown.json() == {
                 "error": "database must be the alias of a PostgreSQL database that holds the "
