@@ -1,7 +1,7 @@
 """Prometheus exposition (``pip install 'django-pgoutbox[prometheus]'``).
 
 - ``runworkers --metrics-port 9400`` serves this process's counters and histograms at
-  ``http://host:9400/metrics``;
+  ``http://127.0.0.1:9400/metrics`` (``--metrics-host`` for another address);
 - the view ``django_pgoutbox.views.metrics`` (included with
   ``path("pgoutbox/", include("django_pgoutbox.urls"))``) serves the database gauges, read when
   scraped.
@@ -122,6 +122,6 @@ def database_exposition(using: str | None = None) -> bytes:
     return generate_latest(registry)
 
 
-def serve_process_metrics(port: int, address: str = "0.0.0.0") -> None:
+def serve_process_metrics(port: int, address: str = "127.0.0.1") -> None:
     """Serve this process's metrics at ``http://address:port/metrics`` from a daemon thread."""
     start_http_server(port, addr=address, registry=process_registry())

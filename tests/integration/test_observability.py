@@ -416,3 +416,12 @@ def test_a_handlers_logger_carries_the_jobs_fields(caplog: Any) -> None:
         "queue": "reports",
         "attempt": 2,
     }
+
+
+@pytest.mark.django_db
+def test_a_metrics_host_that_cannot_be_bound_is_a_command_error() -> None:
+    from django.core.management import CommandError
+
+    for host in ("203.0.113.7", "no-such-host.invalid"):
+        with pytest.raises(CommandError, match=f"--metrics-host '{host}' --metrics-port 1"):
+            call_command("runworkers", "--burst", "--metrics-port", "1", "--metrics-host", host)

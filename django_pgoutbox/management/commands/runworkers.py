@@ -142,6 +142,13 @@ class Command(BaseCommand):
             "'prometheus' extra).",
         )
         parser.add_argument(
+            "--metrics-host",
+            default="127.0.0.1",
+            metavar="ADDRESS",
+            help="The address the metrics server listens on (default 127.0.0.1: this host "
+            "only; 0.0.0.0 for every interface).",
+        )
+        parser.add_argument(
             "--gc-threshold",
             type=_count,
             default=GC_THRESHOLD,
@@ -178,7 +185,13 @@ class Command(BaseCommand):
                 from django_pgoutbox.prometheus import serve_process_metrics
             except ImportError as error:
                 raise CommandError(str(error)) from error
-            serve_process_metrics(options["metrics_port"])
+            try:
+                serve_process_metrics(options["metrics_port"], options["metrics_host"])
+            except OSError as error:  # an address not of this host, a port taken
+                raise CommandError(
+                    f"--metrics-host {options['metrics_host']!r:.80} --metrics-port "
+                    f"{options['metrics_port']}: cannot listen there ({error})"
+                ) from error
         self._install_signal_handlers(worker)
         tune_collector(options["gc_threshold"])
         if options["verbosity"] >= 1:
