@@ -6,21 +6,28 @@ the xmin horizon, the notification queue) are read from the database when asked,
 only touch partial indexes of live rows, never a ``COUNT(*)`` of the finished ones.
 
 Labels are only ever queue, job type, event type, schedule, outcome, status or role: never an
-organization id or a payload value, so that the number of series stays bounded.
-``django_pgoutbox.prometheus`` exposes all of it to Prometheus.
+organization id or a payload value. And a label's value is only ever a name the code or the
+settings declare (``label_value``): a configured queue, a registered job type, an event type with
+a subscriber; any other value that a row carries is ``unregistered``, and every value is cut to
+``MAX_LABEL_LENGTH`` characters, so that the number of series and the size of each stay bounded
+by the code, whatever the tables hold. ``django_pgoutbox.prometheus`` exposes all of it to
+Prometheus.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections, router
 
 from django_pgoutbox import queries
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.registry import get_job
 
 #: Bucket upper bounds (seconds) of the duration histograms: 1 ms to 5 min.
 DEFAULT_BUCKETS = (
@@ -43,6 +50,64 @@ DEFAULT_BUCKETS = (
 )
 
 
+#: The label value of a job type, event type or queue that is not declared: a row's value, which
+#: may be anything, never becomes a series of its own.
+UNREGISTERED = "unregistered"
+#: The longest label value: a longer one is cut, ending with a digest of the whole, so that two
+#: long names that begin alike stay two series, and no line of the exposition grows with a name.
+MAX_LABEL_LENGTH = 100
+
+#: Job types that run though no ``@job`` declares them: the django.tasks tasks a worker found
+#: (``register_label_value``). Only importable ``Task`` objects get here: bounded by the code.
+_declared: dict[str, set[str]] = {"job_type": set()}
+
+
+def _configured_queue(value: str) -> bool:
+    return value in get_settings().queues
+
+
+def _registered_job_type(value: str) -> bool:
+    return get_job(value) is not None or value in _declared["job_type"]
+
+
+def _subscribed_event_type(value: str) -> bool:
+    from django_pgoutbox.outbox import has_subscribers  # models: imported once apps are ready
+
+    return has_subscribers(value)
+
+
+#: The labels whose values come from rows, and what makes a value declared.
+_DECLARED: dict[str, Callable[[str], bool]] = {
+    "queue": _configured_queue,
+    "job_type": _registered_job_type,
+    "event_type": _subscribed_event_type,
+}
+
+
+def register_label_value(label: str, value: str) -> None:
+    """Declare ``value`` for ``label`` beside what the registries and settings declare: the
+    django.tasks backend does for each task a worker resolved."""
+    _declared.setdefault(label, set()).add(value)
+
+
+def label_value(label: str, value: object) -> str:
+    """What a metric shows for ``value`` of its label ``label``: the value itself if the code
+    or the settings declare it (for ``queue``, ``job_type`` and ``event_type``, which rows
+    carry), else ``unregistered``; cut to ``MAX_LABEL_LENGTH`` characters.
+
+    Every metric of this module passes its label values through here.
+    """
+    text = value if type(value) is str else str(value)
+    declared = _DECLARED.get(label)
+    if declared is not None and not declared(text):
+        return UNREGISTERED
+    if len(text) > MAX_LABEL_LENGTH:
+        whole = text.encode("utf-8", "surrogatepass")
+        digest = hashlib.blake2b(whole, digest_size=4).hexdigest()
+        return f"{text[: MAX_LABEL_LENGTH - len(digest) - 1]}~{digest}"
+    return text
+
+
 class _Metric:
     """A metric whose values live in one shard per thread that updates it.
 
@@ -59,6 +124,8 @@ class _Metric:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
+        #: Keys whose values ``label_value`` left as they were: bounded by what is declared.
+        self._clean: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
         self._shards: list[dict[tuple[str, ...], Any]] = []
@@ -71,13 +138,29 @@ class _Metric:
             key = ()
         if len(key) != len(self.labelnames) or len(labels) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, not {tuple(labels)}")
-        return key
+        return self._sanitized(key)
 
     def _checked(self, key: tuple[str, ...]) -> tuple[str, ...]:
         """Label values given by position: as many as there are label names."""
         if len(key) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {key}")
-        return key
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {key!r:.200}")
+        return self._sanitized(key)
+
+    def _sanitized(self, key: tuple[str, ...]) -> tuple[str, ...]:
+        """``key`` with each value as ``label_value`` shows it.
+
+        A key seen clean before is looked up once (on every job's path); only clean keys are
+        remembered, so what is remembered is bounded by what is declared, not by the rows.
+        """
+        clean = self._clean.get(key)
+        if clean is not None:
+            return clean
+        sanitized = tuple(
+            [label_value(name, value) for name, value in zip(self.labelnames, key, strict=True)]
+        )
+        if sanitized == key:
+            self._clean[key] = key
+        return sanitized
 
     def _shard(self) -> dict[tuple[str, ...], Any]:
         """This thread's values."""

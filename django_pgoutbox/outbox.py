@@ -213,6 +213,11 @@ def subscribers_for(event_type: str) -> list[Subscriber]:
     return list(_subscribers.get(event_type, ()))
 
 
+def has_subscribers(event_type: str) -> bool:
+    """Whether a ``@subscriber`` projects ``event_type``."""
+    return event_type in _subscribers
+
+
 def unregister_subscriber(name: str) -> None:
     """Forget a subscriber (for tests that register their own)."""
     for event_type in list(_subscribers):

@@ -77,9 +77,10 @@ class DatabaseCollector(Collector):
             labels=["queue"],
         )
         for queue in gauges.queues.values():
+            name = metrics.label_value("queue", queue.queue)
             for status in ("pending", "scheduled", "leased", "retrying", "dead"):
-                jobs.add_metric([queue.queue, status], getattr(queue, status))
-            oldest.add_metric([queue.queue], queue.oldest_pending_age)
+                jobs.add_metric([name, status], getattr(queue, status))
+            oldest.add_metric([name], queue.oldest_pending_age)
         yield jobs
         yield oldest
         yield GaugeMetricFamily(

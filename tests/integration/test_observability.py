@@ -418,6 +418,90 @@ def test_a_handlers_logger_carries_the_jobs_fields(caplog: Any) -> None:
     }
 
 
+# -- labels only from declared names -------------------------------------------------------------
+
+
+def _job(queue: str, status: str, *, run_at: str = "-1 minute", priority: int = 0) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO jobs (queue, job_type, payload, status, priority, run_at, finished_at) "
+            "VALUES (%s, 'x', '{}', %s, %s, now() + %s::interval, "
+            "CASE WHEN %s = 'dead' THEN now() END)",
+            [queue, status, priority, run_at, status],
+        )
+
+
+def test_label_values_are_declared_names_cut_short() -> None:
+    value = metrics.label_value
+    assert value("job_type", "tests.behave") == "tests.behave"
+    assert value("job_type", "tests.nobody") == metrics.UNREGISTERED
+    assert value("queue", "webhooks") == "webhooks"
+    assert value("queue", "webhooks2") == metrics.UNREGISTERED
+    assert value("event_type", "tests.projected") == "tests.projected"
+    assert value("event_type", "x" * 100_000) == metrics.UNREGISTERED
+    assert value("outcome", "completed") == "completed"
+    long_one, long_two = (value("schedule", "s" * 500 + tail) for tail in ("a", "b"))
+    assert len(long_one) == len(long_two) == metrics.MAX_LABEL_LENGTH
+    assert long_one != long_two
+    assert value("schedule", "é" * 300).startswith("é" * 90)
+    metrics.register_label_value("job_type", "tests.a_task")
+    assert value("job_type", "tests.a_task") == "tests.a_task"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unregistered_job_types_make_one_series() -> None:
+    with connection.cursor() as cursor:  # rows written by hand, or by another deployment
+        cursor.execute(
+            "INSERT INTO jobs (queue, job_type, payload) "
+            "SELECT 'default', 'junk.' || n, '{}' FROM generate_series(1, 300) AS n"
+        )
+    before = set(metrics.JOB_OUTCOMES.samples())
+    drain()
+    assert Job.objects.filter(status="dead", last_error_code="unknown_job_type").count() == 300
+    added = set(metrics.JOB_OUTCOMES.samples()) - before
+    assert {job_type for _, job_type, _ in added} <= {metrics.UNREGISTERED}
+    assert (
+        metrics.JOB_OUTCOMES.value(queue="default", job_type=metrics.UNREGISTERED, outcome="dead")
+        >= 300
+    )
+    for metric in (metrics.JOB_DURATION, metrics.JOB_OUTCOMES):
+        assert not any(key[1].startswith("junk.") for key in metric.samples())
+    from prometheus_client import generate_latest
+
+    assert "junk." not in generate_latest(process_registry()).decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_100_kb_event_type_makes_no_long_line() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, schema_version, "
+            "payload) VALUES ('a', gen_random_uuid(), repeat('e', 100000), 1, '{}')"
+        )
+    conf = get_settings()
+    Relay(conf.outbox, relay_id="r", using="default", policy=conf.retry, burst=True).run()
+    assert OutboxEvent.objects.filter(processed_at__isnull=False).count() == 1
+    from prometheus_client import generate_latest
+
+    text = generate_latest(process_registry()).decode()
+    assert max(len(line) for line in text.splitlines()) < 300
+    assert 'pgoutbox_events_projected_total{event_type="unregistered",outcome="processed"}' in text
+
+
+@pytest.mark.django_db
+def test_an_expired_lease_of_a_queue_not_configured_counts_as_unregistered() -> None:
+    from django_pgoutbox import maintenance
+
+    _job("gone-queue", "leased")
+    Job.objects.filter(queue="gone-queue").update(
+        lease_expires_at=timezone.now() - timedelta(minutes=1), locked_by="w", attempts=1
+    )
+    before = metrics.LEASE_EXPIRATIONS.value(queue=metrics.UNREGISTERED)
+    assert len(maintenance.recover_expired_leases()) == 1
+    assert metrics.LEASE_EXPIRATIONS.value(queue=metrics.UNREGISTERED) == before + 1
+    assert not any("gone" in key[0] for key in metrics.LEASE_EXPIRATIONS.samples())
+
+
 @pytest.mark.django_db
 def test_a_metrics_host_that_cannot_be_bound_is_a_command_error() -> None:
     from django.core.management import CommandError
