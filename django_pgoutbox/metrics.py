@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -346,6 +347,18 @@ SCHEDULE_FAILURES = counter(
 
 # -- database gauges -----------------------------------------------------------------------------
 
+#: Counts up to this are exact. A count that would go past it reads no further: the gauge then
+#: shows the planner's estimate from the table's statistics (at least this much, and never less
+#: than what was counted), so that a scrape costs the same at a thousand rows as at a billion.
+EXACT_COUNT = 1000
+#: The priorities of one queue whose waiting jobs the gauges walk, highest first (one index
+#: probe each). Past them, the queue's pending and scheduled counts are estimates and its
+#: oldest due age covers the highest ones only.
+MAX_PRIORITIES = 100
+#: Queues not configured (since removed from ``PGOUTBOX["QUEUES"]``, or written by hand) that
+#: the gauges count one by one, together as ``unregistered``; past them, that row is estimated.
+MAX_UNREGISTERED_QUEUES = 20
+
 
 @dataclass(frozen=True)
 class QueueGauges:
@@ -355,7 +368,12 @@ class QueueGauges:
     leased: int = 0
     retrying: int = 0
     dead: int = 0
-    oldest_pending_age: float = 0.0  # seconds since the oldest due job became due
+    #: Seconds since the oldest job waiting to be claimed (pending, or retrying after its
+    #: back-off) became due.
+    oldest_pending_age: float = 0.0
+    #: The fields above that are estimates (each count over ``EXACT_COUNT``); the others are
+    #: exact.
+    estimated: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -366,41 +384,211 @@ class DatabaseGauges:
     outbox_lag: float  # seconds since the oldest unprocessed, available event occurred
     oldest_transaction_age: float  # the xmin horizon that holds back vacuum
     notification_queue_usage: float  # fraction of the NOTIFY queue in use
+    #: The outbox fields above that are estimates (``outbox_pending``, ``outbox_dead``) or an
+    #: upper bound (``outbox_lag``, when more than ``EXACT_COUNT`` dead or backing-off events
+    #: come before the first available one).
+    estimated: tuple[str, ...] = ()
+
+
+_STATUSES = ("pending", "scheduled", "leased", "retrying", "dead")
+
+
+class _Estimates:
+    """The planner's row estimates, by ``EXPLAIN (FORMAT JSON)``: no row is read."""
+
+    def __init__(self, cursor: Any) -> None:
+        self.cursor = cursor
+
+    def rows(self, sql: str, params: Sequence[Any]) -> int:
+        self.cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+        plan = self.cursor.fetchone()[0]
+        if isinstance(plan, str):
+            plan = json.loads(plan)
+        return int(plan[0]["Plan"]["Plan Rows"])
+
+
+@dataclass
+class _Counted:
+    """One queue's counts as the gauge statement read them (each stopped at its limit)."""
+
+    priorities: int
+    oldest_due_age: float | None
+    retry_due: int
+    retry_later: int
+    due: int
+    later: int
+    dead: int
+    leased: int
+
+
+def _queue_values(counted: _Counted, leased_total: int) -> tuple[dict[str, int], set[str]]:
+    """One queue's counts, and the names of those that are not exact and must be estimated.
+
+    Each count stopped at ``limit`` rows (the waiting ones at ``limit`` + the retrying ones on
+    the same side of now, which are among them), so that a count under its limit is exact. The
+    value given for one that must be estimated is what is known of it at least: an estimate
+    below it is raised to it.
+    """
+    limit = EXACT_COUNT + 1
+    values: dict[str, int] = {}
+    unknown: set[str] = set()
+    walked = counted.priorities <= MAX_PRIORITIES
+    for status, waiting, retrying in (
+        ("pending", counted.due, counted.retry_due),
+        ("scheduled", counted.later, counted.retry_later),
+    ):
+        # Pending = waiting - retrying, known while the retrying jobs are: at least that.
+        values[status] = max(0, waiting - retrying) if retrying < limit else 0
+        if not (walked and retrying < limit and waiting < limit + retrying):
+            unknown.add(status)
+    values["retrying"] = counted.retry_due + counted.retry_later
+    if counted.retry_due >= limit or counted.retry_later >= limit:
+        unknown.add("retrying")
+    values["dead"] = counted.dead
+    if counted.dead >= limit:
+        unknown.add("dead")
+    values["leased"] = counted.leased
+    if leased_total >= limit:
+        unknown.add("leased")
+    return values, unknown
+
+
+def _estimate(
+    estimates: _Estimates,
+    statements: dict[str, str],
+    params: list[Any],
+    values: dict[str, int],
+    unknown: set[str],
+) -> None:
+    """Replace each count of ``unknown`` in ``values`` by its estimate (never below the value
+    it has: what was counted of it at least)."""
+    sides = {"pending", "scheduled"}
+    if len(sides & unknown) == 1:
+        # One side of now was counted exactly: the other is the rest of the pending jobs.
+        (status,) = sides & unknown
+        exact = values[(sides - {status}).pop()]
+        values[status] = max(values[status], estimates.rows(statements["waiting"], params) - exact)
+        unknown = unknown - {status}
+    for status in unknown:
+        values[status] = max(values[status], estimates.rows(statements[status], params))
 
 
 def database_gauges(using: str | None = None) -> DatabaseGauges:
-    """Read the gauges from the database: two statements, on partial indexes only."""
+    """Read the gauges from the database: a fixed amount of work, whatever the tables hold.
+
+    Two statements read partial indexes of live rows, each count stopping at
+    ``EXACT_COUNT + 1`` rows; a count that reached it is replaced by the planner's estimate
+    (one ``EXPLAIN`` each). Queues that are not configured are reported together as
+    ``unregistered``.
+    """
     from django_pgoutbox.conf import get_settings
     from django_pgoutbox.models import Job
 
     alias = using or router.db_for_write(Job)
-    queues = {name: dict[str, float]() for name in get_settings().queues}
+    configured = list(get_settings().queues)
+    limit = EXACT_COUNT + 1
+    queues: dict[str, QueueGauges] = {}
     with connections[alias].cursor() as cursor:
-        cursor.execute(queries.JOB_GAUGES)
-        for queue, status, count, scheduled, age in cursor.fetchall():
-            values = queues.setdefault(queue, {})
-            values[status] = count
-            if status == "pending":
-                values["scheduled"] = scheduled
-                values["oldest_pending_age"] = float(age)
-        cursor.execute(queries.OUTBOX_AND_SERVER_GAUGES)
-        pending, dead, lag, xmin_age, notify_usage = cursor.fetchone()
-    return DatabaseGauges(
-        queues={
-            name: QueueGauges(
-                queue=name,
-                pending=int(v.get("pending", 0)),
-                scheduled=int(v.get("scheduled", 0)),
-                leased=int(v.get("leased", 0)),
-                retrying=int(v.get("retrying", 0)),
-                dead=int(v.get("dead", 0)),
-                oldest_pending_age=float(v.get("oldest_pending_age", 0.0)),
+        estimates = _Estimates(cursor)
+        cursor.execute(
+            queries.JOB_GAUGES,
+            {
+                "queues": configured,
+                "limit": limit,
+                "priorities": MAX_PRIORITIES,
+                "probes": len(configured) + MAX_UNREGISTERED_QUEUES + 1,
+                "unregistered": MAX_UNREGISTERED_QUEUES,
+            },
+        )
+        rows = cursor.fetchall()
+        other_values = dict.fromkeys(_STATUSES, 0)
+        other_unknown: set[str] = set()
+        other_oldest = 0.0
+        other_seen = False
+        for queue, is_configured, priorities, oldest, *counts, leased_total, more in rows:
+            counted = _Counted(priorities, oldest, *counts)
+            values, unknown = _queue_values(counted, leased_total)
+            if is_configured:
+                _estimate(estimates, queries.ESTIMATE_QUEUE_JOBS, [queue], values, unknown)
+                estimated = set(unknown)
+                if priorities > MAX_PRIORITIES:
+                    estimated.add("oldest_pending_age")
+                queues[queue] = QueueGauges(
+                    queue=queue,
+                    oldest_pending_age=float(oldest or 0.0),
+                    estimated=tuple(
+                        s for s in (*_STATUSES, "oldest_pending_age") if s in estimated
+                    ),
+                    **values,
+                )
+                continue
+            other_seen = True
+            for status in _STATUSES:
+                other_values[status] += values[status]
+            other_unknown |= unknown
+            if priorities > MAX_PRIORITIES:
+                other_unknown.add("oldest_pending_age")
+            if more > 0:  # more such queues than counted one by one
+                other_unknown |= {*_STATUSES, "oldest_pending_age"}
+            other_oldest = max(other_oldest, float(oldest or 0.0))
+        if other_seen:
+            _estimate(
+                estimates,
+                queries.ESTIMATE_UNREGISTERED_JOBS,
+                [configured],
+                other_values,
+                other_unknown & set(_STATUSES),
             )
-            for name, v in queues.items()
-        },
+            unregistered = QueueGauges(
+                queue=UNREGISTERED,
+                oldest_pending_age=other_oldest,
+                estimated=tuple(
+                    s for s in (*_STATUSES, "oldest_pending_age") if s in other_unknown
+                ),
+                **other_values,
+            )
+            queues[UNREGISTERED] = _merged(queues.get(UNREGISTERED), unregistered)
+
+        cursor.execute(queries.OUTBOX_AND_SERVER_GAUGES, {"limit": limit})
+        dead, unprocessed, lag, lag_bound, xmin_age, notify_usage = cursor.fetchone()
+        outbox_estimated: list[str] = []
+        # Unprocessed events were counted up to the limit + the dead ones, which are among them.
+        pending = unprocessed - dead
+        if dead >= limit or unprocessed >= limit + dead:
+            outbox_estimated.append("outbox_pending")
+            estimate = estimates.rows(queries.ESTIMATE_OUTBOX_PENDING, [])
+            if dead < limit:
+                pending = max(estimate, pending)  # at least the events counted past the dead
+            elif unprocessed < 2 * limit:
+                pending = min(estimate, unprocessed - limit)  # the dead were more than limit
+            else:
+                pending = estimate
+        if dead >= limit:
+            outbox_estimated.append("outbox_dead")
+            cursor.execute(queries.ESTIMATE_OUTBOX_DEAD)
+            (estimate,) = cursor.fetchone()
+            dead = max(int(estimate or 0), dead)
+        if lag is None and lag_bound is not None:
+            outbox_estimated.append("outbox_lag")
+            lag = lag_bound
+    return DatabaseGauges(
+        queues=queues,
         outbox_pending=int(pending),
         outbox_dead=int(dead),
-        outbox_lag=float(lag),
+        outbox_lag=float(lag or 0.0),
         oldest_transaction_age=float(xmin_age),
         notification_queue_usage=float(notify_usage),
+        estimated=tuple(outbox_estimated),
+    )
+
+
+def _merged(configured: QueueGauges | None, other: QueueGauges) -> QueueGauges:
+    """A configured queue that happens to be named ``unregistered``, with the others added."""
+    if configured is None:
+        return other
+    return QueueGauges(
+        queue=UNREGISTERED,
+        oldest_pending_age=max(configured.oldest_pending_age, other.oldest_pending_age),
+        estimated=tuple(dict.fromkeys((*configured.estimated, *other.estimated))),
+        **{s: getattr(configured, s) + getattr(other, s) for s in _STATUSES},
     )

@@ -68,12 +68,14 @@ class DatabaseCollector(Collector):
         gauges = metrics.database_gauges(self.using)
         jobs = GaugeMetricFamily(
             "pgoutbox_jobs",
-            "Jobs by queue and status (pending = due now; scheduled = pending, due later).",
+            "Jobs by queue and status (pending = due now; scheduled = pending, due later). "
+            f"Exact up to {metrics.EXACT_COUNT}; above, the planner's estimate.",
             labels=["queue", "status"],
         )
         oldest = GaugeMetricFamily(
             "pgoutbox_oldest_pending_age_seconds",
-            "Seconds since the oldest due, unclaimed job of the queue became due.",
+            "Seconds since the oldest job of the queue waiting to be claimed (pending, or "
+            "retrying after its back-off) became due.",
             labels=["queue"],
         )
         for queue in gauges.queues.values():
@@ -100,7 +102,8 @@ class DatabaseCollector(Collector):
         )
         yield GaugeMetricFamily(
             "pgoutbox_oldest_transaction_age_seconds",
-            "Age of the oldest open transaction: the xmin horizon that stalls vacuum.",
+            "Age of the oldest open transaction of this database: the xmin horizon that "
+            "stalls vacuum.",
             value=gauges.oldest_transaction_age,
         )
         yield GaugeMetricFamily(

@@ -45,6 +45,12 @@ def _uuid(value: str) -> uuid.UUID:
         raise CommandError(f"{value!r} is not a job id (a UUID)") from None
 
 
+def _shown(gauges: Any, field: str, spec: str = "") -> str:
+    """A gauge's value for the stats table, ``~`` before an estimate."""
+    text = format(getattr(gauges, field), spec)
+    return f"~{text}" if field in gauges.estimated else text
+
+
 class Command(BaseCommand):
     help = "Operate django-pgoutbox: schedules, lease recovery, pruning, outbox reconciliation."
 
@@ -173,15 +179,19 @@ class Command(BaseCommand):
         for queue in gauges.queues.values():
             self.stdout.write(
                 f"{queue.queue:<22}"
-                + "".join(f"{getattr(queue, c):>10}" for c in columns)
-                + f"{queue.oldest_pending_age:>11.1f}s"
+                + "".join(f"{_shown(queue, c):>10}" for c in columns)
+                + f"{_shown(queue, 'oldest_pending_age', '.1f'):>11}s"
             )
         self.stdout.write(
-            f"\noutbox: {gauges.outbox_pending} pending, {gauges.outbox_dead} dead, "
-            f"lag {gauges.outbox_lag:.1f}s\n"
+            f"\noutbox: {_shown(gauges, 'outbox_pending')} pending, "
+            f"{_shown(gauges, 'outbox_dead')} dead, lag {_shown(gauges, 'outbox_lag', '.1f')}s\n"
             f"oldest open transaction: {gauges.oldest_transaction_age:.1f}s; "
             f"NOTIFY queue {gauges.notification_queue_usage:.1%} full"
         )
+        if any(queue.estimated for queue in gauges.queues.values()) or gauges.estimated:
+            self.stdout.write(
+                f"~: an estimate (counts over {metrics.EXACT_COUNT:,}); see docs/observability.md"
+            )
 
     def _deadletters(self, using: str, options: dict[str, Any]) -> None:
         from django_pgoutbox.models import DeadLetter
