@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections, router
+from django.db import connections, router, transaction
 
 from django_pgoutbox import queries
 from django_pgoutbox.conf import get_settings
@@ -394,17 +394,41 @@ _STATUSES = ("pending", "scheduled", "leased", "retrying", "dead")
 
 
 class _Estimates:
-    """The planner's row estimates, by ``EXPLAIN (FORMAT JSON)``: no row is read."""
+    """The planner's row estimates of the counts that reached their limit, asked for together and
+    read from one ``EXPLAIN (FORMAT JSON)`` of their ``UNION ALL``: one round trip, no row read.
+    """
 
-    def __init__(self, cursor: Any) -> None:
-        self.cursor = cursor
+    def __init__(self) -> None:
+        self._asked: list[tuple[str, list[Any], Callable[[int], None]]] = []
 
-    def rows(self, sql: str, params: Sequence[Any]) -> int:
-        self.cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-        plan = self.cursor.fetchone()[0]
-        if isinstance(plan, str):
-            plan = json.loads(plan)
-        return int(plan[0]["Plan"]["Plan Rows"])
+    def ask(self, sql: str, params: list[Any], then: Callable[[int], None]) -> None:
+        """Call ``then`` with the estimated rows of ``sql`` once ``run`` has run."""
+        self._asked.append((sql, params, then))
+
+    def run(self, cursor: Any) -> None:
+        if not self._asked:
+            return
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + " UNION ALL ".join(f"({sql})" for sql, _, _ in self._asked),
+            [param for _, params, _ in self._asked for param in params],
+        )
+        top = _plan(cursor.fetchone()[0])
+        branches = top.get("Plans", []) if len(self._asked) > 1 else [top]
+        if len(self._asked) > 1 and (
+            top["Node Type"] != "Append" or len(branches) != len(self._asked)
+        ):
+            branches = []  # a plan of another shape: each on its own
+            for sql, params, _ in self._asked:
+                cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+                branches.append(_plan(cursor.fetchone()[0]))
+        for (_, _, then), branch in zip(self._asked, branches, strict=True):
+            then(int(branch["Plan Rows"]))
+
+
+def _plan(output: Any) -> dict[str, Any]:
+    """The top node of an ``EXPLAIN (FORMAT JSON)`` output."""
+    plan: dict[str, Any] = (json.loads(output) if isinstance(output, str) else output)[0]["Plan"]
+    return plan
 
 
 @dataclass
@@ -460,36 +484,45 @@ def _estimate(
     values: dict[str, int],
     unknown: set[str],
 ) -> None:
-    """Replace each count of ``unknown`` in ``values`` by its estimate (never below the value
-    it has: what was counted of it at least)."""
+    """Ask for the estimate of each count of ``unknown``, to replace it in ``values`` (never
+    below the value it has: what was counted of it at least)."""
+
+    def at_least(status: str, exact: int = 0) -> Callable[[int], None]:
+        def replace(estimate: int) -> None:
+            values[status] = max(values[status], estimate - exact)
+
+        return replace
+
     sides = {"pending", "scheduled"}
     if len(sides & unknown) == 1:
         # One side of now was counted exactly: the other is the rest of the pending jobs.
         (status,) = sides & unknown
         exact = values[(sides - {status}).pop()]
-        values[status] = max(values[status], estimates.rows(statements["waiting"], params) - exact)
+        estimates.ask(statements["waiting"], params, at_least(status, exact))
         unknown = unknown - {status}
-    for status in unknown:
-        values[status] = max(values[status], estimates.rows(statements[status], params))
+    for status in sorted(unknown):
+        estimates.ask(statements[status], params, at_least(status))
 
 
 def database_gauges(using: str | None = None) -> DatabaseGauges:
     """Read the gauges from the database: a fixed amount of work, whatever the tables hold.
 
     Two statements read partial indexes of live rows, each count stopping at
-    ``EXACT_COUNT + 1`` rows; a count that reached it is replaced by the planner's estimate
-    (one ``EXPLAIN`` each). Queues that are not configured are reported together as
-    ``unregistered``.
+    ``EXACT_COUNT + 1`` rows; the counts that reached it are replaced by the planner's
+    estimates (one ``EXPLAIN`` for all). Queues that are not configured are reported together
+    as ``unregistered``.
     """
-    from django_pgoutbox.conf import get_settings
     from django_pgoutbox.models import Job
 
     alias = using or router.db_for_write(Job)
     configured = list(get_settings().queues)
     limit = EXACT_COUNT + 1
     queues: dict[str, QueueGauges] = {}
-    with connections[alias].cursor() as cursor:
-        estimates = _Estimates(cursor)
+    # In a transaction (a savepoint, inside the caller's) that is rolled back: the plan's
+    # settings end with it, and the reads have nothing to keep.
+    estimates = _Estimates()
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(queries.GAUGES_PLAN)
         cursor.execute(
             queries.JOB_GAUGES,
             {
@@ -501,37 +534,29 @@ def database_gauges(using: str | None = None) -> DatabaseGauges:
             },
         )
         rows = cursor.fetchall()
+        cursor.execute(queries.OUTBOX_AND_SERVER_GAUGES, {"limit": limit})
+        dead, unprocessed, lag, lag_bound, dead_estimate, xmin_age, notify_usage = cursor.fetchone()
+        by_queue: dict[str, tuple[dict[str, int], set[str], float]] = {}
         other_values = dict.fromkeys(_STATUSES, 0)
         other_unknown: set[str] = set()
         other_oldest = 0.0
-        other_seen = False
         for queue, is_configured, priorities, oldest, *counts, leased_total, more in rows:
             counted = _Counted(priorities, oldest, *counts)
             values, unknown = _queue_values(counted, leased_total)
+            if priorities > MAX_PRIORITIES:
+                unknown.add("oldest_pending_age")
             if is_configured:
-                _estimate(estimates, queries.ESTIMATE_QUEUE_JOBS, [queue], values, unknown)
-                estimated = set(unknown)
-                if priorities > MAX_PRIORITIES:
-                    estimated.add("oldest_pending_age")
-                queues[queue] = QueueGauges(
-                    queue=queue,
-                    oldest_pending_age=float(oldest or 0.0),
-                    estimated=tuple(
-                        s for s in (*_STATUSES, "oldest_pending_age") if s in estimated
-                    ),
-                    **values,
-                )
+                statuses = unknown & set(_STATUSES)
+                _estimate(estimates, queries.ESTIMATE_QUEUE_JOBS, [queue], values, statuses)
+                by_queue[queue] = (values, unknown, float(oldest or 0.0))
                 continue
-            other_seen = True
             for status in _STATUSES:
                 other_values[status] += values[status]
             other_unknown |= unknown
-            if priorities > MAX_PRIORITIES:
-                other_unknown.add("oldest_pending_age")
             if more > 0:  # more such queues than counted one by one
                 other_unknown |= {*_STATUSES, "oldest_pending_age"}
             other_oldest = max(other_oldest, float(oldest or 0.0))
-        if other_seen:
+        if len(by_queue) < len(rows):  # queues that are not configured hold jobs
             _estimate(
                 estimates,
                 queries.ESTIMATE_UNREGISTERED_JOBS,
@@ -539,42 +564,47 @@ def database_gauges(using: str | None = None) -> DatabaseGauges:
                 other_values,
                 other_unknown & set(_STATUSES),
             )
-            unregistered = QueueGauges(
-                queue=UNREGISTERED,
-                oldest_pending_age=other_oldest,
-                estimated=tuple(
-                    s for s in (*_STATUSES, "oldest_pending_age") if s in other_unknown
-                ),
-                **other_values,
-            )
-            queues[UNREGISTERED] = _merged(queues.get(UNREGISTERED), unregistered)
-
-        cursor.execute(queries.OUTBOX_AND_SERVER_GAUGES, {"limit": limit})
-        dead, unprocessed, lag, lag_bound, xmin_age, notify_usage = cursor.fetchone()
+        # Unprocessed events were counted up to the limit + the dead ones (which are among them)
+        # while those were under the limit.
+        outbox = {"pending": unprocessed - dead, "dead": dead}
         outbox_estimated: list[str] = []
-        # Unprocessed events were counted up to the limit + the dead ones, which are among them.
-        pending = unprocessed - dead
         if dead >= limit or unprocessed >= limit + dead:
             outbox_estimated.append("outbox_pending")
-            estimate = estimates.rows(queries.ESTIMATE_OUTBOX_PENDING, [])
-            if dead < limit:
-                pending = max(estimate, pending)  # at least the events counted past the dead
-            elif unprocessed < 2 * limit:
-                pending = min(estimate, unprocessed - limit)  # the dead were more than limit
-            else:
-                pending = estimate
+            # With the dead under the limit, at least the events counted past them wait.
+            floor = outbox["pending"] if dead < limit else 0
+
+            def pending(estimate: int) -> None:
+                outbox["pending"] = max(estimate, floor)
+
+            estimates.ask(queries.ESTIMATE_OUTBOX_PENDING, [], pending)
         if dead >= limit:
             outbox_estimated.append("outbox_dead")
-            cursor.execute(queries.ESTIMATE_OUTBOX_DEAD)
-            (estimate,) = cursor.fetchone()
-            dead = max(int(estimate or 0), dead)
+            outbox["dead"] = max(int(dead_estimate or 0), dead)
         if lag is None and lag_bound is not None:
             outbox_estimated.append("outbox_lag")
             lag = lag_bound
+        estimates.run(cursor)
+        transaction.set_rollback(True, using=alias)
+    order = (*_STATUSES, "oldest_pending_age")
+    for queue, (values, unknown, oldest_age) in by_queue.items():
+        queues[queue] = QueueGauges(
+            queue=queue,
+            oldest_pending_age=oldest_age,
+            estimated=tuple(s for s in order if s in unknown),
+            **values,
+        )
+    if len(by_queue) < len(rows):
+        unregistered = QueueGauges(
+            queue=UNREGISTERED,
+            oldest_pending_age=other_oldest,
+            estimated=tuple(s for s in order if s in other_unknown),
+            **other_values,
+        )
+        queues[UNREGISTERED] = _merged(queues.get(UNREGISTERED), unregistered)
     return DatabaseGauges(
         queues=queues,
-        outbox_pending=int(pending),
-        outbox_dead=int(dead),
+        outbox_pending=int(outbox["pending"]),
+        outbox_dead=int(outbox["dead"]),
         outbox_lag=float(lag or 0.0),
         oldest_transaction_age=float(xmin_age),
         notification_queue_usage=float(notify_usage),
