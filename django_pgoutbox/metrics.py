@@ -150,8 +150,9 @@ class _Metric:
     def _sanitized(self, key: tuple[str, ...]) -> tuple[str, ...]:
         """``key`` with each value as ``label_value`` shows it.
 
-        A key seen clean before is looked up once (on every job's path); only clean keys are
-        remembered, so what is remembered is bounded by what is declared, not by the rows.
+        A key seen before is looked up once (on every job's path). Only keys of declared values
+        are remembered (none made ``unregistered``), so that what is remembered is bounded by
+        the code and the settings, not by the rows.
         """
         clean = self._clean.get(key)
         if clean is not None:
@@ -159,8 +160,8 @@ class _Metric:
         sanitized = tuple(
             [label_value(name, value) for name, value in zip(self.labelnames, key, strict=True)]
         )
-        if sanitized == key:
-            self._clean[key] = key
+        if UNREGISTERED not in sanitized:
+            self._clean[key] = sanitized
         return sanitized
 
     def _shard(self) -> dict[tuple[str, ...], Any]:

@@ -13,13 +13,14 @@ organization id.
 from __future__ import annotations
 
 import functools
+import hashlib
 import hmac
 import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, SuspiciousOperation
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.module_loading import import_string
@@ -86,6 +87,10 @@ def _bearer(request: HttpRequest) -> bytes | None:
         return credentials.encode("utf-8", "surrogatepass")
 
 
+def _digest(token: bytes) -> bytes:
+    return hashlib.sha256(token).digest()
+
+
 def admitted(request: HttpRequest) -> bool:
     """Whether ``PGOUTBOX["VIEWS_AUTH"]`` admits ``request``: any of its rules does.
 
@@ -100,7 +105,8 @@ def admitted(request: HttpRequest) -> bool:
     expected = expected_token(rules)
     if expected is not None:
         sent = _bearer(request)
-        if sent is not None and hmac.compare_digest(sent, expected):
+        # Digests of equal length: the comparison takes as long whatever the token sent.
+        if sent is not None and hmac.compare_digest(_digest(sent), _digest(expected)):
             return True
     user = getattr(request, "user", None)  # no AuthenticationMiddleware: no user rule applies
     if user is not None and user.is_authenticated and user.is_active:
@@ -151,7 +157,11 @@ def metrics(request: HttpRequest) -> HttpResponse:
 def _health_parameters(request: HttpRequest) -> tuple[list[str], float, str | None]:
     """``require``, ``max_age`` and ``database`` of a health request; ``ValueError`` naming the
     parameter and what it takes, for an unknown, repeated, empty or out-of-range one."""
-    for name in request.GET:
+    try:
+        names = list(request.GET)
+    except SuspiciousOperation as error:  # more fields than DATA_UPLOAD_MAX_NUMBER_FIELDS
+        raise ValueError(f"the query string is refused: {error}") from None
+    for name in names:
         if name not in HEALTH_PARAMETERS:
             shown = name if len(name) <= 40 else f"{name[:37]}..."
             raise ValueError(

@@ -642,6 +642,14 @@ def test_label_values_are_declared_names_cut_short() -> None:
     assert value("schedule", "é" * 300).startswith("é" * 90)
     metrics.register_label_value("job_type", "tests.a_task")
     assert value("job_type", "tests.a_task") == "tests.a_task"
+    counter = metrics.Counter("test_long_total", "test", ["schedule", "queue"])
+    for _ in range(3):  # the second and third time from what the first remembered
+        counter.inc_key(("s" * 500, "default"))
+        counter.inc_key(("t", "webhooks-gone"))
+    assert counter.samples() == {
+        (value("schedule", "s" * 500), "default"): 3.0,  # the same cut every time
+        ("t", metrics.UNREGISTERED): 3.0,
+    }
 
 
 @pytest.mark.django_db(transaction=True)
@@ -705,3 +713,7 @@ def test_a_metrics_host_that_cannot_be_bound_is_a_command_error() -> None:
     for host in ("203.0.113.7", "no-such-host.invalid"):
         with pytest.raises(CommandError, match=f"--metrics-host '{host}' --metrics-port 1"):
             call_command("runworkers", "--burst", "--metrics-port", "1", "--metrics-host", host)
+    with pytest.raises(CommandError, match="--metrics-host must be an address"):
+        call_command("runworkers", "--burst", "--metrics-port", "1", "--metrics-host", " ")
+    with pytest.raises(CommandError, match="--metrics-host needs --metrics-port"):
+        call_command("runworkers", "--burst", "--metrics-host", "0.0.0.0")

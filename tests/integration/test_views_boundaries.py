@@ -140,6 +140,19 @@ class TestWhoMayRead:
                 assert refused["WWW-Authenticate"] == 'Bearer realm="pgoutbox"'
                 assert refused.json() == {"error": "authentication required"}
 
+    def test_a_token_of_any_characters(
+        self, client: Client, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        token = "jeton-secret-é-☃-" + "x" * 16
+        monkeypatch.setenv("PGOUTBOX_TEST_TOKEN", token)
+        with views_auth(BEARER_TOKEN_ENV="PGOUTBOX_TEST_TOKEN"):
+            # As a client sends it: UTF-8 bytes, which WSGI hands over decoded as latin-1.
+            sent = f"Bearer {token}".encode().decode("latin-1")
+            response = client.get("/pgoutbox/metrics", HTTP_AUTHORIZATION=sent)
+            assert response.status_code == 200
+            wrong = f"Bearer {token[:-1]}y".encode().decode("latin-1")
+            assert client.get("/pgoutbox/metrics", HTTP_AUTHORIZATION=wrong).status_code == 401
+
     def test_a_token_too_short_or_unset_admits_no_one(
         self, client: Client, monkeypatch: pytest.MonkeyPatch
     ) -> None:
@@ -247,6 +260,7 @@ class TestHealthParameters:
             ("requires=jobs", "unknown parameter 'requires'"),
             ("max-age=30", "unknown parameter 'max-age'"),
             ("%C3%A9=1", "unknown parameter 'é'"),
+            ("&".join(f"f{n}=1" for n in range(1200)), "the query string is refused"),
         ],
     )
     def test_refused_with_a_400_naming_the_parameter(

@@ -143,7 +143,6 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--metrics-host",
-            default="127.0.0.1",
             metavar="ADDRESS",
             help="The address the metrics server listens on (default 127.0.0.1: this host "
             "only; 0.0.0.0 for every interface).",
@@ -180,17 +179,23 @@ class Command(BaseCommand):
         require_migrated(worker.using)
         if not connections[worker.using].in_atomic_block:
             connections[worker.using].close()  # the loops have their own; it would sit idle
+        host = options["metrics_host"]
+        if host is not None and not options["metrics_port"]:
+            raise CommandError("--metrics-host needs --metrics-port: no metrics server runs")
+        if host is not None and not host.strip():  # "" would listen on every interface
+            raise CommandError("--metrics-host must be an address (such as 0.0.0.0), not ''")
         if options["metrics_port"]:
             try:
                 from django_pgoutbox.prometheus import serve_process_metrics
             except ImportError as error:
                 raise CommandError(str(error)) from error
+            host = host or "127.0.0.1"
             try:
-                serve_process_metrics(options["metrics_port"], options["metrics_host"])
+                serve_process_metrics(options["metrics_port"], host)
             except OSError as error:  # an address not of this host, a port taken
                 raise CommandError(
-                    f"--metrics-host {options['metrics_host']!r:.80} --metrics-port "
-                    f"{options['metrics_port']}: cannot listen there ({error})"
+                    f"--metrics-host {host!r:.80} --metrics-port {options['metrics_port']}: "
+                    f"cannot listen there ({error})"
                 ) from error
         self._install_signal_handlers(worker)
         tune_collector(options["gc_threshold"])
