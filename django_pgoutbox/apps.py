@@ -21,6 +21,7 @@ class PgOutboxConfig(AppConfig):
         checks.register(pgoutbox_checks.check_job_queues)
         checks.register(pgoutbox_checks.check_schedules)
         checks.register(pgoutbox_checks.check_pooling_proxy)
+        checks.register(pgoutbox_checks.check_views_auth)
         checks.register(pgoutbox_checks.check_server_version, checks.Tags.database)
         # Handlers and subscribers live in each app's jobs.py (or subscribers.py), as admin
         # classes live in admin.py.

@@ -23,6 +23,7 @@ from django.db import router, transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
+from django_pgoutbox import metrics
 from django_pgoutbox._tasks import (
     BaseTaskBackend,
     InvalidTask,
@@ -224,6 +225,8 @@ def task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | N
         task = _task(job_type)
     except ImportError:
         return None
+    # A task of the code: its name may label metrics (as a registered job type's does).
+    metrics.register_label_value("job_type", job_type)
 
     def run(payload: dict[str, Any], ctx: JobContext) -> Any:
         args, kwargs = payload.get("args", []), payload.get("kwargs", {})

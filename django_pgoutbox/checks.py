@@ -8,12 +8,17 @@
 - ``pgoutbox.E006``: the PostgreSQL server is older than 15 (needs ``check --database``).
 - ``pgoutbox.E007``: a schedule is invalid (bad cron, unknown job type or queue, bad option).
 - ``pgoutbox.W001``: autovacuum is off on the server (needs ``check --database``).
+- ``pgoutbox.E008``: ``PGOUTBOX['VIEWS_AUTH']['CALLABLE']`` cannot be imported, or is not
+  callable.
 - ``pgoutbox.W002``: a database seems to sit behind a transaction-pooling proxy, and
   ``PGOUTBOX['LISTEN_DATABASES']`` gives it no direct connection for LISTEN.
+- ``pgoutbox.W003``: ``PGOUTBOX['VIEWS_AUTH']['BEARER_TOKEN_ENV']`` names a variable that is
+  unset here or holds a token too short to be accepted: no token is.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,6 +39,16 @@ def _our_databases(databases: Sequence[str] | None = None) -> list[str]:
 
     aliases = databases if databases is not None else list(settings.DATABASES)
     return [alias for alias in aliases if router.allow_migrate_model(alias, Job)]
+
+
+def postgresql_databases() -> list[str]:
+    """The aliases of PostgreSQL databases that hold the app's tables (by their settings: no
+    connection is opened)."""
+    return [
+        alias
+        for alias in _our_databases()
+        if _vendor(settings.DATABASES[alias].get("ENGINE", "")) == "postgresql"
+    ]
 
 
 def _vendor(engine: str) -> str:
@@ -209,3 +224,41 @@ def check_server_version(
                 )
             )
     return errors
+
+
+def check_views_auth(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> list[CheckMessage]:
+    """What ``VIEWS_AUTH`` names must be there: the callable, the token."""
+    from django_pgoutbox.conf import MIN_TOKEN_LENGTH, get_settings, settings_problems
+
+    if settings_problems():
+        return []
+    rules = get_settings().views_auth
+    messages: list[CheckMessage] = []
+    if isinstance(rules.check, str):
+        from django_pgoutbox.views import resolve_check
+
+        try:
+            resolve_check(rules.check)
+        except ImproperlyConfigured as error:
+            messages.append(
+                Error(
+                    str(error),
+                    hint="Give the dotted path of a function request -> bool, or the function.",
+                    id="pgoutbox.E008",
+                )
+            )
+    if rules.bearer_token_env:
+        token = os.environ.get(rules.bearer_token_env, "")
+        if len(token) < MIN_TOKEN_LENGTH:
+            state = f"holds {len(token)} characters" if token else "is not set"
+            messages.append(
+                Warning(
+                    f"PGOUTBOX['VIEWS_AUTH']['BEARER_TOKEN_ENV'] names "
+                    f"{rules.bearer_token_env!r}, which {state}: the views accept no token "
+                    f"(the shortest they take is {MIN_TOKEN_LENGTH} characters).",
+                    hint="Set it to a random token, for example the output of "
+                    "python -c 'import secrets; print(secrets.token_urlsafe(32))'.",
+                    id="pgoutbox.W003",
+                )
+            )
+    return messages

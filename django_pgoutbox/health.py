@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -25,9 +26,54 @@ from django_pgoutbox.models import WorkerHeartbeat
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
+#: What a ``runworkers`` process may do; each is a role the health report can require.
+ROLES = ("jobs", "relay", "scheduler")
+
 HEARTBEAT_SECONDS = 10.0
 #: A role not seen for this long is reported unhealthy: three missed heartbeats.
 DEFAULT_MAX_AGE = 3 * HEARTBEAT_SECONDS
+#: The longest ``max_age`` a report takes: a killed process's row is pruned after a day.
+MAX_AGE_LIMIT = 24 * 3600.0
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message quotes it: repr'd, and cut short."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def parse_roles(value: str, name: str = "require") -> list[str]:
+    """The roles of a comma-separated list (``jobs,relay``), each once.
+
+    Raises ``ValueError`` naming the parameter ``name`` for a list that names no role (an empty
+    one would require nothing, and report healthy with no worker at all) or an unknown role.
+    """
+    roles = [part.strip() for part in value.split(",")]
+    named = [role for role in roles if role]
+    if not named:
+        raise ValueError(
+            f"{name} names no role; give one or more of {', '.join(ROLES)} "
+            "(or leave it out for all three)"
+        )
+    for role in named:
+        if role not in ROLES:
+            raise ValueError(
+                f"{name}: {_shown(role)} is not a role; the roles are {', '.join(ROLES)}"
+            )
+    return list(dict.fromkeys(named))
+
+
+def parse_max_age(value: object, name: str = "max_age") -> float:
+    """A number of seconds ``> 0`` and ``<= MAX_AGE_LIMIT``; ``ValueError`` naming ``name``."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_AGE_LIMIT):
+        raise ValueError(
+            f"{name} must be a number of seconds > 0 and <= {MAX_AGE_LIMIT:g}, not {_shown(value)}"
+        )
+    return seconds
 
 
 def publish_stuck(connection: Any, worker_id: str, queue: str, stuck: bool) -> None:
@@ -128,7 +174,15 @@ def health_report(
     require: Iterable[str] = ("jobs", "relay", "scheduler"),
     using: str | None = None,
 ) -> HealthReport:
-    """Which required roles were seen within ``max_age`` seconds, and by which processes."""
+    """Which required roles were seen within ``max_age`` seconds, and by which processes.
+
+    ``require`` must name at least one role, and ``max_age`` be a number of seconds from 0 to
+    ``MAX_AGE_LIMIT``: ``ValueError`` otherwise, rather than a report that nothing could fail.
+    """
+    require = list(require)
+    if not require:
+        raise ValueError("require names no role: a report would be healthy with no worker")
+    max_age = parse_max_age(max_age)
     alias = using or router.db_for_write(WorkerHeartbeat)
     with connections[alias].cursor() as cursor:
         cursor.execute(queries.WORKER_HEARTBEATS)

@@ -6,21 +6,29 @@ the xmin horizon, the notification queue) are read from the database when asked,
 only touch partial indexes of live rows, never a ``COUNT(*)`` of the finished ones.
 
 Labels are only ever queue, job type, event type, schedule, outcome, status or role: never an
-organization id or a payload value, so that the number of series stays bounded.
-``django_pgoutbox.prometheus`` exposes all of it to Prometheus.
+organization id or a payload value. And a label's value is only ever a name the code or the
+settings declare (``label_value``): a configured queue, a registered job type, an event type with
+a subscriber; any other value that a row carries is ``unregistered``, and every value is cut to
+``MAX_LABEL_LENGTH`` characters, so that the number of series and the size of each stay bounded
+by the code, whatever the tables hold. ``django_pgoutbox.prometheus`` exposes all of it to
+Prometheus.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections, router
+from django.db import connections, router, transaction
 
 from django_pgoutbox import queries
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.registry import get_job
 
 #: Bucket upper bounds (seconds) of the duration histograms: 1 ms to 5 min.
 DEFAULT_BUCKETS = (
@@ -43,6 +51,64 @@ DEFAULT_BUCKETS = (
 )
 
 
+#: The label value of a job type, event type or queue that is not declared: a row's value, which
+#: may be anything, never becomes a series of its own.
+UNREGISTERED = "unregistered"
+#: The longest label value: a longer one is cut, ending with a digest of the whole, so that two
+#: long names that begin alike stay two series, and no line of the exposition grows with a name.
+MAX_LABEL_LENGTH = 100
+
+#: Job types that run though no ``@job`` declares them: the django.tasks tasks a worker found
+#: (``register_label_value``). Only importable ``Task`` objects get here: bounded by the code.
+_declared: dict[str, set[str]] = {"job_type": set()}
+
+
+def _configured_queue(value: str) -> bool:
+    return value in get_settings().queues
+
+
+def _registered_job_type(value: str) -> bool:
+    return get_job(value) is not None or value in _declared["job_type"]
+
+
+def _subscribed_event_type(value: str) -> bool:
+    from django_pgoutbox.outbox import has_subscribers  # models: imported once apps are ready
+
+    return has_subscribers(value)
+
+
+#: The labels whose values come from rows, and what makes a value declared.
+_DECLARED: dict[str, Callable[[str], bool]] = {
+    "queue": _configured_queue,
+    "job_type": _registered_job_type,
+    "event_type": _subscribed_event_type,
+}
+
+
+def register_label_value(label: str, value: str) -> None:
+    """Declare ``value`` for ``label`` beside what the registries and settings declare: the
+    django.tasks backend does for each task a worker resolved."""
+    _declared.setdefault(label, set()).add(value)
+
+
+def label_value(label: str, value: object) -> str:
+    """What a metric shows for ``value`` of its label ``label``: the value itself if the code
+    or the settings declare it (for ``queue``, ``job_type`` and ``event_type``, which rows
+    carry), else ``unregistered``; cut to ``MAX_LABEL_LENGTH`` characters.
+
+    Every metric of this module passes its label values through here.
+    """
+    text = value if type(value) is str else str(value)
+    declared = _DECLARED.get(label)
+    if declared is not None and not declared(text):
+        return UNREGISTERED
+    if len(text) > MAX_LABEL_LENGTH:
+        whole = text.encode("utf-8", "surrogatepass")
+        digest = hashlib.blake2b(whole, digest_size=4).hexdigest()
+        return f"{text[: MAX_LABEL_LENGTH - len(digest) - 1]}~{digest}"
+    return text
+
+
 class _Metric:
     """A metric whose values live in one shard per thread that updates it.
 
@@ -59,6 +125,8 @@ class _Metric:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
+        #: Keys whose values ``label_value`` left as they were: bounded by what is declared.
+        self._clean: dict[tuple[str, ...], tuple[str, ...]] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
         self._shards: list[dict[tuple[str, ...], Any]] = []
@@ -71,13 +139,30 @@ class _Metric:
             key = ()
         if len(key) != len(self.labelnames) or len(labels) != len(self.labelnames):
             raise ValueError(f"{self.name} takes labels {self.labelnames}, not {tuple(labels)}")
-        return key
+        return self._sanitized(key)
 
     def _checked(self, key: tuple[str, ...]) -> tuple[str, ...]:
         """Label values given by position: as many as there are label names."""
         if len(key) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {key}")
-        return key
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, not {key!r:.200}")
+        return self._sanitized(key)
+
+    def _sanitized(self, key: tuple[str, ...]) -> tuple[str, ...]:
+        """``key`` with each value as ``label_value`` shows it.
+
+        A key seen before is looked up once (on every job's path). Only keys of declared values
+        are remembered (none made ``unregistered``), so that what is remembered is bounded by
+        the code and the settings, not by the rows.
+        """
+        clean = self._clean.get(key)
+        if clean is not None:
+            return clean
+        sanitized = tuple(
+            [label_value(name, value) for name, value in zip(self.labelnames, key, strict=True)]
+        )
+        if UNREGISTERED not in sanitized:
+            self._clean[key] = sanitized
+        return sanitized
 
     def _shard(self) -> dict[tuple[str, ...], Any]:
         """This thread's values."""
@@ -263,6 +348,18 @@ SCHEDULE_FAILURES = counter(
 
 # -- database gauges -----------------------------------------------------------------------------
 
+#: Counts up to this are exact. A count that would go past it reads no further: the gauge then
+#: shows the planner's estimate from the table's statistics (at least this much, and never less
+#: than what was counted), so that a scrape costs the same at a thousand rows as at a billion.
+EXACT_COUNT = 1000
+#: The priorities of one queue whose waiting jobs the gauges walk, highest first (one index
+#: probe each). Past them, the queue's pending and scheduled counts are estimates and its
+#: oldest due age covers the highest ones only.
+MAX_PRIORITIES = 100
+#: Queues not configured (since removed from ``PGOUTBOX["QUEUES"]``, or written by hand) that
+#: the gauges count one by one, together as ``unregistered``; past them, that row is estimated.
+MAX_UNREGISTERED_QUEUES = 20
+
 
 @dataclass(frozen=True)
 class QueueGauges:
@@ -272,7 +369,12 @@ class QueueGauges:
     leased: int = 0
     retrying: int = 0
     dead: int = 0
-    oldest_pending_age: float = 0.0  # seconds since the oldest due job became due
+    #: Seconds since the oldest job waiting to be claimed (pending, or retrying after its
+    #: back-off) became due.
+    oldest_pending_age: float = 0.0
+    #: The fields above that are estimates (each count over ``EXACT_COUNT``); the others are
+    #: exact.
+    estimated: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -283,41 +385,241 @@ class DatabaseGauges:
     outbox_lag: float  # seconds since the oldest unprocessed, available event occurred
     oldest_transaction_age: float  # the xmin horizon that holds back vacuum
     notification_queue_usage: float  # fraction of the NOTIFY queue in use
+    #: The outbox fields above that are estimates (``outbox_pending``, ``outbox_dead``) or an
+    #: upper bound (``outbox_lag``, when more than ``EXACT_COUNT`` dead or backing-off events
+    #: come before the first available one).
+    estimated: tuple[str, ...] = ()
+
+
+_STATUSES = ("pending", "scheduled", "leased", "retrying", "dead")
+
+
+class _Estimates:
+    """The planner's row estimates of the counts that reached their limit, asked for together and
+    read from one ``EXPLAIN (FORMAT JSON)`` of their ``UNION ALL``: one round trip, no row read.
+    """
+
+    def __init__(self) -> None:
+        self._asked: list[tuple[str, list[Any], Callable[[int], None]]] = []
+
+    def ask(self, sql: str, params: list[Any], then: Callable[[int], None]) -> None:
+        """Call ``then`` with the estimated rows of ``sql`` once ``run`` has run."""
+        self._asked.append((sql, params, then))
+
+    def run(self, cursor: Any) -> None:
+        if not self._asked:
+            return
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + " UNION ALL ".join(f"({sql})" for sql, _, _ in self._asked),
+            [param for _, params, _ in self._asked for param in params],
+        )
+        top = _plan(cursor.fetchone()[0])
+        branches = top.get("Plans", []) if len(self._asked) > 1 else [top]
+        if len(self._asked) > 1 and (
+            top["Node Type"] != "Append" or len(branches) != len(self._asked)
+        ):
+            branches = []  # a plan of another shape: each on its own
+            for sql, params, _ in self._asked:
+                cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+                branches.append(_plan(cursor.fetchone()[0]))
+        for (_, _, then), branch in zip(self._asked, branches, strict=True):
+            then(int(branch["Plan Rows"]))
+
+
+def _plan(output: Any) -> dict[str, Any]:
+    """The top node of an ``EXPLAIN (FORMAT JSON)`` output."""
+    plan: dict[str, Any] = (json.loads(output) if isinstance(output, str) else output)[0]["Plan"]
+    return plan
+
+
+@dataclass
+class _Counted:
+    """One queue's counts as the gauge statement read them (each stopped at its limit)."""
+
+    priorities: int
+    oldest_due_age: float | None
+    retry_due: int
+    retry_later: int
+    due: int
+    later: int
+    dead: int
+    leased: int
+
+
+def _queue_values(counted: _Counted, leased_total: int) -> tuple[dict[str, int], set[str]]:
+    """One queue's counts, and the names of those that are not exact and must be estimated.
+
+    Each count stopped at ``limit`` rows (the waiting ones at ``limit`` + the retrying ones on
+    the same side of now, which are among them), so that a count under its limit is exact. The
+    value given for one that must be estimated is what is known of it at least: an estimate
+    below it is raised to it.
+    """
+    limit = EXACT_COUNT + 1
+    values: dict[str, int] = {}
+    unknown: set[str] = set()
+    walked = counted.priorities <= MAX_PRIORITIES
+    for status, waiting, retrying in (
+        ("pending", counted.due, counted.retry_due),
+        ("scheduled", counted.later, counted.retry_later),
+    ):
+        # Pending = waiting - retrying, known while the retrying jobs are: at least that.
+        values[status] = max(0, waiting - retrying) if retrying < limit else 0
+        if not (walked and retrying < limit and waiting < limit + retrying):
+            unknown.add(status)
+    values["retrying"] = counted.retry_due + counted.retry_later
+    if counted.retry_due >= limit or counted.retry_later >= limit:
+        unknown.add("retrying")
+    values["dead"] = counted.dead
+    if counted.dead >= limit:
+        unknown.add("dead")
+    values["leased"] = counted.leased
+    if leased_total >= limit:
+        unknown.add("leased")
+    return values, unknown
+
+
+def _estimate(
+    estimates: _Estimates,
+    statements: dict[str, str],
+    params: list[Any],
+    values: dict[str, int],
+    unknown: set[str],
+) -> None:
+    """Ask for the estimate of each count of ``unknown``, to replace it in ``values`` (never
+    below the value it has: what was counted of it at least)."""
+
+    def at_least(status: str, exact: int = 0) -> Callable[[int], None]:
+        def replace(estimate: int) -> None:
+            values[status] = max(values[status], estimate - exact)
+
+        return replace
+
+    sides = {"pending", "scheduled"}
+    if len(sides & unknown) == 1:
+        # One side of now was counted exactly: the other is the rest of the pending jobs.
+        (status,) = sides & unknown
+        exact = values[(sides - {status}).pop()]
+        estimates.ask(statements["waiting"], params, at_least(status, exact))
+        unknown = unknown - {status}
+    for status in sorted(unknown):
+        estimates.ask(statements[status], params, at_least(status))
 
 
 def database_gauges(using: str | None = None) -> DatabaseGauges:
-    """Read the gauges from the database: two statements, on partial indexes only."""
-    from django_pgoutbox.conf import get_settings
+    """Read the gauges from the database: a fixed amount of work, whatever the tables hold.
+
+    Two statements read partial indexes of live rows, each count stopping at
+    ``EXACT_COUNT + 1`` rows; the counts that reached it are replaced by the planner's
+    estimates (one ``EXPLAIN`` for all). Queues that are not configured are reported together
+    as ``unregistered``.
+    """
     from django_pgoutbox.models import Job
 
     alias = using or router.db_for_write(Job)
-    queues = {name: dict[str, float]() for name in get_settings().queues}
-    with connections[alias].cursor() as cursor:
-        cursor.execute(queries.JOB_GAUGES)
-        for queue, status, count, scheduled, age in cursor.fetchall():
-            values = queues.setdefault(queue, {})
-            values[status] = count
-            if status == "pending":
-                values["scheduled"] = scheduled
-                values["oldest_pending_age"] = float(age)
-        cursor.execute(queries.OUTBOX_AND_SERVER_GAUGES)
-        pending, dead, lag, xmin_age, notify_usage = cursor.fetchone()
-    return DatabaseGauges(
-        queues={
-            name: QueueGauges(
-                queue=name,
-                pending=int(v.get("pending", 0)),
-                scheduled=int(v.get("scheduled", 0)),
-                leased=int(v.get("leased", 0)),
-                retrying=int(v.get("retrying", 0)),
-                dead=int(v.get("dead", 0)),
-                oldest_pending_age=float(v.get("oldest_pending_age", 0.0)),
+    configured = list(get_settings().queues)
+    limit = EXACT_COUNT + 1
+    queues: dict[str, QueueGauges] = {}
+    # In a transaction (a savepoint, inside the caller's) that is rolled back: the plan's
+    # settings end with it, and the reads have nothing to keep.
+    estimates = _Estimates()
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(queries.GAUGES_PLAN)
+        cursor.execute(
+            queries.JOB_GAUGES,
+            {
+                "queues": configured,
+                "limit": limit,
+                "priorities": MAX_PRIORITIES,
+                "probes": len(configured) + MAX_UNREGISTERED_QUEUES + 1,
+                "unregistered": MAX_UNREGISTERED_QUEUES,
+            },
+        )
+        rows = cursor.fetchall()
+        cursor.execute(queries.OUTBOX_AND_SERVER_GAUGES, {"limit": limit})
+        dead, unprocessed, lag, lag_bound, dead_estimate, xmin_age, notify_usage = cursor.fetchone()
+        by_queue: dict[str, tuple[dict[str, int], set[str], float]] = {}
+        other_values = dict.fromkeys(_STATUSES, 0)
+        other_unknown: set[str] = set()
+        other_oldest = 0.0
+        for queue, is_configured, priorities, oldest, *counts, leased_total, more in rows:
+            counted = _Counted(priorities, oldest, *counts)
+            values, unknown = _queue_values(counted, leased_total)
+            if priorities > MAX_PRIORITIES:
+                unknown.add("oldest_pending_age")
+            if is_configured:
+                statuses = unknown & set(_STATUSES)
+                _estimate(estimates, queries.ESTIMATE_QUEUE_JOBS, [queue], values, statuses)
+                by_queue[queue] = (values, unknown, float(oldest or 0.0))
+                continue
+            for status in _STATUSES:
+                other_values[status] += values[status]
+            other_unknown |= unknown
+            if more > 0:  # more such queues than counted one by one
+                other_unknown |= {*_STATUSES, "oldest_pending_age"}
+            other_oldest = max(other_oldest, float(oldest or 0.0))
+        if len(by_queue) < len(rows):  # queues that are not configured hold jobs
+            _estimate(
+                estimates,
+                queries.ESTIMATE_UNREGISTERED_JOBS,
+                [configured],
+                other_values,
+                other_unknown & set(_STATUSES),
             )
-            for name, v in queues.items()
-        },
-        outbox_pending=int(pending),
-        outbox_dead=int(dead),
-        outbox_lag=float(lag),
+        # Unprocessed events were counted up to the limit + the dead ones (which are among them)
+        # while those were under the limit.
+        outbox = {"pending": unprocessed - dead, "dead": dead}
+        outbox_estimated: list[str] = []
+        if dead >= limit or unprocessed >= limit + dead:
+            outbox_estimated.append("outbox_pending")
+            # With the dead under the limit, at least the events counted past them wait.
+            floor = outbox["pending"] if dead < limit else 0
+
+            def pending(estimate: int) -> None:
+                outbox["pending"] = max(estimate, floor)
+
+            estimates.ask(queries.ESTIMATE_OUTBOX_PENDING, [], pending)
+        if dead >= limit:
+            outbox_estimated.append("outbox_dead")
+            outbox["dead"] = max(int(dead_estimate or 0), dead)
+        if lag is None and lag_bound is not None:
+            outbox_estimated.append("outbox_lag")
+            lag = lag_bound
+        estimates.run(cursor)
+        transaction.set_rollback(True, using=alias)
+    order = (*_STATUSES, "oldest_pending_age")
+    for queue, (values, unknown, oldest_age) in by_queue.items():
+        queues[queue] = QueueGauges(
+            queue=queue,
+            oldest_pending_age=oldest_age,
+            estimated=tuple(s for s in order if s in unknown),
+            **values,
+        )
+    if len(by_queue) < len(rows):
+        unregistered = QueueGauges(
+            queue=UNREGISTERED,
+            oldest_pending_age=other_oldest,
+            estimated=tuple(s for s in order if s in other_unknown),
+            **other_values,
+        )
+        queues[UNREGISTERED] = _merged(queues.get(UNREGISTERED), unregistered)
+    return DatabaseGauges(
+        queues=queues,
+        outbox_pending=int(outbox["pending"]),
+        outbox_dead=int(outbox["dead"]),
+        outbox_lag=float(lag or 0.0),
         oldest_transaction_age=float(xmin_age),
         notification_queue_usage=float(notify_usage),
+        estimated=tuple(outbox_estimated),
+    )
+
+
+def _merged(configured: QueueGauges | None, other: QueueGauges) -> QueueGauges:
+    """A configured queue that happens to be named ``unregistered``, with the others added."""
+    if configured is None:
+        return other
+    return QueueGauges(
+        queue=UNREGISTERED,
+        oldest_pending_age=max(configured.oldest_pending_age, other.oldest_pending_age),
+        estimated=tuple(dict.fromkeys((*configured.estimated, *other.estimated))),
+        **{s: getattr(configured, s) + getattr(other, s) for s in _STATUSES},
     )

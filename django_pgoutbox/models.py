@@ -98,6 +98,12 @@ class OutboxEvent(models.Model):
                 name="outbox_aggregate_pending_idx",
                 condition=models.Q(processed_at__isnull=True),
             ),
+            # The dead-event gauge counts them apart from the waiting ones, up to its limit.
+            models.Index(
+                fields=["occurred_at"],
+                name="outbox_dead_idx",
+                condition=models.Q(processed_at__isnull=True, dead_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -194,6 +200,13 @@ class Job(models.Model):
                 fields=["finished_at"],
                 name="jobs_finished_idx",
                 condition=models.Q(status__in=(JobStatus.COMPLETED, JobStatus.CANCELLED)),
+            ),
+            # The gauges count retrying jobs apart from pending ones (both in the claim index),
+            # due and not yet due, each count stopping at its limit (metrics.database_gauges).
+            models.Index(
+                fields=["queue", "run_at"],
+                name="jobs_retrying_idx",
+                condition=models.Q(status=JobStatus.RETRYING),
             ),
         ]
 

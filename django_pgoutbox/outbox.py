@@ -218,6 +218,11 @@ def subscribed_event_types() -> list[str]:
     return sorted(_subscribers)
 
 
+def has_subscribers(event_type: str) -> bool:
+    """Whether a ``@subscriber`` projects ``event_type``."""
+    return event_type in _subscribers
+
+
 def unregister_subscriber(name: str) -> None:
     """Forget a subscriber (for tests that register their own)."""
     for event_type in list(_subscribers):

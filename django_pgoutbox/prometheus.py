@@ -1,7 +1,7 @@
 """Prometheus exposition (``pip install 'django-pgoutbox[prometheus]'``).
 
 - ``runworkers --metrics-port 9400`` serves this process's counters and histograms at
-  ``http://host:9400/metrics``;
+  ``http://127.0.0.1:9400/metrics`` (``--metrics-host`` for another address);
 - the view ``django_pgoutbox.views.metrics`` (included with
   ``path("pgoutbox/", include("django_pgoutbox.urls"))``) serves the database gauges, read when
   scraped.
@@ -68,18 +68,21 @@ class DatabaseCollector(Collector):
         gauges = metrics.database_gauges(self.using)
         jobs = GaugeMetricFamily(
             "pgoutbox_jobs",
-            "Jobs by queue and status (pending = due now; scheduled = pending, due later).",
+            "Jobs by queue and status (pending = due now; scheduled = pending, due later). "
+            f"Exact up to {metrics.EXACT_COUNT}; above, the planner's estimate.",
             labels=["queue", "status"],
         )
         oldest = GaugeMetricFamily(
             "pgoutbox_oldest_pending_age_seconds",
-            "Seconds since the oldest due, unclaimed job of the queue became due.",
+            "Seconds since the oldest job of the queue waiting to be claimed (pending, or "
+            "retrying after its back-off) became due.",
             labels=["queue"],
         )
         for queue in gauges.queues.values():
+            name = metrics.label_value("queue", queue.queue)
             for status in ("pending", "scheduled", "leased", "retrying", "dead"):
-                jobs.add_metric([queue.queue, status], getattr(queue, status))
-            oldest.add_metric([queue.queue], queue.oldest_pending_age)
+                jobs.add_metric([name, status], getattr(queue, status))
+            oldest.add_metric([name], queue.oldest_pending_age)
         yield jobs
         yield oldest
         yield GaugeMetricFamily(
@@ -99,7 +102,8 @@ class DatabaseCollector(Collector):
         )
         yield GaugeMetricFamily(
             "pgoutbox_oldest_transaction_age_seconds",
-            "Age of the oldest open transaction: the xmin horizon that stalls vacuum.",
+            "Age of the oldest open transaction of this database: the xmin horizon that "
+            "stalls vacuum.",
             value=gauges.oldest_transaction_age,
         )
         yield GaugeMetricFamily(
@@ -122,6 +126,6 @@ def database_exposition(using: str | None = None) -> bytes:
     return generate_latest(registry)
 
 
-def serve_process_metrics(port: int, address: str = "0.0.0.0") -> None:
+def serve_process_metrics(port: int, address: str = "127.0.0.1") -> None:
     """Serve this process's metrics at ``http://address:port/metrics`` from a daemon thread."""
     start_http_server(port, addr=address, registry=process_registry())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from testproject.database import database_url, parse_database_url
 
@@ -74,7 +75,7 @@ except ImportError:
     INSTALLED_APPS.append("django_tasks")
 
 # The seed's seven queues, each with the concurrency its workload calls for.
-PGOUTBOX = {
+PGOUTBOX: dict[str, Any] = {
     "QUEUES": {
         "default": {},
         "critical_alerts": {"CONCURRENCY": 4, "LEASE_SECONDS": 30},
@@ -85,6 +86,10 @@ PGOUTBOX = {
         "exports": {"CONCURRENCY": 1, "LEASE_SECONDS": 300},
         "maintenance": {"CONCURRENCY": 1},
     },
+    # /pgoutbox/metrics and /pgoutbox/health: staff users, and users given the permission to
+    # view jobs (a monitoring account). A Prometheus server would rather send a bearer token:
+    # "BEARER_TOKEN_ENV": "PGOUTBOX_METRICS_TOKEN" (docs/observability.md).
+    "VIEWS_AUTH": {"STAFF": True, "PERMISSION": "pgoutbox.view_job"},
 }
 
 # Tests start worker processes with their own lease and poll settings (seconds, not minutes).

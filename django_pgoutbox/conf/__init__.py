@@ -29,6 +29,7 @@ from django_pgoutbox.conf.values import (
     MAX_INT32,
     MAX_RETENTION,
     MIN_LEASE_SECONDS,
+    MIN_TOKEN_LENGTH,
     OUTBOX_CHANNEL,
     QUEUE_KEYS,
     QUEUE_NAME_RE,
@@ -40,6 +41,7 @@ from django_pgoutbox.conf.values import (
     RetentionSettings,
     RetrySettings,
     SettingsProblem,
+    ViewsAuthSettings,
 )
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "MAX_INT32",
     "MAX_RETENTION",
     "MIN_LEASE_SECONDS",
+    "MIN_TOKEN_LENGTH",
     "OUTBOX_CHANNEL",
     "QUEUE_KEYS",
     "QUEUE_NAME_RE",
@@ -63,6 +66,7 @@ __all__ = [
     "RetentionSettings",
     "RetrySettings",
     "SettingsProblem",
+    "ViewsAuthSettings",
     "get_settings",
     "parse_settings",
     "settings_problems",

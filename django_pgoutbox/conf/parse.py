@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -28,6 +29,7 @@ from django_pgoutbox.conf.values import (
     RetentionSettings,
     RetrySettings,
     SettingsProblem,
+    ViewsAuthSettings,
 )
 
 
@@ -214,6 +216,11 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
                         check_id="pgoutbox.E003",
                     )
 
+    views_key = f"{SETTING_NAME}['VIEWS_AUTH']"
+    views_auth = _parse_views_auth(
+        parser, parser.section(top["VIEWS_AUTH"], DEFAULTS["VIEWS_AUTH"], views_key), views_key
+    )
+
     parsed = PgOutboxSettings(
         queues=queues,
         concurrency=concurrency,
@@ -227,8 +234,63 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         notify=notify,
         schedules=dict(schedules),
         listen_databases=dict(listen_databases),
+        views_auth=views_auth,
     )
     return parsed, parser.problems
+
+
+_PERMISSION_RE = re.compile(r"^[A-Za-z_][\w]*\.[\w.-]+$")
+_DOTTED_PATH_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _is_dotted_path(value: Any) -> bool:
+    return isinstance(value, str) and _DOTTED_PATH_RE.match(value) is not None
+
+
+def _parse_views_auth(parser: Parser, raw: dict[str, Any], key: str) -> ViewsAuthSettings:
+    """The rules of ``VIEWS_AUTH``; none that admits anyone is a problem too (the views would
+    refuse every request, which is what leaving them out of the URLconf does more plainly)."""
+    staff = raw["STAFF"]
+    if not isinstance(staff, bool):
+        parser.problem(f"{key}['STAFF']", f"must be True or False, not {staff!r}.")
+        staff = True
+    permission = raw["PERMISSION"]
+    if permission is not None and (
+        not isinstance(permission, str) or not _PERMISSION_RE.match(permission)
+    ):
+        parser.problem(
+            f"{key}['PERMISSION']",
+            f"must be a permission as 'app_label.codename' (such as 'pgoutbox.view_job'), or "
+            f"None, not {permission!r}.",
+        )
+        permission = None
+    check = raw["CALLABLE"]
+    if not (check is None or callable(check) or _is_dotted_path(check)):
+        parser.problem(
+            f"{key}['CALLABLE']",
+            f"must be a callable request -> bool, its dotted path, or None, not {check!r}.",
+        )
+        check = None
+    token_env = raw["BEARER_TOKEN_ENV"]
+    if token_env is not None and (
+        not isinstance(token_env, str) or not _ENV_NAME_RE.match(token_env)
+    ):
+        parser.problem(
+            f"{key}['BEARER_TOKEN_ENV']",
+            f"must be the name of an environment variable, or None, not {token_env!r}.",
+        )
+        token_env = None
+    rules = ViewsAuthSettings(
+        staff=staff, permission=permission, check=check, bearer_token_env=token_env
+    )
+    if not (staff or permission or check is not None or token_env):
+        parser.problem(
+            key,
+            "admits no request: the views would refuse everyone.",
+            "Leave STAFF True, or set PERMISSION, CALLABLE or BEARER_TOKEN_ENV.",
+        )
+    return rules
 
 
 def _parse_queues(

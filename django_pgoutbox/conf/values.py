@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -89,7 +89,24 @@ DEFAULTS: dict[str, Any] = {
     # Database alias -> alias of a direct connection to LISTEN on, for a database reached
     # through a transaction-pooling proxy (see docs/databases.md).
     "LISTEN_DATABASES": {},
+    # Who may read the views /pgoutbox/metrics and /pgoutbox/health: a request that any rule
+    # admits (see docs/observability.md). By default, active staff users only.
+    "VIEWS_AUTH": {
+        # Active staff users (superusers among them).
+        "STAFF": True,
+        # Active users holding this permission, as "app_label.codename" ("pgoutbox.view_job").
+        "PERMISSION": None,
+        # A callable request -> bool, or its dotted path: the request is admitted if it
+        # returns True.
+        "CALLABLE": None,
+        # The name of an environment variable holding a token (at least MIN_TOKEN_LENGTH
+        # characters): a request with "Authorization: Bearer <token>" is admitted.
+        "BEARER_TOKEN_ENV": None,
+    },
 }
+
+#: The shortest bearer token the views accept: a shorter one (or none) admits no request.
+MIN_TOKEN_LENGTH = 16
 
 #: Per-queue keys that have no top-level counterpart, with their defaults (docs/limits.md).
 QUEUE_ONLY_DEFAULTS: dict[str, Any] = {
@@ -158,6 +175,20 @@ class OutboxSettings:
 
 
 @dataclass(frozen=True)
+class ViewsAuthSettings:
+    """Who may read the monitoring views: a request that any of these rules admits."""
+
+    #: Active staff users.
+    staff: bool = True
+    #: Active users holding this permission ("app_label.codename").
+    permission: str | None = None
+    #: ``request -> bool``, or its dotted path (imported when first used).
+    check: Callable[[Any], Any] | str | None = None
+    #: The environment variable whose value is the bearer token.
+    bearer_token_env: str | None = None
+
+
+@dataclass(frozen=True)
 class PgOutboxSettings:
     queues: Mapping[str, QueueSettings]
     concurrency: int
@@ -173,6 +204,8 @@ class PgOutboxSettings:
     #: Database alias -> the alias whose connection LISTENs for it (a direct connection when
     #: the main one goes through a transaction-pooling proxy).
     listen_databases: Mapping[str, str] = field(default_factory=dict)
+    #: Who may read the views (``PGOUTBOX["VIEWS_AUTH"]``).
+    views_auth: ViewsAuthSettings = field(default_factory=ViewsAuthSettings)
 
 
 @dataclass(frozen=True)

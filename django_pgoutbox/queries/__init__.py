@@ -18,7 +18,8 @@ with binary parameters has ``%b`` (``%(name)b``) instead.
 SQL that stays elsewhere, and why:
 
 - ``admin.common.EstimatedCountPaginator.count`` runs ``EXPLAIN (FORMAT JSON)`` on the SQL that
-  Django builds for the admin page's queryset at run time: only that prefix is fixed.
+  Django builds for the admin page's queryset at run time: only that prefix is fixed. The gauges'
+  ``ESTIMATE_*`` statements get the same prefix in ``metrics``.
 - ``worker.listener`` composes ``LISTEN`` with ``psycopg.sql.Identifier``: a channel is an
   identifier, which no parameter can carry.
 - ``migrations/`` hold the schema's ``RunSQL``: a migration is history, and must not change when
@@ -70,6 +71,10 @@ from django_pgoutbox.queries.monitoring import (
     ADVANCE_SCHEDULE_CURSOR,
     AUTOVACUUM_ON,
     DATABASE_NOW,
+    ESTIMATE_OUTBOX_PENDING,
+    ESTIMATE_QUEUE_JOBS,
+    ESTIMATE_UNREGISTERED_JOBS,
+    GAUGES_PLAN,
     HEARTBEAT,
     JOB_GAUGES,
     LOCK_WORKER_ID,
@@ -123,9 +128,13 @@ __all__ = [
     "ENQUEUE_JOBS",
     "ENQUEUE_JOBS_UNKEYED",
     "ENQUEUE_JOB_UNKEYED",
+    "ESTIMATE_OUTBOX_PENDING",
+    "ESTIMATE_QUEUE_JOBS",
+    "ESTIMATE_UNREGISTERED_JOBS",
     "FAIR_CLAIM",
     "FAIR_CLAIM_TEMPLATE",
     "FAIR_PLAN",
+    "GAUGES_PLAN",
     "HEARTBEAT",
     "JOB_GAUGES",
     "LOCK_CLAIMED_EVENTS",

@@ -19,6 +19,7 @@ from django_pgoutbox.conf import (
     OUTBOX_CHANNEL,
     get_settings,
 )
+from django_pgoutbox.health import ROLES as HEALTH_ROLES
 from django_pgoutbox.health import Heartbeat
 from django_pgoutbox.models import Job
 from django_pgoutbox.scheduler import Scheduler, load_schedules
@@ -29,8 +30,8 @@ from django_pgoutbox.worker.runner import AloneGate, QueueRunner
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
-#: What a worker process can do; ``runworkers --roles`` picks among them.
-ROLES = ("jobs", "relay", "scheduler")
+#: What a worker process can do; ``runworkers --roles`` picks among them (what health requires).
+ROLES = HEALTH_ROLES
 
 
 def default_worker_id() -> str:

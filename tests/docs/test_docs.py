@@ -313,7 +313,11 @@ class Project:
         self.env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "settings",
-            "PYTHONPATH": str(directory),
+            # The page's project first; then what the suite runs with (a checkout's own
+            # package, where PYTHONPATH points at it rather than at the installed one).
+            "PYTHONPATH": os.pathsep.join(
+                [str(directory), *os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+            ).rstrip(os.pathsep),
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             "PGOUTBOX_DEBUG": "1",
             "PYTHONUNBUFFERED": "1",  # start lines arrive as they would on a terminal

@@ -20,6 +20,19 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _listening_on(port: int) -> set[str]:
+    """The IPv4 addresses a socket of this host listens on at ``port`` (``/proc/net/tcp``)."""
+    addresses = set()
+    with open("/proc/net/tcp") as table:
+        next(table)
+        for line in table:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.partition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                addresses.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return addresses
+
+
 @pytest.mark.django_db(transaction=True)  # a worker process
 def test_runworkers_serves_its_metrics_and_heartbeat(start_worker: Any) -> None:
     port = _free_port()
@@ -38,4 +51,25 @@ def test_runworkers_serves_its_metrics_and_heartbeat(start_worker: Any) -> None:
 
     text = wait_for(lambda: "pgoutbox_job_outcomes_total{" in scrape() and scrape(), timeout=20)
     assert 'pgoutbox_jobs_claimed_total{queue="default"} 1.0' in text
+    assert 'job_type="tests.behave"' in text  # a registered job type keeps its name
     assert health_report(require=["jobs"]).healthy
+    # This host only, unless --metrics-host says otherwise.
+    assert _listening_on(port) == {"127.0.0.1"}
+
+
+@pytest.mark.django_db(transaction=True)  # a worker process
+def test_metrics_host_chooses_the_address(start_worker: Any) -> None:
+    port = _free_port()
+    start_worker(
+        "--roles",
+        "jobs",
+        "--queues",
+        "default",
+        "--metrics-port",
+        str(port),
+        "--metrics-host",
+        "0.0.0.0",
+        POLL_INTERVAL=0.2,
+    )
+    wait_for(lambda: _listening_on(port), timeout=20)
+    assert _listening_on(port) == {"0.0.0.0"}

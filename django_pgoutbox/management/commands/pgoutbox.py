@@ -1,7 +1,7 @@
 """``manage.py pgoutbox``: operations without the admin.
 
 pgoutbox stats [--json] [--watch S]  counts by queue and state, backlog age, outbox lag
-pgoutbox health [--require R,R]      workers, relay, scheduler alive? (exit 1 if not)
+pgoutbox health [--require R,R]      workers, relay, scheduler alive? (exit 1 if not, 2 if misused)
 pgoutbox deadletters list [--queue Q] [--job-type T] [--code C] [--limit N]
 pgoutbox deadletters show ID
 pgoutbox deadletters retry ID... | --all [filters]    back to pending, fresh budget
@@ -29,7 +29,14 @@ from django.db import router
 
 from django_pgoutbox import control, maintenance, metrics, scheduler
 from django_pgoutbox.db import require_migrated
-from django_pgoutbox.health import DEFAULT_MAX_AGE, health_report
+from django_pgoutbox.health import (
+    DEFAULT_MAX_AGE,
+    MAX_AGE_LIMIT,
+    ROLES,
+    health_report,
+    parse_max_age,
+    parse_roles,
+)
 from django_pgoutbox.models import Job
 
 
@@ -66,6 +73,12 @@ def _uuid(value: str) -> uuid.UUID:
         raise CommandError(f"{value!r} is not a job id (a UUID)") from None
 
 
+def _shown(gauges: Any, field: str, spec: str = "") -> str:
+    """A gauge's value for the stats table, ``~`` before an estimate."""
+    text = format(getattr(gauges, field), spec)
+    return f"~{text}" if field in gauges.estimated else text
+
+
 class Command(BaseCommand):
     help = "Operate django-pgoutbox: schedules, lease recovery, pruning, outbox reconciliation."
 
@@ -82,13 +95,17 @@ class Command(BaseCommand):
         )
         health = sub.add_parser("health", help="Report liveness; exit status 1 when unhealthy.")
         health.add_argument(
-            "--require", default="jobs,relay,scheduler", help="Roles that must be alive."
+            "--require",
+            default=",".join(ROLES),
+            metavar="ROLE[,ROLE]",
+            help=f"Roles that must be alive, of {', '.join(ROLES)} (default: all).",
         )
         health.add_argument(
             "--max-age",
             type=float,
             default=DEFAULT_MAX_AGE,
-            help=f"Seconds since a heartbeat (default {DEFAULT_MAX_AGE:g}).",
+            help=f"Seconds since a heartbeat, > 0 and <= {MAX_AGE_LIMIT:g} "
+            f"(default {DEFAULT_MAX_AGE:g}).",
         )
         dead = sub.add_parser("deadletters", help="List, show, retry or discard dead jobs.")
         dead_actions = dead.add_subparsers(dest="dead_action", required=True, metavar="ACTION")
@@ -130,11 +147,13 @@ class Command(BaseCommand):
         if action == "stats":
             self._stats(using, as_json=options["json"], watch=options["watch"])
         elif action == "health":
-            report = health_report(
-                max_age=options["max_age"],
-                require=[r for r in options["require"].split(",") if r],
-                using=using,
-            )
+            try:
+                require = parse_roles(options["require"], "--require")
+                max_age = parse_max_age(options["max_age"], "--max-age")
+            except ValueError as error:
+                # 2, as for any misuse of the command: 1 says unhealthy, 0 healthy.
+                raise CommandError(str(error), returncode=2) from None
+            report = health_report(max_age=max_age, require=require, using=using)
             self.stdout.write(json.dumps(report.as_dict(), indent=2))
             if not report.healthy:
                 sys.exit(1)
@@ -198,15 +217,19 @@ class Command(BaseCommand):
         for queue in gauges.queues.values():
             self.stdout.write(
                 f"{queue.queue:<22}"
-                + "".join(f"{getattr(queue, c):>10}" for c in columns)
-                + f"{queue.oldest_pending_age:>11.1f}s"
+                + "".join(f"{_shown(queue, c):>10}" for c in columns)
+                + f"{_shown(queue, 'oldest_pending_age', '.1f'):>11}s"
             )
         self.stdout.write(
-            f"\noutbox: {gauges.outbox_pending} pending, {gauges.outbox_dead} dead, "
-            f"lag {gauges.outbox_lag:.1f}s\n"
+            f"\noutbox: {_shown(gauges, 'outbox_pending')} pending, "
+            f"{_shown(gauges, 'outbox_dead')} dead, lag {_shown(gauges, 'outbox_lag', '.1f')}s\n"
             f"oldest open transaction: {gauges.oldest_transaction_age:.1f}s; "
             f"NOTIFY queue {gauges.notification_queue_usage:.1%} full"
         )
+        if any(queue.estimated for queue in gauges.queues.values()) or gauges.estimated:
+            self.stdout.write(
+                f"~: an estimate (counts over {metrics.EXACT_COUNT:,}); see docs/observability.md"
+            )
 
     def _deadletters(self, using: str, options: dict[str, Any]) -> None:
         from django_pgoutbox.models import DeadLetter

@@ -165,6 +165,12 @@ class Command(BaseCommand):
             "'prometheus' extra).",
         )
         parser.add_argument(
+            "--metrics-host",
+            metavar="ADDRESS",
+            help="The address the metrics server listens on (default 127.0.0.1: this host "
+            "only; 0.0.0.0 for every interface).",
+        )
+        parser.add_argument(
             "--gc-threshold",
             type=_count,
             default=GC_THRESHOLD,
@@ -224,12 +230,24 @@ class Command(BaseCommand):
         require_migrated(worker.using)
         if not connections[worker.using].in_atomic_block:
             connections[worker.using].close()  # the loops have their own; it would sit idle
+        host = options["metrics_host"]
+        if host is not None and not options["metrics_port"]:
+            raise CommandError("--metrics-host needs --metrics-port: no metrics server runs")
+        if host is not None and not host.strip():  # "" would listen on every interface
+            raise CommandError("--metrics-host must be an address (such as 0.0.0.0), not ''")
         if options["metrics_port"]:
             try:
                 from django_pgoutbox.prometheus import serve_process_metrics
             except ImportError as error:
                 raise CommandError(str(error)) from error
-            serve_process_metrics(options["metrics_port"])
+            host = host or "127.0.0.1"
+            try:
+                serve_process_metrics(options["metrics_port"], host)
+            except OSError as error:  # an address not of this host, a port taken
+                raise CommandError(
+                    f"--metrics-host {host!r:.80} --metrics-port {options['metrics_port']}: "
+                    f"cannot listen there ({error})"
+                ) from error
         self._install_signal_handlers(worker)
         tune_collector(options["gc_threshold"])
         if options["verbosity"] >= 1:
