@@ -5,7 +5,7 @@
 
 Fills a fresh database (``--database``, dropped and created again) with jobs in every state and
 outbox events waiting, processed and dead, then times the database gauges alone
-(``metrics.database_gauges()``) and the whole view through Django's test client, as a staff
+(``gauges.database_gauges()``) and the whole view through Django's test client, as a staff
 user, twice: after ``ANALYZE`` only (the visibility map is empty, so every index-only scan still
 reads the heap) and after ``VACUUM ANALYZE``. Prints the fastest, the median and the 95th
 percentile of each, and the machine's load average (other work on it slows every figure).
@@ -110,7 +110,7 @@ def main() -> None:
     from django.db import connection
     from django.test import Client
 
-    from django_pgoutbox import metrics
+    from django_pgoutbox import gauges as db_gauges
 
     started = time.perf_counter()
     fill(args.jobs, args.events)
@@ -134,7 +134,7 @@ def main() -> None:
         with connection.cursor() as cursor:
             cursor.execute(f"{statement} jobs")
             cursor.execute(f"{statement} outbox_events")
-        gauges = timed(metrics.database_gauges, args.scrapes)
+        gauges = timed(db_gauges.database_gauges, args.scrapes)
         view = timed(scrape, args.scrapes)
         results[state] = {
             "gauges_min_ms": gauges[0],
@@ -149,7 +149,7 @@ def main() -> None:
             f"{view[0]:>10.1f}{view[1]:>8.1f}{view[2]:>8.1f}"
         )
     print(f"load average {' '.join(f'{load:.2f}' for load in os.getloadavg())}")
-    snapshot = metrics.database_gauges()
+    snapshot = db_gauges.database_gauges()
     for queue in snapshot.queues.values():
         print(
             f"  {queue.queue:<20} pending {queue.pending:>8} scheduled {queue.scheduled:>7} "

@@ -202,7 +202,7 @@ class Job(models.Model):
                 condition=models.Q(status__in=(JobStatus.COMPLETED, JobStatus.CANCELLED)),
             ),
             # The gauges count retrying jobs apart from pending ones (both in the claim index),
-            # due and not yet due, each count stopping at its limit (metrics.database_gauges).
+            # due and not yet due, each count stopping at its limit (gauges.database_gauges).
             models.Index(
                 fields=["queue", "run_at"],
                 name="jobs_retrying_idx",

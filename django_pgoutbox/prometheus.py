@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox import metrics
 
 try:
@@ -65,11 +66,11 @@ class DatabaseCollector(Collector):
         self.using = using
 
     def collect(self) -> Iterator[Any]:
-        gauges = metrics.database_gauges(self.using)
+        gauges = db_gauges.database_gauges(self.using)
         jobs = GaugeMetricFamily(
             "pgoutbox_jobs",
             "Jobs by queue and status (pending = due now; scheduled = pending, due later). "
-            f"Exact up to {metrics.EXACT_COUNT}; above, the planner's estimate.",
+            f"Exact up to {db_gauges.EXACT_COUNT}; above, the planner's estimate.",
             labels=["queue", "status"],
         )
         oldest = GaugeMetricFamily(

@@ -15,7 +15,8 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
-from django_pgoutbox import control, metrics, scheduler
+from django_pgoutbox import control, scheduler
+from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.common import ReadOnlyAdmin, json_preview
 from django_pgoutbox.admin.filters import (
@@ -250,7 +251,7 @@ class JobAdmin(ReadOnlyAdmin):
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        gauges = metrics.database_gauges(router.db_for_read(Job))
+        gauges = db_gauges.database_gauges(router.db_for_read(Job))
         dead_url = reverse("admin:pgoutbox_deadletter_changelist")
         queues = [
             {"gauges": g, "dead_url": f"{dead_url}?queue={g.queue}"} for g in gauges.queues.values()

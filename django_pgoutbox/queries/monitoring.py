@@ -48,7 +48,7 @@ ORDER BY worker_id
 # ordered as its index is: without that, where one queue holds most rows, the planner would
 # read the table from the start for every queue, hoping to meet ``limit`` matches early. A
 # count that reaches its limit is replaced by the planner's estimate (``ESTIMATE_*``, run under
-# ``EXPLAIN``), which reads the table's statistics and no row. ``metrics.database_gauges`` puts
+# ``EXPLAIN``), which reads the table's statistics and no row. ``gauges.database_gauges`` puts
 # them together.
 
 #: Run first, in the gauges' transaction: the plans they are written for. Each statement reads at

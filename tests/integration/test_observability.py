@@ -18,6 +18,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_pgoutbox import enqueue, enqueue_many, metrics, publish, queries, signals
+from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.health import Heartbeat, health_report
 from django_pgoutbox.log import JSONFormatter
@@ -32,8 +33,8 @@ from tests.processes import holds_for, scaled, wait_for
 ALLOWED_LABELS = {"queue", "job_type", "outcome", "status", "role", "event_type", "schedule"}
 
 
-def gauges() -> metrics.DatabaseGauges:
-    return metrics.database_gauges()
+def gauges() -> db_gauges.DatabaseGauges:
+    return db_gauges.database_gauges()
 
 
 @pytest.mark.django_db(transaction=True)  # the worker threads see only committed jobs
@@ -133,10 +134,10 @@ def _gauge_parameters() -> dict[str, Any]:
     configured = list(get_settings().queues)
     return {
         "queues": configured,
-        "limit": metrics.EXACT_COUNT + 1,
-        "priorities": metrics.MAX_PRIORITIES,
-        "probes": len(configured) + metrics.MAX_UNREGISTERED_QUEUES + 1,
-        "unregistered": metrics.MAX_UNREGISTERED_QUEUES,
+        "limit": db_gauges.EXACT_COUNT + 1,
+        "priorities": db_gauges.MAX_PRIORITIES,
+        "probes": len(configured) + db_gauges.MAX_UNREGISTERED_QUEUES + 1,
+        "unregistered": db_gauges.MAX_UNREGISTERED_QUEUES,
     }
 
 
@@ -158,7 +159,7 @@ def test_gauges_read_only_partial_indexes_on_a_large_table() -> None:
         cursor.execute("ANALYZE outbox_events")
         for sql, params in (
             (queries.JOB_GAUGES, _gauge_parameters()),
-            (queries.OUTBOX_AND_SERVER_GAUGES, {"limit": metrics.EXACT_COUNT + 1}),
+            (queries.OUTBOX_AND_SERVER_GAUGES, {"limit": db_gauges.EXACT_COUNT + 1}),
         ):
             cursor.execute("EXPLAIN " + sql, params)
             plan = "\n".join(row[0] for row in cursor.fetchall())
@@ -479,7 +480,7 @@ def test_a_scrape_reads_as_much_at_any_size() -> None:
     stops at its limit, whatever the tables hold."""
     statements = (
         (queries.JOB_GAUGES, _gauge_parameters()),
-        (queries.OUTBOX_AND_SERVER_GAUGES, {"limit": metrics.EXACT_COUNT + 1}),
+        (queries.OUTBOX_AND_SERVER_GAUGES, {"limit": db_gauges.EXACT_COUNT + 1}),
     )
     _fill(3_000)
     small = [_buffers(sql, params) for sql, params in statements]
@@ -491,9 +492,9 @@ def test_a_scrape_reads_as_much_at_any_size() -> None:
     default = snapshot.queues["default"]
     assert set(default.estimated) == {"pending", "scheduled", "retrying", "leased", "dead"}
     for status in default.estimated:
-        assert getattr(default, status) > metrics.EXACT_COUNT
+        assert getattr(default, status) > db_gauges.EXACT_COUNT
     assert set(snapshot.estimated) == {"outbox_pending", "outbox_dead"}
-    assert snapshot.outbox_dead > metrics.EXACT_COUNT
+    assert snapshot.outbox_dead > db_gauges.EXACT_COUNT
 
 
 def _job(queue: str, status: str, *, run_at: str = "-1 minute", priority: int = 0) -> None:
@@ -510,7 +511,7 @@ def _job(queue: str, status: str, *, run_at: str = "-1 minute", priority: int = 
 def test_counts_are_exact_up_to_the_limit_then_at_least_past_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(metrics, "EXACT_COUNT", 3)
+    monkeypatch.setattr(db_gauges, "EXACT_COUNT", 3)
     for status, run_at in (
         ("pending", "-1 minute"),
         ("pending", "-2 minutes"),
@@ -549,7 +550,7 @@ def test_the_oldest_due_job_of_any_priority_counts(monkeypatch: pytest.MonkeyPat
     reports = gauges().queues["reports"]
     assert 7190 <= reports.oldest_pending_age < 7500
     assert reports.estimated == ()
-    monkeypatch.setattr(metrics, "MAX_PRIORITIES", 2)  # the walk stops before priority 0
+    monkeypatch.setattr(db_gauges, "MAX_PRIORITIES", 2)  # the walk stops before priority 0
     reports = gauges().queues["reports"]
     assert 3590 <= reports.oldest_pending_age < 3900
     assert set(reports.estimated) == {"pending", "scheduled", "oldest_pending_age"}
@@ -557,7 +558,7 @@ def test_the_oldest_due_job_of_any_priority_counts(monkeypatch: pytest.MonkeyPat
 
 @pytest.mark.django_db
 def test_outbox_counts_and_lag_past_the_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics, "EXACT_COUNT", 3)
+    monkeypatch.setattr(db_gauges, "EXACT_COUNT", 3)
 
     def event(*, minutes_ago: int, dead: bool = False, backoff: bool = False) -> None:
         OutboxEvent.objects.filter(
@@ -595,7 +596,7 @@ def test_jobs_of_queues_not_configured_are_unregistered(monkeypatch: pytest.Monk
     text = database_exposition().decode()
     assert 'pgoutbox_jobs{queue="unregistered",status="pending"} 1.0' in text
     assert "gone" not in text
-    monkeypatch.setattr(metrics, "MAX_UNREGISTERED_QUEUES", 1)  # more of them than counted
+    monkeypatch.setattr(db_gauges, "MAX_UNREGISTERED_QUEUES", 1)  # more of them than counted
     unregistered = gauges().queues[metrics.UNREGISTERED]
     assert {"pending", "retrying", "dead"} <= set(unregistered.estimated)
     assert unregistered.dead >= 1

@@ -27,7 +27,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
 
-from django_pgoutbox import control, maintenance, metrics, scheduler
+from django_pgoutbox import control, maintenance, scheduler
+from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox.db import require_migrated
 from django_pgoutbox.health import (
     DEFAULT_MAX_AGE,
@@ -194,7 +195,7 @@ class Command(BaseCommand):
     def _stats(self, using: str, *, as_json: bool, watch: float | None) -> None:
         try:
             while True:
-                gauges = metrics.database_gauges(using)
+                gauges = db_gauges.database_gauges(using)
                 if as_json:
                     self.stdout.write(json.dumps(asdict(gauges), indent=2))
                 else:
@@ -209,7 +210,7 @@ class Command(BaseCommand):
                 raise
             self.stdout.write("")  # Ctrl-C: how --watch ends, not an error
 
-    def _stats_table(self, gauges: metrics.DatabaseGauges) -> None:
+    def _stats_table(self, gauges: db_gauges.DatabaseGauges) -> None:
         columns = ("pending", "scheduled", "leased", "retrying", "dead")
         self.stdout.write(
             f"{'queue':<22}" + "".join(f"{c:>10}" for c in columns) + f"{'oldest due':>12}"
@@ -228,7 +229,7 @@ class Command(BaseCommand):
         )
         if any(queue.estimated for queue in gauges.queues.values()) or gauges.estimated:
             self.stdout.write(
-                f"~: an estimate (counts over {metrics.EXACT_COUNT:,}); see docs/observability.md"
+                f"~: an estimate (counts over {db_gauges.EXACT_COUNT:,}); see docs/observability.md"
             )
 
     def _deadletters(self, using: str, options: dict[str, Any]) -> None:

@@ -1,0 +1,293 @@
+"""Database gauges: counts by state, oldest due age, outbox lag, the xmin horizon and the
+notification queue, read when asked at a cost that does not grow with the tables: each count
+reads a partial index of live rows and stops at ``EXACT_COUNT``, above which it is the planner's
+estimate (docs/observability.md)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connections, router, transaction
+
+from django_pgoutbox import queries
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.metrics import UNREGISTERED
+
+#: Counts up to this are exact. A count that would go past it reads no further: the gauge then
+#: shows the planner's estimate from the table's statistics (at least this much, and never less
+#: than what was counted), so that a scrape costs the same at a thousand rows as at a billion.
+EXACT_COUNT = 1000
+#: The priorities of one queue whose waiting jobs the gauges walk, highest first (one index
+#: probe each). Past them, the queue's pending and scheduled counts are estimates and its
+#: oldest due age covers the highest ones only.
+MAX_PRIORITIES = 100
+#: Queues not configured (since removed from ``PGOUTBOX["QUEUES"]``, or written by hand) that
+#: the gauges count one by one, together as ``unregistered``; past them, that row is estimated.
+MAX_UNREGISTERED_QUEUES = 20
+
+
+@dataclass(frozen=True)
+class QueueGauges:
+    queue: str
+    pending: int = 0  # due now
+    scheduled: int = 0  # pending with run_at in the future
+    leased: int = 0
+    retrying: int = 0
+    dead: int = 0
+    #: Seconds since the oldest job waiting to be claimed (pending, or retrying after its
+    #: back-off) became due.
+    oldest_pending_age: float = 0.0
+    #: The fields above that are estimates (each count over ``EXACT_COUNT``); the others are
+    #: exact.
+    estimated: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DatabaseGauges:
+    queues: dict[str, QueueGauges]
+    outbox_pending: int
+    outbox_dead: int
+    outbox_lag: float  # seconds since the oldest unprocessed, available event occurred
+    oldest_transaction_age: float  # the xmin horizon that holds back vacuum
+    notification_queue_usage: float  # fraction of the NOTIFY queue in use
+    #: The outbox fields above that are estimates (``outbox_pending``, ``outbox_dead``) or an
+    #: upper bound (``outbox_lag``, when more than ``EXACT_COUNT`` dead or backing-off events
+    #: come before the first available one).
+    estimated: tuple[str, ...] = ()
+
+
+_STATUSES = ("pending", "scheduled", "leased", "retrying", "dead")
+
+
+class _Estimates:
+    """The planner's row estimates of the counts that reached their limit, asked for together and
+    read from one ``EXPLAIN (FORMAT JSON)`` of their ``UNION ALL``: one round trip, no row read.
+    """
+
+    def __init__(self) -> None:
+        self._asked: list[tuple[str, list[Any], Callable[[int], None]]] = []
+
+    def ask(self, sql: str, params: list[Any], then: Callable[[int], None]) -> None:
+        """Call ``then`` with the estimated rows of ``sql`` once ``run`` has run."""
+        self._asked.append((sql, params, then))
+
+    def run(self, cursor: Any) -> None:
+        if not self._asked:
+            return
+        cursor.execute(
+            "EXPLAIN (FORMAT JSON) " + " UNION ALL ".join(f"({sql})" for sql, _, _ in self._asked),
+            [param for _, params, _ in self._asked for param in params],
+        )
+        top = _plan(cursor.fetchone()[0])
+        branches = top.get("Plans", []) if len(self._asked) > 1 else [top]
+        if len(self._asked) > 1 and (
+            top["Node Type"] != "Append" or len(branches) != len(self._asked)
+        ):
+            branches = []  # a plan of another shape: each on its own
+            for sql, params, _ in self._asked:
+                cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
+                branches.append(_plan(cursor.fetchone()[0]))
+        for (_, _, then), branch in zip(self._asked, branches, strict=True):
+            then(int(branch["Plan Rows"]))
+
+
+def _plan(output: Any) -> dict[str, Any]:
+    """The top node of an ``EXPLAIN (FORMAT JSON)`` output."""
+    plan: dict[str, Any] = (json.loads(output) if isinstance(output, str) else output)[0]["Plan"]
+    return plan
+
+
+@dataclass
+class _Counted:
+    """One queue's counts as the gauge statement read them (each stopped at its limit)."""
+
+    priorities: int
+    oldest_due_age: float | None
+    retry_due: int
+    retry_later: int
+    due: int
+    later: int
+    dead: int
+    leased: int
+
+
+def _queue_values(counted: _Counted, leased_total: int) -> tuple[dict[str, int], set[str]]:
+    """One queue's counts, and the names of those that are not exact and must be estimated.
+
+    Each count stopped at ``limit`` rows (the waiting ones at ``limit`` + the retrying ones on
+    the same side of now, which are among them), so that a count under its limit is exact. The
+    value given for one that must be estimated is what is known of it at least: an estimate
+    below it is raised to it.
+    """
+    limit = EXACT_COUNT + 1
+    values: dict[str, int] = {}
+    unknown: set[str] = set()
+    walked = counted.priorities <= MAX_PRIORITIES
+    for status, waiting, retrying in (
+        ("pending", counted.due, counted.retry_due),
+        ("scheduled", counted.later, counted.retry_later),
+    ):
+        # Pending = waiting - retrying, known while the retrying jobs are: at least that.
+        values[status] = max(0, waiting - retrying) if retrying < limit else 0
+        if not (walked and retrying < limit and waiting < limit + retrying):
+            unknown.add(status)
+    values["retrying"] = counted.retry_due + counted.retry_later
+    if counted.retry_due >= limit or counted.retry_later >= limit:
+        unknown.add("retrying")
+    values["dead"] = counted.dead
+    if counted.dead >= limit:
+        unknown.add("dead")
+    values["leased"] = counted.leased
+    if leased_total >= limit:
+        unknown.add("leased")
+    return values, unknown
+
+
+def _estimate(
+    estimates: _Estimates,
+    statements: dict[str, str],
+    params: list[Any],
+    values: dict[str, int],
+    unknown: set[str],
+) -> None:
+    """Ask for the estimate of each count of ``unknown``, to replace it in ``values`` (never
+    below the value it has: what was counted of it at least)."""
+
+    def at_least(status: str, exact: int = 0) -> Callable[[int], None]:
+        def replace(estimate: int) -> None:
+            values[status] = max(values[status], estimate - exact)
+
+        return replace
+
+    sides = {"pending", "scheduled"}
+    if len(sides & unknown) == 1:
+        # One side of now was counted exactly: the other is the rest of the pending jobs.
+        (status,) = sides & unknown
+        exact = values[(sides - {status}).pop()]
+        estimates.ask(statements["waiting"], params, at_least(status, exact))
+        unknown = unknown - {status}
+    for status in sorted(unknown):
+        estimates.ask(statements[status], params, at_least(status))
+
+
+def database_gauges(using: str | None = None) -> DatabaseGauges:
+    """Read the gauges from the database: a fixed amount of work, whatever the tables hold.
+
+    Two statements read partial indexes of live rows, each count stopping at
+    ``EXACT_COUNT + 1`` rows; the counts that reached it are replaced by the planner's
+    estimates (one ``EXPLAIN`` for all). Queues that are not configured are reported together
+    as ``unregistered``.
+    """
+    from django_pgoutbox.models import Job
+
+    alias = using or router.db_for_write(Job)
+    configured = list(get_settings().queues)
+    limit = EXACT_COUNT + 1
+    queues: dict[str, QueueGauges] = {}
+    # In a transaction (a savepoint, inside the caller's) that is rolled back: the plan's
+    # settings end with it, and the reads have nothing to keep.
+    estimates = _Estimates()
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(queries.GAUGES_PLAN)
+        cursor.execute(
+            queries.JOB_GAUGES,
+            {
+                "queues": configured,
+                "limit": limit,
+                "priorities": MAX_PRIORITIES,
+                "probes": len(configured) + MAX_UNREGISTERED_QUEUES + 1,
+                "unregistered": MAX_UNREGISTERED_QUEUES,
+            },
+        )
+        rows = cursor.fetchall()
+        cursor.execute(queries.OUTBOX_AND_SERVER_GAUGES, {"limit": limit})
+        dead, unprocessed, lag, lag_bound, dead_estimate, xmin_age, notify_usage = cursor.fetchone()
+        by_queue: dict[str, tuple[dict[str, int], set[str], float]] = {}
+        other_values = dict.fromkeys(_STATUSES, 0)
+        other_unknown: set[str] = set()
+        other_oldest = 0.0
+        for queue, is_configured, priorities, oldest, *counts, leased_total, more in rows:
+            counted = _Counted(priorities, oldest, *counts)
+            values, unknown = _queue_values(counted, leased_total)
+            if priorities > MAX_PRIORITIES:
+                unknown.add("oldest_pending_age")
+            if is_configured:
+                statuses = unknown & set(_STATUSES)
+                _estimate(estimates, queries.ESTIMATE_QUEUE_JOBS, [queue], values, statuses)
+                by_queue[queue] = (values, unknown, float(oldest or 0.0))
+                continue
+            for status in _STATUSES:
+                other_values[status] += values[status]
+            other_unknown |= unknown
+            if more > 0:  # more such queues than counted one by one
+                other_unknown |= {*_STATUSES, "oldest_pending_age"}
+            other_oldest = max(other_oldest, float(oldest or 0.0))
+        if len(by_queue) < len(rows):  # queues that are not configured hold jobs
+            _estimate(
+                estimates,
+                queries.ESTIMATE_UNREGISTERED_JOBS,
+                [configured],
+                other_values,
+                other_unknown & set(_STATUSES),
+            )
+        # Unprocessed events were counted up to the limit + the dead ones (which are among them)
+        # while those were under the limit.
+        outbox = {"pending": unprocessed - dead, "dead": dead}
+        outbox_estimated: list[str] = []
+        if dead >= limit or unprocessed >= limit + dead:
+            outbox_estimated.append("outbox_pending")
+            # With the dead under the limit, at least the events counted past them wait.
+            floor = outbox["pending"] if dead < limit else 0
+
+            def pending(estimate: int) -> None:
+                outbox["pending"] = max(estimate, floor)
+
+            estimates.ask(queries.ESTIMATE_OUTBOX_PENDING, [], pending)
+        if dead >= limit:
+            outbox_estimated.append("outbox_dead")
+            outbox["dead"] = max(int(dead_estimate or 0), dead)
+        if lag is None and lag_bound is not None:
+            outbox_estimated.append("outbox_lag")
+            lag = lag_bound
+        estimates.run(cursor)
+        transaction.set_rollback(True, using=alias)
+    order = (*_STATUSES, "oldest_pending_age")
+    for queue, (values, unknown, oldest_age) in by_queue.items():
+        queues[queue] = QueueGauges(
+            queue=queue,
+            oldest_pending_age=oldest_age,
+            estimated=tuple(s for s in order if s in unknown),
+            **values,
+        )
+    if len(by_queue) < len(rows):
+        unregistered = QueueGauges(
+            queue=UNREGISTERED,
+            oldest_pending_age=other_oldest,
+            estimated=tuple(s for s in order if s in other_unknown),
+            **other_values,
+        )
+        queues[UNREGISTERED] = _merged(queues.get(UNREGISTERED), unregistered)
+    return DatabaseGauges(
+        queues=queues,
+        outbox_pending=int(outbox["pending"]),
+        outbox_dead=int(outbox["dead"]),
+        outbox_lag=float(lag or 0.0),
+        oldest_transaction_age=float(xmin_age),
+        notification_queue_usage=float(notify_usage),
+        estimated=tuple(outbox_estimated),
+    )
+
+
+def _merged(configured: QueueGauges | None, other: QueueGauges) -> QueueGauges:
+    """A configured queue that happens to be named ``unregistered``, with the others added."""
+    if configured is None:
+        return other
+    return QueueGauges(
+        queue=UNREGISTERED,
+        oldest_pending_age=max(configured.oldest_pending_age, other.oldest_pending_age),
+        estimated=tuple(dict.fromkeys((*configured.estimated, *other.estimated))),
+        **{s: getattr(configured, s) + getattr(other, s) for s in _STATUSES},
+    )
