@@ -22,6 +22,8 @@ from django_pgoutbox.errors import PublishError, SubscriberRegistrationError
 from django_pgoutbox.ids import uuid7
 from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.validation import (
+    MAX_NAME_BYTES,
+    check_text,
     checked_moment,
     json_object,
     non_empty_text,
@@ -252,11 +254,24 @@ def subscriber(
             raise SubscriberRegistrationError(
                 f"event type must be a non-empty string, not {event_type!r}"
             )
-    accepted = frozenset(versions)
+        try:
+            check_text(event_type, "event type", PublishError, MAX_NAME_BYTES)
+        except PublishError as problem:
+            # An event type publish() refuses: no event could ever reach this subscriber.
+            raise SubscriberRegistrationError(
+                f"{problem}, as publish() requires: {event_type[:100]!r}"
+            ) from None
+    try:
+        accepted = frozenset(versions)
+    except TypeError:
+        accepted = frozenset()
     if not accepted or any(
-        isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in accepted
+        isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _INT32_MAX for v in accepted
     ):
-        raise SubscriberRegistrationError(f"versions must be integers >= 1, not {versions!r}")
+        raise SubscriberRegistrationError(
+            f"versions must be integers from 1 to {_INT32_MAX} (publish()'s schema_version), "
+            f"not {versions!r}"
+        )
 
     def decorator(func: Callable[[OutboxEvent], Any]) -> Subscriber:
         subscriber_name = name or f"{func.__module__}.{func.__qualname__}"
