@@ -235,6 +235,14 @@ def poison_return(payload: dict[str, Any], ctx: JobContext) -> Any:
     return payload["result"]
 
 
+@job("tests.poison_big_result")
+def poison_big_result(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Return ``characters`` copies of ``char`` (default ``x``): a result of that many
+    characters and up to four times as many bytes of JSON."""
+    record(ctx, "start")
+    return {"text": payload.get("char", "x") * payload["characters"]}
+
+
 @job("tests.poison_schedule")
 def poison_schedule(payload: dict[str, Any], ctx: JobContext) -> None:
     """The job of a schedule whose enqueue a test makes the database refuse."""
