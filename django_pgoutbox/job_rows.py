@@ -174,6 +174,7 @@ def validate_items(items: Sequence[Mapping[str, Any]], conf: PgOutboxSettings) -
     # its job type alone: after the first such item of a type, the next ones reuse what it
     # resolved to, and only their payload is checked (a third of the time of a full check).
     plain: dict[str, tuple[str, int, int]] = {}
+    max_payload_bytes = conf.max_payload_bytes
     for index, item in enumerate(items):
         if type(item) is dict and len(item) == 2:
             job_type = item.get("job_type")
@@ -188,7 +189,7 @@ def validate_items(items: Sequence[Mapping[str, Any]], conf: PgOutboxSettings) -
                     job_type,  # type: ignore[arg-type]  # a str: it is a key of plain
                     payload,
                     json_object(
-                        payload, f"items[{index}].payload", EnqueueError, conf.max_payload_bytes
+                        payload, f"items[{index}].payload", EnqueueError, max_payload_bytes
                     ),
                     None,
                     priority,

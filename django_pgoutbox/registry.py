@@ -176,7 +176,7 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
     job_name = name or f"{func.__module__}.{func.__qualname__}"
     try:
         # The name is stored in every job's job_type: enqueue() would refuse any other.
-        check_text(job_name, "name", EnqueueError, MAX_NAME_BYTES)
+        job_name = check_text(job_name, "name", EnqueueError, MAX_NAME_BYTES)
     except EnqueueError as problem:
         raise JobRegistrationError(f"@job {short_repr(job_name)}: {problem}") from None
     queue, max_attempts, priority = options.queue, options.max_attempts, options.priority

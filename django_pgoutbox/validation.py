@@ -91,6 +91,8 @@ def checked_moment(value: datetime, where: str, error: type[InvalidInput]) -> da
 
 def checked_delay_moment(delay: timedelta, where: str, error: type[InvalidInput]) -> float:
     """``delay`` in seconds, if now + ``delay`` is within ``FIRST_MOMENT`` and ``LAST_MOMENT``."""
+    if _SURE_DELAYS[0] < delay < _SURE_DELAYS[1]:
+        return delay.total_seconds()  # the usual delay: no need to read the clock
     try:
         moment: datetime | None = datetime.now(UTC) + delay
     except OverflowError:
@@ -98,6 +100,10 @@ def checked_delay_moment(delay: timedelta, where: str, error: type[InvalidInput]
     if moment is None or not FIRST_MOMENT <= moment <= LAST_MOMENT:
         raise error(where, f"now + {delay!r} is {_outside_moments()}")
     return delay.total_seconds()
+
+
+#: Delays that keep any moment of the years 1001 to 8999 within the moments a row can hold.
+_SURE_DELAYS = (timedelta(days=-365 * 1000), timedelta(days=365 * 1000))
 
 
 def _outside_moments() -> str:
@@ -171,12 +177,14 @@ def json_object(value: Any, where: str, error: type[InvalidInput], max_bytes: in
     except ValueError as problem:  # an int too long for str(), the only thing left to refuse
         _check_int_digits(value, where, error)
         raise error(where, f"cannot be written as JSON: {problem}") from None
-    if len(text) > MAX_INT_DIGITS and not 0 < sys.get_int_max_str_digits() <= MAX_INT_DIGITS:
+    size = len(text)
+    if size > MAX_INT_DIGITS and not 0 < sys.get_int_max_str_digits() <= MAX_INT_DIGITS:
         # This process lifted Python's limit on int digits: the readers of the row have it.
         _check_int_digits(value, where, error)
-    if max_bytes is not None and len(text) > max_bytes >> 2:
+    if max_bytes is not None and size > max_bytes >> 2:
         # Past a quarter of the limit in characters, count the bytes (at most 4 a character).
-        size = len(text) if text.isascii() else len(text.encode("utf-8"))
+        if not text.isascii():
+            size = len(text.encode("utf-8"))
         if size > max_bytes:
             raise error(
                 where,
