@@ -15,18 +15,21 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH_DB = "pgoutbox_bench"
 
 
-def setup_django() -> None:
-    """Point DATABASE_URL at a fresh ``pgoutbox_bench`` database, set Django up, migrate."""
+def setup_django(name: str = BENCH_DB) -> None:
+    """Point DATABASE_URL at a fresh database ``name`` (``pgoutbox_bench`` by default), set Django
+    up, migrate."""
     sys.path.insert(0, str(ROOT))
     import psycopg
+    from psycopg import sql
 
     from testproject.database import database_url
 
     base = database_url()
     with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-    os.environ["DATABASE_URL"] = urlunsplit(urlsplit(base)._replace(path=f"/{BENCH_DB}"))
+        database = sql.Identifier(name)
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(database))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(database))
+    os.environ["DATABASE_URL"] = urlunsplit(urlsplit(base)._replace(path=f"/{name}"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
     os.environ.setdefault("PGOUTBOX_DEBUG", "0")
     import django
