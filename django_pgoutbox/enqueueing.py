@@ -15,17 +15,15 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
 
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.copy_rows import COPY_MIN_ROWS, EnqueuedJobs, copy_unkeyed, copyable
-from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.insert_rows import ENQUEUE_CHUNK_SIZE, insert_rows
 from django_pgoutbox.job_rows import (
-    INT32_RANGE,
     JobRow,
     job_database,
     job_from_row,
@@ -87,7 +85,6 @@ class DeferredEnqueues:
         self._rows: list[tuple[JobRow, Job]] = []
 
     def add(self, row: JobRow) -> Job:
-        _check_writable(row)
         job = job_from_row(self.using, row, None, None)
         self._rows.append((row, job))
         return job
@@ -116,33 +113,6 @@ class DeferredEnqueues:
                 chunk, insert_rows(self.using, [r for r, _ in chunk]), strict=True
             ):
                 job.run_at, job.created_at = job_written.run_at, job_written.created_at
-
-
-#: The latest ``run_at`` a deferred job may have: a day short of Python's last date, so that the
-#: row reads back as a ``datetime`` whatever its time zone (PostgreSQL would store later ones).
-_LAST_RUN_AT = datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
-
-
-def _check_writable(row: JobRow) -> None:
-    """Refuse, inside the subscriber that enqueues it, a job that the batch's flush cannot write.
-
-    ``enqueue()``'s checks let through a ``run_at`` of ``timedelta(days=3_000_000)`` (the date
-    is only computed when the row is written) and a priority that comes from a ``@job``
-    declaration. Raised here, in the subscriber, the error is that event's failure, rather than
-    the failure of the statement that writes the jobs of every event of the batch.
-    """
-    try:
-        late = scheduled_run_at(row, datetime.now(UTC)) > _LAST_RUN_AT
-    except OverflowError:
-        late = True
-    if late:
-        scheduled = row.run_at or f"now + {row.delay:g} seconds"
-        raise EnqueueError(
-            "run_at", f"{scheduled} is outside the dates a job can have (up to {_LAST_RUN_AT:%Y})"
-        )
-    for name, value in (("priority", row.priority), ("max_attempts", row.max_attempts)):
-        if not INT32_RANGE[0] <= value <= INT32_RANGE[1]:
-            raise EnqueueError(name, f"{value} is outside the 32-bit integer range")
 
 
 @contextmanager

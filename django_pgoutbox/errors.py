@@ -86,6 +86,13 @@ class InvalidResult(PermanentError):
     code = "invalid_result"
 
 
+class ResultTooLarge(InvalidResult):
+    """The handler returned a value whose JSON is over ``PGOUTBOX['MAX_RESULT_BYTES']``; the
+    attempt is dead-lettered, its result not stored."""
+
+    code = "result_too_large"
+
+
 class Revoked(JobFailure):
     """Authorization was withdrawn or the work was revoked: cancel safely, never retry."""
 

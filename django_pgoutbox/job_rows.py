@@ -21,7 +21,17 @@ from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.ids import uuid7, uuid7_many
 from django_pgoutbox.models import Job, JobStatus, empty_row, instance_from_row
 from django_pgoutbox.registry import Payload, get_job
-from django_pgoutbox.validation import json_object, non_empty_text, optional_uuid, reject_nul
+from django_pgoutbox.validation import (
+    MAX_IDEMPOTENCY_KEY_BYTES,
+    check_text,
+    checked_delay_moment,
+    checked_moment,
+    json_object,
+    non_empty_text,
+    optional_uuid,
+    short_repr,
+    utc_offset,
+)
 
 #: The range of a PostgreSQL ``integer`` column (priority, max_attempts).
 INT32_RANGE = (-(2**31), 2**31 - 1)
@@ -48,7 +58,7 @@ def job_database(using: str | None) -> str:
     """The database alias to write jobs to: ``using``, checked, or the routers' choice."""
     if using is None:
         return router.db_for_write(Job)
-    if using not in settings.DATABASES:
+    if not isinstance(using, str) or using not in settings.DATABASES:
         raise EnqueueError(
             "using", f"no database {using!r} in DATABASES ({', '.join(settings.DATABASES)})"
         )
@@ -76,38 +86,46 @@ def validate_job(
         conf = get_settings()
     # A registered job type's name was checked when it was registered.
     definition = get_job(job_type) if isinstance(job_type, str) else None
-    if definition is None:
-        non_empty_text(job_type, f"{prefix}job_type", EnqueueError)
-    payload_json = json_object(payload, f"{prefix}payload", EnqueueError)
+    if definition is not None:
+        job_type = definition.name
+    else:
+        job_type = non_empty_text(job_type, f"{prefix}job_type", EnqueueError)
+    payload_json = json_object(payload, f"{prefix}payload", EnqueueError, conf.max_payload_bytes)
 
     if idempotency_key is not None:
         if not isinstance(idempotency_key, str) or not idempotency_key:
             raise EnqueueError(
                 f"{prefix}idempotency_key",
-                f"must be a non-empty string or None, not {idempotency_key!r}",
+                f"must be a non-empty string or None, not {short_repr(idempotency_key)}",
             )
-        reject_nul(idempotency_key, f"{prefix}idempotency_key", EnqueueError)
+        idempotency_key = check_text(
+            idempotency_key, f"{prefix}idempotency_key", EnqueueError, MAX_IDEMPOTENCY_KEY_BYTES
+        )
     organization_id = optional_uuid(organization_id, f"{prefix}organization_id", EnqueueError)
 
     if priority is None:
         priority = definition.priority if definition else 0
     elif isinstance(priority, bool) or not isinstance(priority, int):
-        raise EnqueueError(f"{prefix}priority", f"must be an int, not {priority!r}")
+        raise EnqueueError(f"{prefix}priority", f"must be an int, not {short_repr(priority)}")
     elif not INT32_RANGE[0] <= priority <= INT32_RANGE[1]:
-        raise EnqueueError(f"{prefix}priority", f"{priority} is outside the 32-bit integer range")
+        raise EnqueueError(
+            f"{prefix}priority",
+            f"{priority} is outside the 32-bit integer range of its column, "
+            f"{INT32_RANGE[0]} to {INT32_RANGE[1]}",
+        )
 
     absolute: datetime | None = None
     delay = 0.0
     if isinstance(run_at, datetime):
-        if run_at.utcoffset() is None:
+        if utc_offset(run_at, f"{prefix}run_at", EnqueueError) is None:
             raise EnqueueError(
                 f"{prefix}run_at",
                 f"{run_at!r} is naive; pass an aware datetime "
                 "(django.utils.timezone.now() + timedelta(...)) or a timedelta",
             )
-        absolute = run_at
+        absolute = checked_moment(run_at, f"{prefix}run_at", EnqueueError)
     elif isinstance(run_at, timedelta):
-        delay = run_at.total_seconds()
+        delay = checked_delay_moment(run_at, f"{prefix}run_at", EnqueueError)
     elif run_at is not None:
         raise EnqueueError(
             f"{prefix}run_at",
@@ -117,11 +135,14 @@ def validate_job(
     if queue is None:
         queue = definition.queue if definition else "default"
     elif not isinstance(queue, str):
-        raise EnqueueError(f"{prefix}queue", f"must be a string, not {queue!r}")
+        raise EnqueueError(f"{prefix}queue", f"must be a string, not {short_repr(queue)}")
+    elif type(queue) is not str:
+        queue = str.__str__(queue)  # the text psycopg sends, not what its __eq__ says
     if queue not in conf.queues:
         raise EnqueueError(
             f"{prefix}queue",
-            f"unknown queue {queue!r}; PGOUTBOX['QUEUES'] has {', '.join(conf.queues) or 'none'}",
+            f"unknown queue {short_repr(queue)}; PGOUTBOX['QUEUES'] has "
+            f"{', '.join(conf.queues) or 'none'}",
         )
 
     max_attempts = definition.max_attempts if definition else None
@@ -153,6 +174,7 @@ def validate_items(items: Sequence[Mapping[str, Any]], conf: PgOutboxSettings) -
     # its job type alone: after the first such item of a type, the next ones reuse what it
     # resolved to, and only their payload is checked (a third of the time of a full check).
     plain: dict[str, tuple[str, int, int]] = {}
+    max_payload_bytes = conf.max_payload_bytes
     for index, item in enumerate(items):
         if type(item) is dict and len(item) == 2:
             job_type = item.get("job_type")
@@ -166,7 +188,9 @@ def validate_items(items: Sequence[Mapping[str, Any]], conf: PgOutboxSettings) -
                     queue,
                     job_type,  # type: ignore[arg-type]  # a str: it is a key of plain
                     payload,
-                    json_object(payload, f"items[{index}].payload", EnqueueError),
+                    json_object(
+                        payload, f"items[{index}].payload", EnqueueError, max_payload_bytes
+                    ),
                     None,
                     priority,
                     None,

@@ -21,7 +21,15 @@ from django_pgoutbox.conf import OUTBOX_CHANNEL, get_settings
 from django_pgoutbox.errors import PublishError, SubscriberRegistrationError
 from django_pgoutbox.ids import uuid7
 from django_pgoutbox.models import OutboxEvent, saved_instance
-from django_pgoutbox.validation import json_object, non_empty_text, optional_uuid
+from django_pgoutbox.validation import (
+    MAX_NAME_BYTES,
+    check_text,
+    checked_moment,
+    json_object,
+    non_empty_text,
+    optional_uuid,
+    utc_offset,
+)
 
 _INT32_MAX = 2**31 - 1
 
@@ -45,21 +53,28 @@ def publish(
     thousand facts of one type wakes the relays once. One statement.
     """
     alias = _database(using)
-    non_empty_text(event_type, "event_type", PublishError)
-    non_empty_text(aggregate_type, "aggregate_type", PublishError)
+    conf = get_settings()
+    event_type = non_empty_text(event_type, "event_type", PublishError)
+    aggregate_type = non_empty_text(aggregate_type, "aggregate_type", PublishError)
     if aggregate_id is None:
         raise PublishError("aggregate_id", "is required: the id of the entity the fact is about")
     aggregate = optional_uuid(aggregate_id, "aggregate_id", PublishError)
-    payload_json = json_object(payload, "payload", PublishError)
+    payload_json = json_object(payload, "payload", PublishError, conf.max_payload_bytes)
     if isinstance(schema_version, bool) or not isinstance(schema_version, int):
         raise PublishError("schema_version", f"must be an int, not {type(schema_version).__name__}")
     if not 1 <= schema_version <= _INT32_MAX:
-        raise PublishError("schema_version", f"must be >= 1, not {schema_version}")
+        raise PublishError(
+            "schema_version",
+            f"must be from 1 to {_INT32_MAX} (a 32-bit integer column), not {schema_version}",
+        )
     organization = optional_uuid(organization_id, "organization_id", PublishError)
-    if available_at is not None and (
-        not isinstance(available_at, datetime) or available_at.utcoffset() is None
-    ):
-        raise PublishError("available_at", f"must be an aware datetime, not {available_at!r}")
+    if available_at is not None:
+        if (
+            not isinstance(available_at, datetime)
+            or utc_offset(available_at, "available_at", PublishError) is None
+        ):
+            raise PublishError("available_at", f"must be an aware datetime, not {available_at!r}")
+        checked_moment(available_at, "available_at", PublishError)
 
     event_id = uuid7()
     with connections[alias].cursor() as cursor:
@@ -75,7 +90,7 @@ def publish(
                 "payload": payload_json,
                 "occurred_at": None,
                 "available_at": available_at,
-                "notify": get_settings().notify,
+                "notify": conf.notify,
                 "channel": OUTBOX_CHANNEL,
             },
         )
@@ -100,7 +115,7 @@ def _database(using: str | None) -> str:
 
     if using is None:
         return router.db_for_write(OutboxEvent)
-    if using not in settings.DATABASES:
+    if not isinstance(using, str) or using not in settings.DATABASES:
         raise PublishError("using", f"no database {using!r} in DATABASES")
     return using
 
@@ -249,11 +264,24 @@ def subscriber(
             raise SubscriberRegistrationError(
                 f"event type must be a non-empty string, not {event_type!r}"
             )
-    accepted = frozenset(versions)
+        try:
+            check_text(event_type, "event type", PublishError, MAX_NAME_BYTES)
+        except PublishError as problem:
+            # An event type publish() refuses: no event could ever reach this subscriber.
+            raise SubscriberRegistrationError(
+                f"{problem}, as publish() requires: {event_type[:100]!r}"
+            ) from None
+    try:
+        accepted = frozenset(versions)
+    except TypeError:
+        accepted = frozenset()
     if not accepted or any(
-        isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in accepted
+        isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= _INT32_MAX for v in accepted
     ):
-        raise SubscriberRegistrationError(f"versions must be integers >= 1, not {versions!r}")
+        raise SubscriberRegistrationError(
+            f"versions must be integers from 1 to {_INT32_MAX} (publish()'s schema_version), "
+            f"not {versions!r}"
+        )
 
     def decorator(func: Callable[[OutboxEvent], Any]) -> Subscriber:
         subscriber_name = name or f"{func.__module__}.{func.__qualname__}"

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
+from django_pgoutbox.conf import MAX_DELAY_CEILING, MAX_INT32, QUEUE_NAME_RE
 from django_pgoutbox.context import JobContext
-from django_pgoutbox.errors import JobRegistrationError
+from django_pgoutbox.errors import EnqueueError, JobRegistrationError
+from django_pgoutbox.validation import MAX_NAME_BYTES, check_text, short_repr
 
 if TYPE_CHECKING:
     from django_pgoutbox.models import Job
@@ -147,7 +149,7 @@ def job(
     options = _Options(queue, max_attempts, priority, timeout, isolation)
     if callable(name):
         return _register(name, None, options)
-    if name is not None and (not isinstance(name, str) or not name.strip() or "\x00" in name):
+    if name is not None and (not isinstance(name, str) or not name.strip()):
         raise JobRegistrationError(f"@job name must be a non-empty string, not {name!r}")
 
     def decorator(func: Handler) -> JobDefinition:
@@ -172,27 +174,46 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
     if not callable(func):
         raise JobRegistrationError(f"@job must decorate a function, not {func!r}")
     job_name = name or f"{func.__module__}.{func.__qualname__}"
+    try:
+        # The name is stored in every job's job_type: enqueue() would refuse any other.
+        job_name = check_text(job_name, "name", EnqueueError, MAX_NAME_BYTES)
+    except EnqueueError as problem:
+        raise JobRegistrationError(f"@job {short_repr(job_name)}: {problem}") from None
     queue, max_attempts, priority = options.queue, options.max_attempts, options.priority
-    if not isinstance(queue, str) or not queue:
-        raise JobRegistrationError(f"@job {job_name!r}: queue must be a non-empty string")
+    if not isinstance(queue, str) or not QUEUE_NAME_RE.match(queue):
+        raise JobRegistrationError(
+            f"@job {job_name!r}: queue must be a queue name (1-63 letters, digits, '_', '.', "
+            f"':' or '-', as PGOUTBOX['QUEUES'] has), not {short_repr(queue)}"
+        )
     if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_INT32
     ):
         raise JobRegistrationError(
-            f"@job {job_name!r}: max_attempts must be an integer >= 1, not {max_attempts!r}"
+            f"@job {job_name!r}: max_attempts must be an integer from 1 to {MAX_INT32} "
+            f"(a 32-bit integer column), not {max_attempts!r}"
         )
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise JobRegistrationError(f"@job {job_name!r}: priority must be an int, not {priority!r}")
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not -MAX_INT32 - 1 <= priority <= MAX_INT32
+    ):
+        raise JobRegistrationError(
+            f"@job {job_name!r}: priority must be an integer from {-MAX_INT32 - 1} to "
+            f"{MAX_INT32} (a 32-bit integer column), not {priority!r}"
+        )
     timeout = options.timeout
     if isinstance(timeout, timedelta):
         timeout = timeout.total_seconds()
     if timeout is not None and (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
-        or not 0 < timeout < float("inf")
+        or not 0 < timeout <= MAX_DELAY_CEILING
     ):
         raise JobRegistrationError(
-            f"@job {job_name!r}: timeout must be a number of seconds > 0 or a timedelta, "
+            f"@job {job_name!r}: timeout must be a number of seconds > 0 or a timedelta, at most "
+            f"{MAX_DELAY_CEILING:.0f} seconds ({MAX_DELAY_CEILING / 86400:.0f} days), "
             f"not {options.timeout!r}"
         )
     if options.isolation not in ISOLATION_MODES:

@@ -13,6 +13,10 @@ failure                        decision
 ``RateLimited(retry_after)``   retry after the hint, capped at ``MAX_DELAY`` (the backoff when
                                there is none)
 ``PermanentError``             dead letter at once
+a return value that is not     an ``InvalidResult`` (a ``PermanentError``), raised where the
+JSON, or is over               result is written as JSON (``worker.execute``): dead letter at
+``MAX_RESULT_BYTES``           once, code ``invalid_result`` or ``result_too_large``, no result
+                               stored (retrying would repeat the handler's side effects)
 ``Revoked``                    cancel, never retry
 any other exception            retry with backoff while ``attempt <= UNKNOWN_ERROR_RETRIES``,
                                then dead letter

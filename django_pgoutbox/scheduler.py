@@ -35,6 +35,7 @@ from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.models import Job, ScheduleCursor
 from django_pgoutbox.registry import JobDefinition, get_job
 from django_pgoutbox.retry import summarize
+from django_pgoutbox.validation import MAX_NAME_BYTES, check_text
 
 logger = logging.getLogger("django_pgoutbox.scheduler")
 
@@ -114,6 +115,10 @@ class Schedule:
 
     def idempotency_key(self, slot: datetime) -> str:
         return f"schedule:{self.name}:{slot.astimezone(UTC).isoformat()}"
+
+    def manual_key(self, moment: datetime) -> str:
+        """The idempotency key of a run outside the slots (``run_now``), at ``moment``."""
+        return f"schedule:{self.name}:manual:{moment.astimezone(UTC).isoformat()}"
 
     def slots_to_enqueue(self, last: datetime, now: datetime) -> list[datetime]:
         """The slots after ``last`` (the cursor) and up to ``now`` that the policy runs."""
@@ -195,7 +200,8 @@ class ScheduleProblem:
     message: str
 
     def __str__(self) -> str:
-        return f"schedule {self.name!r}: {self.message}"
+        name = self.name if len(self.name) <= 100 else f"{self.name[:100]}..."
+        return f"schedule {name!r}: {self.message}"
 
 
 def load_schedules() -> tuple[dict[str, Schedule], list[ScheduleProblem]]:
@@ -247,7 +253,9 @@ def _check_enqueue(schedule: Schedule) -> None:
         prepare_job(
             schedule.job_type,
             dict(schedule.payload),
-            idempotency_key=schedule.idempotency_key(_EPOCH),
+            # The longest key the schedule's jobs get: a manual run's, at a moment with
+            # microseconds.
+            idempotency_key=schedule.manual_key(_EPOCH + timedelta(microseconds=1)),
             queue=schedule.queue,
             priority=schedule.priority,
         )
@@ -258,8 +266,13 @@ def _check_enqueue(schedule: Schedule) -> None:
 
 
 def _parse(name: Any, options: Any, queues: Mapping[str, Any]) -> Schedule:
-    if not isinstance(name, str) or not name or "\x00" in name:
+    if not isinstance(name, str) or not name:
         raise ValueError("the name must be a non-empty string")
+    try:
+        # A name as job types are: it is in the idempotency key of each of its jobs.
+        check_text(name, "the name", EnqueueError, MAX_NAME_BYTES)
+    except EnqueueError as error:
+        raise ValueError(str(error)) from None
     if not isinstance(options, Mapping):
         raise TypeError(f"must be a dict of options (or None to remove it), not {options!r}")
     unknown = sorted(set(options) - set(SCHEDULE_KEYS))
@@ -382,11 +395,10 @@ def enqueue_due(schedule: Schedule, *, using: str, now: datetime | None = None) 
 def run_now(schedule: Schedule, *, using: str | None = None) -> Job:
     """Enqueue a schedule's job at once, outside its slots (the cursor does not move)."""
     alias = using or router.db_for_write(Job)
-    stamp = database_now(alias).astimezone(UTC).isoformat()
     return enqueue(
         schedule.job_type,
         dict(schedule.payload),
-        idempotency_key=f"schedule:{schedule.name}:manual:{stamp}",
+        idempotency_key=schedule.manual_key(database_now(alias)),
         queue=schedule.queue,
         priority=schedule.priority,
         using=alias,

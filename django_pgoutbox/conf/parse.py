@@ -18,6 +18,7 @@ from django_pgoutbox.conf.values import (
     MAX_CONCURRENCY,
     MAX_DELAY_CEILING,
     MAX_INT32,
+    MAX_JSONB_BYTES,
     MAX_RETENTION,
     MIN_LEASE_SECONDS,
     QUEUE_NAME_RE,
@@ -109,6 +110,23 @@ class Parser:
             self.problem(key, f"must be a number between 0 and 1, not {value!r}.")
             return 0.0
         return float(value)
+
+    def byte_cap(self, value: Any, key: str) -> int | None:
+        """A size in bytes of JSON, from 2 (``{}``) to what a jsonb column holds; or None."""
+        if value is None:
+            return None
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 2 <= value <= MAX_JSONB_BYTES
+        ):
+            self.problem(
+                key,
+                f"must be a number of bytes from 2 to {MAX_JSONB_BYTES:,} (the most a jsonb "
+                f"value holds), or None for no cap, not {value!r}.",
+            )
+            return None
+        return value
 
     def age(self, value: Any, key: str) -> timedelta | None:
         if value is None:
@@ -235,6 +253,12 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         schedules=dict(schedules),
         listen_databases=dict(listen_databases),
         views_auth=views_auth,
+        max_payload_bytes=parser.byte_cap(
+            top["MAX_PAYLOAD_BYTES"], f"{SETTING_NAME}['MAX_PAYLOAD_BYTES']"
+        ),
+        max_result_bytes=parser.byte_cap(
+            top["MAX_RESULT_BYTES"], f"{SETTING_NAME}['MAX_RESULT_BYTES']"
+        ),
     )
     return parsed, parser.problems
 

@@ -39,6 +39,13 @@ MAX_CONCURRENCY = 1000
 #: ``attempts`` and ``max_attempts`` are 32-bit integer columns.
 MAX_INT32 = 2**31 - 1
 
+#: The largest value a jsonb column stores (PostgreSQL's ``JENTRY_OFFLENMASK``, 256 MiB - 1): the
+#: ceiling of ``MAX_PAYLOAD_BYTES`` and ``MAX_RESULT_BYTES``.
+MAX_JSONB_BYTES = 2**28 - 1
+
+#: The default of ``MAX_PAYLOAD_BYTES`` and ``MAX_RESULT_BYTES``: 1 MiB (docs/settings.md says why).
+DEFAULT_MAX_JSON_BYTES = 2**20
+
 #: Keys a queue may override; each defaults to the top-level key of the same name.
 QUEUE_KEYS = ("CONCURRENCY", "LEASE_SECONDS", "POLL_INTERVAL")
 
@@ -53,6 +60,11 @@ DEFAULTS: dict[str, Any] = {
     "POLL_INTERVAL": 5.0,
     # Attempts a job gets unless its @job(max_attempts=...) says otherwise.
     "MAX_ATTEMPTS": 10,
+    # The largest payload of a job or an event, in bytes of its JSON text; None: no cap.
+    "MAX_PAYLOAD_BYTES": DEFAULT_MAX_JSON_BYTES,
+    # The largest result a handler may return, in bytes of its JSON text; None: no cap. A larger
+    # one ends its job dead (code result_too_large).
+    "MAX_RESULT_BYTES": DEFAULT_MAX_JSON_BYTES,
     "RETRY": {
         # Exponential backoff: BASE_DELAY * 2**min(attempt, 10), capped at MAX_DELAY (seconds).
         "BASE_DELAY": 1.0,
@@ -206,6 +218,10 @@ class PgOutboxSettings:
     listen_databases: Mapping[str, str] = field(default_factory=dict)
     #: Who may read the views (``PGOUTBOX["VIEWS_AUTH"]``).
     views_auth: ViewsAuthSettings = field(default_factory=ViewsAuthSettings)
+    #: The largest payload (of a job or an event) and handler result, in bytes of JSON text;
+    #: None: no cap but PostgreSQL's.
+    max_payload_bytes: int | None = DEFAULT_MAX_JSON_BYTES
+    max_result_bytes: int | None = DEFAULT_MAX_JSON_BYTES
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 
 from django_pgoutbox import metrics, signals
-from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.conf import RetrySettings, get_settings
 from django_pgoutbox.context import CancelFlag, JobContext
-from django_pgoutbox.errors import InvalidResult, JobFailure, Snooze
+from django_pgoutbox.errors import InvalidResult, JobFailure, ResultTooLarge, Snooze
 from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.log import job_fields, job_logger
 from django_pgoutbox.models import JobStatus
@@ -439,8 +439,19 @@ def _result_json(value: Any) -> str:
         ) from None
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise InvalidResult("the handler's return value contains a NUL character (\\x00)")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InvalidResult("the handler's return value contains an unpaired surrogate") from None
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise InvalidResult(
+                "the handler's return value contains an unpaired surrogate"
+            ) from None
+    limit = get_settings().max_result_bytes
+    if limit is not None and size > limit:
+        raise ResultTooLarge(
+            f"the handler returned {size:,} bytes of JSON, over the limit of {limit:,} bytes "
+            "(PGOUTBOX['MAX_RESULT_BYTES']); the result is not stored"
+        )
     return text

@@ -175,15 +175,6 @@ def isolated(payload: dict[str, Any], ctx: JobContext) -> Any:
 isolated_untimed = job("tests.isolated_untimed", max_attempts=2, isolation="process")(isolated.func)
 
 
-# -- Poison jobs of the outbox relay (tests/processes/reliability/test_poison_relay.py) ------------
-
-
-@job("tests.poison_relay_priority", priority=2**40)
-def poison_relay_priority(payload: dict[str, Any], ctx: JobContext) -> Any:
-    """Never runs: a priority no ``integer`` column holds, enqueued by a subscriber."""
-    return None
-
-
 # -- Poison values: handlers and tasks whose raise or return is hostile ---------
 # tests/processes/reliability/test_poison_values.py runs them beside innocent jobs in real workers.
 
@@ -242,6 +233,14 @@ def poison_return(payload: dict[str, Any], ctx: JobContext) -> Any:
     if payload.get("nul"):
         return {"text": "a\x00b"}
     return payload["result"]
+
+
+@job("tests.poison_big_result")
+def poison_big_result(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Return ``characters`` copies of ``char`` (default ``x``): a result of that many
+    characters and up to four times as many bytes of JSON."""
+    record(ctx, "start")
+    return {"text": payload.get("char", "x") * payload["characters"]}
 
 
 @job("tests.poison_schedule")

@@ -62,14 +62,14 @@ def poison_raise(event: OutboxEvent) -> None:
 
 @subscriber("poison.far_run_at")
 def poison_far_run_at(event: OutboxEvent) -> None:
-    """A delay of 3,000,000 days: ``enqueue()`` takes it, no date can hold it."""
+    """A delay of 3,000,000 days: no date Python reads back can hold it."""
     enqueue("tests.noop", {"event": str(event.id)}, run_at=timedelta(days=3_000_000))
 
 
 @subscriber("poison.priority")
 def poison_priority(event: OutboxEvent) -> None:
-    """A job whose ``@job`` declaration gives it a priority of 2**40."""
-    enqueue("tests.poison_relay_priority", {"event": str(event.id)})
+    """A job of priority 2**40, which no ``integer`` column holds."""
+    enqueue("tests.noop", {"event": str(event.id)}, priority=2**40)
 
 
 @subscriber("poison.unwritable")

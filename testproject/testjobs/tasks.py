@@ -42,6 +42,11 @@ def returns_object() -> Any:
     return object()
 
 
+@task()
+def returns_text(characters: int, char: str = "x") -> str:
+    return char * characters
+
+
 # -- Poison values: tasks whose error PostgreSQL cannot store as given ---------
 
 from testproject.testjobs.jobs import _UnprintableError  # noqa: E402

@@ -100,9 +100,14 @@ class TestEnqueue:
         org = uuid.uuid4()
         assert enqueue("a.b", {}, organization_id=str(org)).organization_id == org
 
-    def test_large_and_deep_payloads_within_limits(self) -> None:
-        big = enqueue("a.b", {"text": "x" * 10_000_000, "deep": _nested(400)})
-        stored = Job.objects.get(pk=big.pk)
+    def test_large_and_deep_payloads_within_limits(self, settings: Any) -> None:
+        # {"text":"...","deep":[[...1]]}: 19 characters around the text, 2 * 400 + 1 in "deep".
+        text = "x" * (2**20 - 19 - 801)
+        big = enqueue("a.b", {"text": text, "deep": _nested(400)})
+        assert Job.objects.get(pk=big.pk).payload["text"] == text  # 1 MiB, the default cap
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "MAX_PAYLOAD_BYTES": None}
+        bigger = enqueue("a.b", {"text": "x" * 10_000_000, "deep": _nested(400)})
+        stored = Job.objects.get(pk=bigger.pk)
         assert len(stored.payload["text"]) == 10_000_000
 
     def test_payload_round_trips_unicode_and_nesting(self) -> None:

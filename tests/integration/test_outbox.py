@@ -85,7 +85,7 @@ class TestPublish:
             ({"schema_version": "2"}, "schema_version", "must be an int, not str"),
             ({"schema_version": 1.0}, "schema_version", "must be an int, not float"),
             ({"schema_version": True}, "schema_version", "must be an int, not bool"),
-            ({"schema_version": 0}, "schema_version", "must be >= 1"),
+            ({"schema_version": 0}, "schema_version", "must be from 1 to 2147483647"),
             ({"organization_id": "acme"}, "organization_id", "must be a UUID"),
             ({"available_at": datetime(2030, 1, 1)}, "available_at", "aware datetime"),
             ({"using": "other"}, "using", "no database 'other'"),

@@ -203,6 +203,31 @@ def test_a_real_nul_in_a_result_is_invalid(start_worker: Any) -> None:
     assert "NUL" in (ended.last_error_summary or "")
 
 
+# -- a result over PGOUTBOX['MAX_RESULT_BYTES'] ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "size"),
+    [
+        # {"text":"..."} of 1 MiB of "x": 11 bytes over the default cap of 1 MiB.
+        ({"characters": 2**20}, "1,048,587 bytes"),
+        # Fewer characters than the cap, more bytes: the cap counts bytes.
+        ({"characters": 2**20 // 3, "char": "€"}, "1,048,586 bytes"),
+    ],
+)
+def test_a_result_over_the_cap_is_dead_and_its_batch_completes(
+    start_worker: Any, payload: dict[str, Any], size: str
+) -> None:
+    worker, poison, innocents = run_beside_innocents(
+        start_worker, {"job_type": "tests.poison_big_result", "payload": payload}
+    )
+    ended = settle(worker, poison, innocents, JobStatus.DEAD, "result_too_large")
+    assert (ended.attempts, ended.result) == (1, None)
+    summary = ended.last_error_summary or ""
+    assert f"{size} of JSON, over the limit of 1,048,576 bytes" in summary, summary
+    assert "PGOUTBOX['MAX_RESULT_BYTES']" in summary
+
+
 # -- case 6: a schedule that fails at run time ----------------------------------------------------
 
 #: A trigger that makes the database refuse the jobs of one job type: a schedule whose enqueue
