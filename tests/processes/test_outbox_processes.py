@@ -102,8 +102,9 @@ def test_lost_listener_reconnects_and_polls_everything(settings: Any) -> None:
     thread = threading.Thread(target=worker.run)
     thread.start()
     try:
-        assert worker.listener is not None
-        assert worker.listener.connected.wait(10)
+        # run() takes its worker id first, then starts its listener
+        listener = wait_for(lambda: worker.listener)
+        assert listener.connected.wait(10)
         # The start-up claims are done: the loops now wait for 30 s.
         wait_for(lambda: other_backends("state <> 'idle'") == 0)
         failures = metrics.NOTIFICATION_FAILURES.value()
