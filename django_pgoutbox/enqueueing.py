@@ -22,7 +22,7 @@ from django.db import transaction
 
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.copy_rows import COPY_MIN_ROWS, EnqueuedJobs, copy_unkeyed, copyable
-from django_pgoutbox.insert_rows import ENQUEUE_CHUNK_SIZE, insert_rows
+from django_pgoutbox.insert_rows import chunk_bounds, insert_rows
 from django_pgoutbox.job_rows import (
     JobRow,
     job_database,
@@ -107,10 +107,9 @@ class DeferredEnqueues:
             for row, job in rows:
                 job.run_at, job.created_at = scheduled_run_at(row, now), now
             return
-        for start in range(0, len(rows), ENQUEUE_CHUNK_SIZE):
-            chunk = rows[start : start + ENQUEUE_CHUNK_SIZE]
+        for start, end in chunk_bounds(written):
             for (_, job), job_written in zip(
-                chunk, insert_rows(self.using, [r for r, _ in chunk]), strict=True
+                rows[start:end], insert_rows(self.using, written[start:end]), strict=True
             ):
                 job.run_at, job.created_at = job_written.run_at, job_written.created_at
 
@@ -118,7 +117,8 @@ class DeferredEnqueues:
 @contextmanager
 def deferred_enqueues(using: str) -> Iterator[DeferredEnqueues]:
     """Within this block (on this thread), ``enqueue()`` without an idempotency key on ``using``
-    only collects the job; ``flush()`` writes them all in one statement per 5,000.
+    only collects the job; ``flush()`` writes them all in one statement per 5,000 (or per
+    64 Mi characters of payload).
 
     The outbox relay projects a batch of events inside one: the jobs its subscribers enqueue cost
     one statement for the whole batch instead of one each. The returned ``Job`` objects get their
@@ -187,8 +187,8 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None
     From ``COPY_MIN_ROWS`` (64) items without idempotency keys, the rows are written with one
     binary ``COPY``, checked as it goes (a bad item aborts it, and a savepoint takes back what
     it wrote), and the result is an :class:`EnqueuedJobs`, which builds each ``Job`` when it is
-    first read. Otherwise every item is checked first, the rows are inserted 5,000 per
-    statement, and the result is a list.
+    first read. Otherwise every item is checked first, the rows are inserted 5,000 (or 64 Mi
+    characters of payload) per statement, and the result is a list.
     """
     alias = job_database(using)
     conf = get_settings()
@@ -224,13 +224,14 @@ def _write(alias: str, rows: Sequence[JobRow], notify: bool) -> Sequence[Job]:
     """Insert ``rows`` (any number) in the caller's transaction; return their jobs in order.
 
     Batches without idempotency keys of ``COPY_MIN_ROWS`` or more go through ``COPY`` and come
-    back as :class:`EnqueuedJobs`; the rest go through ``INSERT`` statements of
-    ``ENQUEUE_CHUNK_SIZE`` rows (keys need ``ON CONFLICT``).
+    back as :class:`EnqueuedJobs`; the rest go through ``INSERT`` statements of at most
+    ``ENQUEUE_CHUNK_SIZE`` rows and ``ENQUEUE_CHUNK_CHARACTERS`` of payload (keys need
+    ``ON CONFLICT``).
     """
     if copyable(rows):
         now, written = copy_unkeyed(alias, rows, notify)
         return EnqueuedJobs(alias, written, now)
     jobs: list[Job] = []
-    for start in range(0, len(rows), ENQUEUE_CHUNK_SIZE):
-        jobs.extend(insert_rows(alias, rows[start : start + ENQUEUE_CHUNK_SIZE]))
+    for start, end in chunk_bounds(rows):
+        jobs.extend(insert_rows(alias, rows[start:end]))
     return jobs

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,6 +18,27 @@ from django_pgoutbox.models import Job
 
 #: Rows per INSERT statement in ``enqueue_many``; bounds the size of one statement.
 ENQUEUE_CHUNK_SIZE = 5000
+
+#: Characters of payload per INSERT statement, which also bound it: a statement's parameters
+#: travel in one message, which PostgreSQL refuses (closing the connection) past 1 GB. 64 Mi
+#: characters are at most 256 MiB of UTF-8; 5,000 payloads of 1 MiB would have been 5 GB.
+ENQUEUE_CHUNK_CHARACTERS = 64 * 2**20
+
+
+def chunk_bounds(rows: Sequence[JobRow]) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each INSERT statement's rows: at most ``ENQUEUE_CHUNK_SIZE`` rows and
+    ``ENQUEUE_CHUNK_CHARACTERS`` characters of payload, at least one row."""
+    start = characters = 0
+    for index, row in enumerate(rows):
+        size = len(row.payload_json)
+        if index > start and (
+            index - start >= ENQUEUE_CHUNK_SIZE or characters + size > ENQUEUE_CHUNK_CHARACTERS
+        ):
+            yield start, index
+            start, characters = index, 0
+        characters += size
+    if start < len(rows):
+        yield start, len(rows)
 
 
 def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:

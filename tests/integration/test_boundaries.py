@@ -20,6 +20,7 @@ import pytest
 from django.core.checks import run_checks
 from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from django_pgoutbox import EnqueueError, PublishError, enqueue, enqueue_many, job, publish
 from django_pgoutbox.conf import parse_settings
@@ -220,6 +221,29 @@ class TestLargestAccepted:
         assert read_back(enqueue("a.b", {"x": text})).payload["x"] == text
         with pytest.raises(EnqueueError, match="1,048,577 bytes"):
             enqueue("a.b", {"x": text + "y"})
+
+
+@pytest.mark.parametrize("keyed", [True, False])
+def test_an_insert_carries_a_bounded_size_of_payloads(
+    monkeypatch: pytest.MonkeyPatch, keyed: bool
+) -> None:
+    """A batch of payloads each within the cap could still make one INSERT statement larger
+    than the 1 GB that PostgreSQL takes in one message (it closes the connection): 1,100 keyed
+    payloads of 1 MB did. Statements are cut by the characters of their payloads too; here at
+    1,000 characters, so that 10 payloads of 300 take 4 statements."""
+    from django_pgoutbox import insert_rows
+
+    monkeypatch.setattr(insert_rows, "ENQUEUE_CHUNK_CHARACTERS", 1000)
+    items = [
+        {"job_type": "a.b", "payload": {"t": "x" * 292}}  # {"t":"..."}: 300 characters
+        | ({"idempotency_key": f"k{n}"} if keyed else {})
+        for n in range(10)
+    ]
+    with CaptureQueriesContext(connection) as captured:
+        jobs = enqueue_many(items)
+    inserts = [q for q in captured.captured_queries if "INSERT INTO jobs" in q["sql"]]
+    assert len(inserts) == 4  # 3 + 3 + 3 + 1 payloads
+    assert [read_back(job).payload for job in jobs] == [item["payload"] for item in items]
 
 
 class TestIntegerDigitsWhenPythonsLimitIsLifted:
