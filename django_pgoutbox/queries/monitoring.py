@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+# A process's heartbeat row, as HEARTBEAT and TAKE_WORKER_ID write it.
+_INSERT_HEARTBEAT = """INSERT INTO worker_heartbeats (worker_id, hostname, pid, roles, queues)
+VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(roles)s::jsonb, %(queues)s::jsonb)"""
+
 #: Write (or refresh) this process's heartbeat row.
 #:
 #: Named parameters: worker_id text, hostname text, pid int, roles text (JSON array), queues text
 #: (JSON array).
-HEARTBEAT = """
-INSERT INTO worker_heartbeats (worker_id, hostname, pid, roles, queues)
-VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(roles)s::jsonb, %(queues)s::jsonb)
+HEARTBEAT = f"""
+{_INSERT_HEARTBEAT}
 ON CONFLICT (worker_id) DO UPDATE SET
     last_seen_at = now(),
     -- a --worker-id used again by a new process: the row describes the new one
@@ -338,9 +341,8 @@ FOR UPDATE
 #: Take a worker id no row holds: the first heartbeat of this process, unless another process
 #: wrote one for the id meanwhile (then nothing is returned). Named parameters: those of
 #: HEARTBEAT.
-TAKE_WORKER_ID = """
-INSERT INTO worker_heartbeats (worker_id, hostname, pid, roles, queues)
-VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(roles)s::jsonb, %(queues)s::jsonb)
+TAKE_WORKER_ID = f"""
+{_INSERT_HEARTBEAT}
 ON CONFLICT (worker_id) DO NOTHING
 RETURNING worker_id
 """
