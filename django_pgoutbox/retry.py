@@ -18,6 +18,10 @@ JSON, or is over               result is written as JSON (``worker.execute``): d
 ``MAX_RESULT_BYTES``           once, code ``invalid_result`` or ``result_too_large``, no result
                                stored (retrying would repeat the handler's side effects)
 ``Revoked``                    cancel, never retry
+a database error that says     a ``TransientError``: the connection was lost (SQLSTATE class
+the connection or the          08, 53, 57P01-03, 57P05, 25P03, or a closed connection) or the
+transaction was lost           transaction lost a conflict or was cancelled (class 40,
+                               57014), as ``db.classify_error`` reads it
 any other exception            retry with backoff while ``attempt <= UNKNOWN_ERROR_RETRIES``,
                                then dead letter
 (any retry)                    dead letter instead once ``attempt >= max_attempts``
@@ -52,7 +56,11 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+from django.db import Error as DjangoDatabaseError
+
 from django_pgoutbox.conf import MAX_DELAY_CEILING, RetrySettings
+from django_pgoutbox.db import ErrorKind, classify_error
 from django_pgoutbox.errors import JobFailure, PermanentError, RateLimited, Revoked, TransientError
 
 #: ``jobs.last_error_summary`` never holds more than this many characters.
@@ -87,7 +95,19 @@ def kind_of(error: BaseException) -> Kind:
         return Kind.RATE_LIMITED
     if issubclass(kind, TransientError):
         return Kind.TRANSIENT
+    if issubclass(kind, DjangoDatabaseError | psycopg.Error) and _lost_to_the_database(error):
+        return Kind.TRANSIENT
     return Kind.UNKNOWN
+
+
+def _lost_to_the_database(error: BaseException) -> bool:
+    """Whether a database error a handler let through says the connection was lost or the
+    transaction lost a conflict (``db.classify_error``, by SQLSTATE): the attempt failed for
+    the database's sake, not the job's, and another attempt may well succeed."""
+    try:
+        return classify_error(error) in (ErrorKind.CONNECTION, ErrorKind.CONFLICT)
+    except BaseException:  # a subclass whose sqlstate or __cause__ raises: as unknown
+        return False
 
 
 class Action(enum.StrEnum):

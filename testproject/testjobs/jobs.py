@@ -7,6 +7,8 @@ import threading
 import time
 from typing import Any
 
+from django.db import DatabaseError, connection
+
 from django_pgoutbox import (
     JobContext,
     PermanentError,
@@ -125,6 +127,23 @@ def renew_storm(payload: dict[str, Any], ctx: JobContext) -> Any:
         ctx.renew_lease()
         renewals += 1
     return {"renewals": renewals}
+
+
+@job("tests.lose_connection", max_attempts=10)
+def lose_connection(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Terminate its own database session on its first ``times`` attempts: the error it gets
+    is raised (``swallow``: caught, the broken connection left to the worker), then complete."""
+    if ctx.attempt <= payload["times"]:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+                cursor.execute("SELECT 1")
+        except DatabaseError:
+            if not payload.get("swallow"):
+                raise
+            return {"swallowed": ctx.attempt}
+    record(ctx, "end")
+    return {"attempt": ctx.attempt}
 
 
 @job("tests.snooze")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import django.db
+import psycopg
 import pytest
 
 from django_pgoutbox.conf import MAX_DELAY_CEILING, RetrySettings
@@ -30,6 +32,44 @@ from django_pgoutbox.retry import (
     kind_of,
     summarize,
 )
+
+
+def _wrapped(kind: type[BaseException], cause: BaseException) -> BaseException:
+    """``kind`` raised from ``cause``, as Django wraps a driver's error."""
+    error = kind(str(cause))
+    error.__cause__ = cause
+    return error
+
+
+class _SqlstateRaises(django.db.OperationalError):
+    """A lost connection's class, with a cause whose SQLSTATE cannot be read."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.__cause__ = _BrokenSqlstate(message)
+
+
+class _BrokenSqlstate(psycopg.OperationalError):
+    armed = False  # psycopg's own __init__ reads sqlstate
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.armed = True
+
+    @property
+    def sqlstate(self) -> str | None:  # type: ignore[override]
+        if self.armed:
+            raise RuntimeError("no SQLSTATE here")
+        return None
+
+
+class _CauseRaises(django.db.OperationalError):
+    """A lost connection's class whose ``__cause__`` raises when read."""
+
+    @property
+    def __cause__(self) -> BaseException | None:  # type: ignore[override]
+        raise RuntimeError("no cause here")
+
 
 POLICY = RetrySettings(base_delay=1.0, max_delay=600.0, jitter=0.0, unknown_error_retries=3)
 JITTERY = RetrySettings(base_delay=1.0, max_delay=600.0, jitter=0.25, unknown_error_retries=3)
@@ -93,6 +133,48 @@ class TestDecide:
     def test_unknown_errors_get_a_few_retries(self, attempt: int, action: Action) -> None:
         result = decision(KeyError("missing"), attempt=attempt)
         assert (result.action, result.code) == (action, "KeyError")
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            psycopg.errors.AdminShutdown("terminating connection"),  # 57P01
+            psycopg.errors.ConnectionFailure("lost"),  # 08006
+            psycopg.OperationalError("the connection is closed"),  # no SQLSTATE
+            psycopg.errors.SerializationFailure("could not serialize"),  # 40001
+            psycopg.errors.DeadlockDetected("deadlock"),  # 40P01
+            psycopg.errors.QueryCanceled("statement timeout"),  # 57014
+            _wrapped(django.db.OperationalError, psycopg.errors.AdminShutdown("x")),
+            _wrapped(django.db.InterfaceError, psycopg.InterfaceError("connection already closed")),
+        ],
+        ids=repr,
+    )
+    def test_a_lost_connection_or_conflict_retries_until_the_budget(
+        self, error: BaseException
+    ) -> None:
+        """The database failed, not the job: as a TransientError, past UNKNOWN_ERROR_RETRIES."""
+        assert kind_of(error) is Kind.TRANSIENT
+        assert decision(error, attempt=7, max_attempts=10).action == Action.RETRY
+        assert decision(error, attempt=10, max_attempts=10).action == Action.DEAD
+
+    @pytest.mark.parametrize(
+        "error",
+        [
+            psycopg.errors.UniqueViolation("duplicate key"),  # 23505: the job's data
+            psycopg.errors.ProgramLimitExceeded("too large"),  # 54000, an OperationalError
+            psycopg.errors.NumericValueOutOfRange("out of range"),  # 22003
+            psycopg.errors.UndefinedTable("no such table"),  # 42P01
+            _wrapped(django.db.IntegrityError, psycopg.errors.UniqueViolation("x")),
+            _wrapped(ValueError, psycopg.errors.AdminShutdown("x")),  # not a database error
+            _SqlstateRaises("x"),
+            _CauseRaises("x"),
+        ],
+        ids=repr,
+    )
+    def test_other_database_errors_are_unknown(self, error: BaseException) -> None:
+        """A database error the job's own data or code caused is as any other exception: a
+        few retries, then a dead letter; one whose attributes raise is unknown too."""
+        assert kind_of(error) is Kind.UNKNOWN
+        assert decision(error, attempt=4, max_attempts=10).action == Action.DEAD
 
     @pytest.mark.parametrize("error", [TransientError(), RateLimited(5), ValueError()])
     def test_exhausted_budget_is_dead(self, error: BaseException) -> None:

@@ -272,6 +272,37 @@ def test_a_result_too_deep_for_the_server_is_dead_and_the_queue_goes_on(start_wo
     assert worker.process.poll() is None
 
 
+def test_a_handler_that_loses_its_connection_is_retried_past_the_unknown_budget(
+    start_worker: Any,
+) -> None:
+    """A handler whose own database session is terminated five times (more than the three
+    retries an unknown exception gets) is retried as transient and completes at its sixth
+    attempt; one that catches the error and returns completes, and the broken connection it
+    leaves on its thread is not handed to the innocents that run there next."""
+    jobs = enqueue_many(
+        [INNOCENT] * 3
+        + [
+            {"job_type": "tests.lose_connection", "payload": {"times": 5}},
+            {"job_type": "tests.lose_connection", "payload": {"times": 1, "swallow": True}},
+        ]
+        + [INNOCENT] * 8
+    )
+    innocents = [*jobs[:3], *jobs[5:]]
+    lost, swallowed = jobs[3], jobs[4]
+    worker = start_worker(
+        "--queues", "default", "--concurrency", "1", RETRY={"BASE_DELAY": 0.01}, **QUICK
+    )
+    wait_for(lambda: ended(lost, JobStatus.COMPLETED), timeout=30)
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=15)
+    assert (lost.attempts, lost.result) == (6, {"attempt": 6})
+    assert lost.last_error_code == "OperationalError", lost.last_error_summary
+    assert ended(swallowed, JobStatus.COMPLETED)
+    assert (swallowed.attempts, swallowed.result) == (1, {"swallowed": 1})
+    assert_innocents_completed_once(innocents)
+    assert nothing_leased()
+    assert worker.process.poll() is None
+
+
 def test_a_result_jsonb_cannot_hold_is_dead_and_the_process_lives(start_worker: Any) -> None:
     """An integer of 140,001 digits (22003, numeric overflow) used to stop the process."""
     innocents, poison = innocents_and({"job_type": "tests.poison_big_number", "payload": {}})
