@@ -263,6 +263,13 @@ class Claims:
                 return None
         return state.outcomes, limit
 
+    def standby(self, now: float, state: QueueState) -> RecordAndClaim:
+        """The claim to leave on a lane while the queue is idle (``standby``): for every
+        thread, and the prefetch."""
+        prefetch = self.pace.prefetch(now)
+        self.low_water = max(self.concurrency, prefetch // 2)
+        return self.take(state, self.concurrency + prefetch)
+
     def take(self, state: QueueState, limit: int) -> RecordAndClaim:
         """The request that writes the outcomes waiting and claims ``limit`` jobs."""
         batch, attempts = state.take_batch(limit)

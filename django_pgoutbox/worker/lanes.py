@@ -19,7 +19,14 @@ from typing import Any, Protocol
 import psycopg
 
 from django_pgoutbox.db import ERROR_BACKOFF, DispatcherConnection, ErrorKind, classify_error
+from django_pgoutbox.retry import summarize
 from django_pgoutbox.worker.mailbox import REPLY, Mailbox
+
+#: Besides requests, a lane's inbox holds ``(FIRE, wake-up number)``, which sends the claim the
+#: lane holds (``standby``), and ``(DISARM,)``, which gives it back unsent. A lane that holds
+#: none ignores both.
+FIRE = "fire"
+DISARM = "disarm"
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -37,7 +44,8 @@ class Lane:
         self.index = index
         self._mailbox = mailbox
         self._connection = DispatcherConnection(using)
-        self._inbox: queue_module.SimpleQueue[Request | None] = queue_module.SimpleQueue()
+        # Requests, the standby's (FIRE, n) and (DISARM,), and None: the end.
+        self._inbox: queue_module.SimpleQueue[Any] = queue_module.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
 
     def start(self) -> None:
@@ -45,6 +53,14 @@ class Lane:
 
     def send(self, request: Request) -> None:
         self._inbox.put(request)
+
+    def fire(self, wake: float) -> None:
+        """Send the claim this lane holds, if any (``standby``): from any thread."""
+        self._inbox.put((FIRE, wake))
+
+    def disarm(self) -> None:
+        """Give back the claim this lane holds, unsent (``standby``)."""
+        self._inbox.put((DISARM,))
 
     def cancel(self) -> None:
         """Cancel the statement in flight (it then fails, and the lane posts that)."""
@@ -57,9 +73,23 @@ class Lane:
             self._thread.join(timeout)
 
     def _work(self) -> None:
-        connection = self._connection
+        connection, post = self._connection, self._mailbox.post
+        held: Any = None  # a standing request (``standby``), until fired or disarmed
         try:
-            while (request := self._inbox.get()) is not None:
+            while (item := self._inbox.get()) is not None:
+                if type(item) is tuple:  # (FIRE, wake-up number) or (DISARM,)
+                    if held is None:
+                        continue  # fired or disarmed already
+                    request, held = held, None
+                    if item[0] == DISARM:
+                        post((REPLY, self.index, request, None, None, connection.opened))
+                        continue
+                    request.fire(item[1])
+                elif getattr(item, "standing", False):
+                    held = item
+                    continue
+                else:
+                    request = item
                 result: Any = None
                 error: BaseException | None = None
                 try:
@@ -68,9 +98,34 @@ class Lane:
                     error = failure
                     if classify_error(failure) is ErrorKind.CONNECTION:
                         connection.close()
-                self._mailbox.post((REPLY, self.index, request, result, error, connection.opened))
+                post((REPLY, self.index, request, result, error, connection.opened))
+                if error is None and (after := getattr(request, "after_reply", None)) is not None:
+                    try:
+                        after()  # a fired standby starts its attempts, once the reply is posted
+                    except BaseException:  # the lane lives on: its queue needs it
+                        logger.exception("lane %d: starting the jobs it claimed failed", self.index)
         finally:
             connection.close()
+
+
+def waited_out(queue: str, index: int, error: BaseException, pause: float) -> None:
+    """Lane ``index``'s statement failed. A lost connection or a conflict is waited out on that
+    lane (``pause`` seconds), its work kept for later: logged. Anything else is a bug or a
+    schema the worker does not expect: raised, so that the loop stops, and the worker with it,
+    rather than send it forever. (A DATA error in an outcome write never gets here:
+    ``outcomes`` writes those one by one.)"""
+    kind = classify_error(error)
+    if kind not in (ErrorKind.CONNECTION, ErrorKind.CONFLICT):
+        raise error
+    logger.warning(
+        "queue %s: %s on connection %d (%s); retrying in %.1fs",
+        queue,
+        "database unavailable" if kind is ErrorKind.CONNECTION else "conflict",
+        index + 1,
+        summarize(error),
+        pause,
+        extra={"queue": queue},
+    )
 
 
 class Lanes:

@@ -16,6 +16,7 @@ import psycopg
 from django_pgoutbox import health, queries
 from django_pgoutbox.conf import QueueSettings
 from django_pgoutbox.maintenance import recover_expired_leases
+from django_pgoutbox.retry import summarize
 from django_pgoutbox.worker.attempt import Key
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -89,6 +90,22 @@ class GiveBack:
                 [[key[0] for key in self.keys], [key[1] for key in self.keys], self.worker_id],
             )
             return cursor.rowcount
+
+    def answered(self, queue: str, released: Any, error: BaseException | None) -> None:
+        """Log what the coordinator should know of its answer: jobs released at the end of
+        the grace period, or jobs that could not be given back."""
+        if error is not None:
+            logger.warning(
+                "queue %s: %d job(s) could not be given back (%s); their leases will expire",
+                *(queue, len(self.keys), summarize(error)),
+                extra={"queue": queue},
+            )
+        elif self.reason == "grace":
+            logger.warning(
+                "queue %s: grace period over; released %d unfinished job(s) for another worker",
+                *(queue, released),
+                extra={"queue": queue},
+            )
 
 
 @dataclass(eq=False)

@@ -1,30 +1,23 @@
 """One queue's coordinator: the one thread that owns the queue's state.
 
-Each queue of a worker process has its own ``QueueRunner``. Its coordinator thread alone reads
-and writes the queue's state: the attempts claimed, their deadlines, the claims in flight, the
-pace, the outcomes waiting to be written, the suspects. It waits on one mailbox
-(``mailbox.Mailbox``), and every other thread only posts there:
+Its coordinator thread alone reads and writes the queue's state (the attempts claimed, their
+deadlines, the claims in flight, the pace, the outcomes waiting, the suspects) and waits on one
+mailbox (``mailbox``); every other thread only posts there. Handler threads (``handlers``) post
+what started and finished; lanes (``lanes``), each a thread with its own connection, run the
+statements it hands them and post the results; the listener, the supervisor and
+``ctx.renew_lease()`` post wake-ups, the stop, cancellation checks and renewal requests.
 
-- the handler threads (``handlers``) post what started and what finished;
-- the lanes (``lanes``), each a thread with a connection of its own, run the statements the
-  coordinator hands them and post the results back;
-- the listener, the supervisor and a handler's ``ctx.renew_lease()`` post wake-ups, the stop,
-  cancellation checks and renewal requests.
-
-Each turn, the coordinator takes every message, then does what they and the clock call for:
-starts or ends a suspect's run alone, fails the attempts past their timeout, renews leases (a
-third of the way through them) and delivers cancellations, recovers expired leases once per
-poll interval, and writes the outcomes with the next claim in one statement (RECORD_AND_CLAIM),
-for as many jobs as there are free threads plus a prefetch that follows the queue's pace. While
-the threads have plenty of work, outcomes gather for a few milliseconds to go in one statement.
-
-No transaction is open while a handler runs: the claim commits before the handler starts, and
-the outcome is written in a later, separate statement. docs/internals.md draws the threads and
+Each turn it takes every message, then does what they and the clock call for: a suspect's run
+alone, timeouts, renewals and cancellations, recovery once per poll interval, and the outcomes
+written with the next claim in one statement (RECORD_AND_CLAIM), for the free threads plus a
+prefetch that follows the queue's pace. While the queue is idle its first lane holds the next
+claim, which a wake-up sends at once (``standby``). docs/internals.md draws the threads and
 messages, and the life of one job.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -37,15 +30,13 @@ from django.db import connections
 
 from django_pgoutbox import metrics
 from django_pgoutbox.conf import QueueSettings, RetrySettings
-from django_pgoutbox.db import ErrorKind, classify_error
 from django_pgoutbox.errors import LeaseLost
-from django_pgoutbox.retry import summarize
 from django_pgoutbox.worker import mailbox
 from django_pgoutbox.worker.attempt import HELD, LOST, QUEUED, Attempt, Key
 from django_pgoutbox.worker.claims import FLUSH_SIZE, Claims, RecordAndClaim
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.handlers import AttemptRunner, Handlers, HandlerThreads
-from django_pgoutbox.worker.lanes import Lane, Lanes, Request, hand_off
+from django_pgoutbox.worker.lanes import Lane, Lanes, Request, hand_off, waited_out
 from django_pgoutbox.worker.leases import (
     GiveBack,
     MarkAlone,
@@ -56,6 +47,7 @@ from django_pgoutbox.worker.leases import (
     Upkeep,
 )
 from django_pgoutbox.worker.mailbox import Mailbox, Message
+from django_pgoutbox.worker.standby import Standby, StandbyLane
 from django_pgoutbox.worker.state import QueueState, RunnerSnapshot
 from django_pgoutbox.worker.suspects import GIVE_BACK, SUBMIT, AloneGate, Suspects
 from django_pgoutbox.worker.timeouts import timed_out
@@ -130,6 +122,11 @@ class QueueRunner:
             )
         else:
             self._handlers = handlers(self.concurrency, self._mailbox, run)
+        #: The claim left on the first lane while the queue is idle (``standby``).
+        self._standby = StandbyLane(
+            self._lanes, self._claims, self._state, self._own_worker_ids, self._handlers.submit
+        )
+        self._wakes = itertools.count(1)  # numbers the wake-ups, from any thread
 
     def _make_lane(self, index: int, mailbox: Mailbox) -> Lane:
         return Lane(index, self.using, mailbox, f"pgoutbox-dispatch-{self.queue}-{index}")
@@ -137,8 +134,12 @@ class QueueRunner:
     # -- called from other threads: each posts a message ---------------------------------------
 
     def wake(self) -> None:
-        """New work may exist (a notification, a reconnect): claim now instead of at the poll."""
-        self._mailbox.post((mailbox.WAKE,))
+        """New work may exist (a notification, a reconnect): claim now instead of at the poll;
+        on an idle queue, the claim its first lane holds goes at once (``standby``)."""
+        wake, fire = next(self._wakes), self._standby.fire_lane
+        if fire is not None:
+            fire(wake)  # first: the lane's claim is the wake-up's latency
+        self._mailbox.post((mailbox.WAKE, wake))
 
     def stop(self) -> None:
         """Stop claiming; let running attempts finish within the grace period."""
@@ -200,11 +201,12 @@ class QueueRunner:
                 if not state.finished(message[1], message[2]) and state.late(*message[1:]):
                     self._handlers.retire_thread()  # its timeout's replacement can go
             elif kind is mailbox.REPLY:
-                self._on_reply(message[1], message[2], message[3], message[4], message[5], now)
+                self._on_reply(message, now)
             elif kind is mailbox.STARTED:
                 state.started(message[1], message[2])
             elif kind is mailbox.WAKE:
                 self._claims.wanted = True
+                self._standby.woke(message)
             elif kind is mailbox.RENEW:
                 self._upkeep.asked.append(message[1])
             elif kind is mailbox.CANCELS:
@@ -252,6 +254,8 @@ class QueueRunner:
             self._exiting = False  # a write failed meanwhile: its outcomes go first
         if self._exiting and not self._lanes.busy():
             self._done = True
+        elif not (self._stopping or self._exiting or self.burst):
+            self._standby.arm_if_idle(now, holding=self._suspects.holding)
 
     def _renew_if_due(self, now: float) -> None:
         state, upkeep = self._state, self._upkeep
@@ -263,7 +267,7 @@ class QueueRunner:
         work needs a lane counts only while one is free: else a lane's reply wakes it."""
         now, state, suspects = self._clock(), self._state, self._suspects
         deadlines = [now + self.settings.poll_interval]
-        if self._free_lane(now) is not None:
+        if self._free_lane(now) is not None or self._standby.armed is not None:
             # Only what a turn would act on: stopping (or ending a burst), the coordinator
             # neither polls, recovers nor gathers, and those deadlines pass and stay past.
             acting = not (self._stopping or self._exiting)
@@ -300,54 +304,39 @@ class QueueRunner:
         """Send the request ``make`` makes, if a lane is free now (else a later turn will)."""
         index = self._free_lane(now)
         if index is None:
+            self._standby.disarm()
             return False
         self._lanes.send(index, make())
         return True
 
-    def _on_reply(
-        self,
-        index: int,
-        request: Request,
-        result: Any,
-        error: BaseException | None,
-        opened: bool,
-        now: float,
-    ) -> None:
+    def _on_reply(self, message: Message, now: float) -> None:
+        """A lane's ``(REPLY, index, request, result, error, connection open)``."""
+        _, index, request, result, error, opened = message
         pause = self._lanes.replied(index, opened, failed=error is not None, now=now)
+        made = None
+        if isinstance(request, Standby):
+            made, request, self._standby.armed = request, request.claim, None
+            if not made.fired:  # disarmed: the claim was never sent
+                self._state.not_written(request)
+                return
         if isinstance(request, Renew | Recover | PublishHealth):
             self._upkeep.replied(request, failed=error is not None, now=now)
+        elif isinstance(request, GiveBack):
+            request.answered(self.queue, result, error)
         if error is not None:
             self._on_error(index, request, error, pause, now)
         elif isinstance(request, RecordAndClaim):
-            self._on_recorded(request, now)
+            self._on_recorded(request, now, made)
         elif isinstance(request, Renew):
             self._state.renewed(request, result)
         elif isinstance(request, MarkAlone):
             self._on_marked(request, result, now)
-        elif isinstance(request, GiveBack) and request.reason == "grace":
-            logger.warning(
-                "queue %s: grace period over; released %d unfinished job(s) for another worker",
-                *(self.queue, result),
-                extra={"queue": self.queue},
-            )
 
     def _on_error(
         self, index: int, request: Request, error: BaseException, pause: float, now: float
     ) -> None:
-        """A lane's statement failed. A lost connection or a conflict is waited out on that
-        lane, its work kept for later; anything else is a bug or a schema the worker does not
-        expect: the loop stops, and the worker with it, rather than send it forever. (A DATA
-        error in an outcome write never gets here: ``outcomes`` writes those one by one.)"""
-        kind = classify_error(error)
-        if kind not in (ErrorKind.CONNECTION, ErrorKind.CONFLICT):
-            raise error
-        what = "database unavailable" if kind is ErrorKind.CONNECTION else "conflict"
-        fields = {"queue": self.queue}
-        logger.warning(
-            "queue %s: %s on connection %d (%s); retrying in %.1fs",
-            *(self.queue, what, index + 1, summarize(error), pause),
-            extra=fields,
-        )
+        """A lane's statement failed (``lanes.waited_out``): its work is kept for later."""
+        waited_out(self.queue, index, error, pause)
         if self._stopping and self._stop_deadline is not None and now >= self._stop_deadline:
             self._giving_up = True  # the grace period is over: what is left, leases recover
         if isinstance(request, RecordAndClaim):
@@ -356,12 +345,6 @@ class QueueRunner:
             self._claims.wanted = self._claims.wanted or bool(request.limit)
         elif isinstance(request, MarkAlone):
             self._suspects.not_marked()
-        elif isinstance(request, GiveBack):
-            logger.warning(
-                "queue %s: %d job(s) could not be given back (%s); their leases will expire",
-                *(self.queue, len(request.keys), summarize(error)),
-                extra=fields,
-            )
 
     # -- outcomes and claims -------------------------------------------------------------------
 
@@ -369,6 +352,10 @@ class QueueRunner:
         """Write the outcomes waiting and, with them or alone, claim for the free threads."""
         state, claims = self._state, self._claims
         claims.poll(now)
+        if self._standby.armed is not None:  # the first lane holds the claim: fired if wanted
+            if claims.wanted:
+                self._standby.fire()
+            return
         claimable = not self._suspects.holding
         hurry = bool(self._upkeep.asked)  # a handler waits on a renewal: no gathering
         while sending := claims.next(now, state, claimable=claimable, hurry=hurry):
@@ -380,17 +367,27 @@ class QueueRunner:
             self._lanes.send(index, claims.take(state, limit))
             hand_off(idle)
 
-    def _on_recorded(self, request: RecordAndClaim, now: float) -> None:
+    def _on_recorded(self, request: RecordAndClaim, now: float, made: Standby | None) -> None:
         state = self._state
         state.written(request)
         self._claims.recorded(request, now)
+        if made is not None and self._standby.answered(made):
+            self._claims.wanted = False  # every wake-up so far was answered by this claim
         if request.limit and self.burst and not request.rows and request.retry_in == math.inf:
             self._exiting = not (state.attempts or state.reserved or state.outcomes)
         if not request.rows:
             return
         metrics.JOBS_CLAIMED.inc(len(request.rows), queue=self.queue)
         low_water = self._claims.low_water
-        new, suspects = state.admit(request.rows, self._own_worker_ids, low_water)
+        new, suspects = state.admit(
+            request.rows, self._own_worker_ids, low_water, made.attempts if made else None
+        )
+        if made is not None:  # its lane starts them: held as any claim's
+            for attempt in new:
+                state.hold(attempt, QUEUED)
+            new = self._handlers.take_waiting() if self._stopping else []
+            for attempt in new:  # stopping: those no thread started yet go back
+                state.forget(attempt)
         if self._stopping:  # a claim in flight at the stop: given back, never started
             for attempt in new + suspects:
                 attempt.state = LOST
@@ -421,6 +418,8 @@ class QueueRunner:
             given = state.to_unclaim
         index = self._free_lane(now) if given else None
         if index is None:
+            if given:
+                self._standby.disarm()
             return
         for attempt in given:
             state.forget(attempt)
@@ -461,6 +460,7 @@ class QueueRunner:
         """Give back the jobs no thread started, write the outcomes, and end once the running
         attempts have finished, or release them when the grace period is over."""
         state = self._state
+        self._standby.disarm()
         if self._stop_deadline is None:
             self._stop_deadline = now + self.grace_period
         # A claim in flight (a fair one may wait long on the queue's lock) gives back what it

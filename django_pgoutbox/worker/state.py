@@ -177,18 +177,27 @@ class QueueState:
     # -- claims and outcome writes ---------------------------------------------------------------
 
     def admit(
-        self, rows: list[ClaimRow], own: tuple[str, tuple[str, ...]], low_water: int
+        self,
+        rows: list[ClaimRow],
+        own: tuple[str, tuple[str, ...]],
+        low_water: int,
+        made: list[Attempt] | None = None,
     ) -> tuple[list[Attempt], list[Attempt]]:
         """Take the claimed ``rows``: the new attempts (QUEUED, or HELD for a suspect, which
-        the caller may hold) and the suspects among them. A row of an attempt still running
-        here (its lease expired under it and this worker claimed it back) goes on as it is."""
+        the caller may hold) and the suspects among them; ``made``: their attempts, made on
+        the lane (``standby``). A row of an attempt still running here (its lease expired
+        under it and this worker claimed it back) goes on as it is."""
         new: list[Attempt] = []
         suspects: list[Attempt] = []
         own_text, own_ids = own
         attempts = self.attempts
-        for row in rows:
+        for index, row in enumerate(rows):
             # A first attempt's worker_ids are this worker's id alone: no JSON to parse.
-            attempt = Attempt(row, own_ids if row.worker_ids == own_text else None, low_water)
+            attempt = (
+                made[index]
+                if made is not None
+                else Attempt(row, own_ids if row.worker_ids == own_text else None, low_water)
+            )
             running = attempts.get(attempt.slot)
             if running is not None:
                 running.lease_lost = False

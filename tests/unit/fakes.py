@@ -139,7 +139,8 @@ def claim_row(*, suspect: bool = False, attempt: int = 1) -> ClaimRow:
 class Harness:
     """A coordinator of the default queue with fake lanes, handler threads and clock."""
 
-    def __init__(self, **overrides: Any) -> None:
+    def __init__(self, *, lane_class: Any = None, **overrides: Any) -> None:
+        """``lane_class``: a FakeLane subclass for the lanes."""
         conf = get_settings()
         settings = dataclasses.replace(
             conf.queues["default"],
@@ -150,7 +151,7 @@ class Harness:
         self.handlers: FakeHandlers | None = None
 
         def lane(index: int, mailbox: Mailbox) -> FakeLane:
-            self.lanes.append(FakeLane(index, mailbox))
+            self.lanes.append((lane_class or FakeLane)(index, mailbox))
             return self.lanes[-1]
 
         def handlers(size: int, mailbox: Mailbox, run: Any) -> FakeHandlers:

@@ -16,6 +16,7 @@ import logging
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from functools import partial
@@ -616,3 +617,42 @@ def test_a_held_suspect_cancelled_ends_at_once(start_worker: Any) -> None:
     wait_for(lambda: ended(suspect, JobStatus.CANCELLED))
     assert not SideEffect.objects.filter(job_id=neighbour.pk, event="end").exists()
     assert not SideEffect.objects.filter(job_id=suspect.pk).exists()
+
+
+# -- the standby claim: an idle queue's first lane claims and starts the jobs of a wake-up -------
+
+
+def test_poison_woken_into_an_idle_queue_spends_no_innocents_attempts(start_worker: Any) -> None:
+    """An idle worker (its first lane holds the next claim) is woken by one ``enqueue_many`` of
+    innocents beside a result jsonb refuses, a hang past its timeout and an unprintable
+    exception: the lane's claim takes them all and starts them; the innocents complete once,
+    each poison ends in its named state, the queue is idle again and a second wake-up is
+    served the same way, and SIGTERM ends the worker at once."""
+    worker = start_worker(*FOUR, **QUICK)
+    wait_for(lambda: SideEffect.objects.count() == 0 and worker.backends() >= 2)
+    time.sleep(scaled(0.5))  # its first claim came back empty: the queue is idle
+    jobs = enqueue_many(
+        [INNOCENT] * 2
+        + [
+            {"job_type": "tests.poison_big_number", "payload": {}},
+            {"job_type": "tests.poison_hang", "payload": {"seconds": scaled(3)}},
+            {"job_type": "tests.poison_raise", "payload": {"kind": "unprintable_permanent"}},
+        ]
+        + [INNOCENT] * 2
+    )
+    innocents = [*jobs[:2], *jobs[5:]]
+    big, hang, unprintable = jobs[2:5]
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in innocents), timeout=15)
+    wait_for(lambda: ended(big, JobStatus.DEAD), timeout=15)
+    wait_for(lambda: ended(hang, JobStatus.DEAD), timeout=15)
+    wait_for(lambda: ended(unprintable, JobStatus.DEAD), timeout=15)
+    assert (big.last_error_code, hang.last_error_code) == ("unwritable_outcome", "timeout")
+    assert_innocents_completed_once(innocents)
+    time.sleep(scaled(0.5))
+    again = enqueue_many([INNOCENT] * 3)
+    wait_for(lambda: all(ended(job, JobStatus.COMPLETED) for job in again), timeout=15)
+    assert_innocents_completed_once(again)
+    assert nothing_leased()
+    assert worker.process.poll() is None
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(timeout=scaled(10)) == 0, worker.output()[-3000:]
