@@ -56,9 +56,9 @@ def setup(database: str, reuse: bool) -> bool:
     """Point Django at ``database`` and migrate it; True if it already holds the rows."""
     import psycopg
 
-    from testproject.database import database_url
+    from testproject.database import database_url, maintenance_url
 
-    base = database_url()
+    base = maintenance_url(database_url())
     with psycopg.connect(base, autocommit=True) as conn:
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
         if not (reuse and exists):

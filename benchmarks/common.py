@@ -22,9 +22,9 @@ def setup_django(name: str = BENCH_DB) -> None:
     import psycopg
     from psycopg import sql
 
-    from testproject.database import database_url
+    from testproject.database import database_url, maintenance_url
 
-    base = database_url()
+    base = maintenance_url(database_url())
     with psycopg.connect(base, autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))

@@ -13,6 +13,8 @@ __all__ = [
     "Cancelled",
     "EnqueueError",
     "Event",
+    "InboxAutocommitWarning",
+    "InboxError",
     "JobContext",
     "JobTimeout",
     "OutboxModelMixin",
@@ -22,6 +24,8 @@ __all__ = [
     "Revoked",
     "Snooze",
     "TransientError",
+    "UnknownJobTypeWarning",
+    "accept_message",
     "cancel",
     "enqueue",
     "enqueue_many",
@@ -37,6 +41,8 @@ if TYPE_CHECKING:
     from django_pgoutbox.errors import (
         Cancelled,
         EnqueueError,
+        InboxAutocommitWarning,
+        InboxError,
         JobTimeout,
         PermanentError,
         PublishError,
@@ -44,12 +50,15 @@ if TYPE_CHECKING:
         Revoked,
         Snooze,
         TransientError,
+        UnknownJobTypeWarning,
     )
+    from django_pgoutbox.inbox import accept_message
     from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber
     from django_pgoutbox.registry import job
 
 #: Where each name of the API that is not an exception lives (the exceptions: in errors).
 _LAZY = {
+    "accept_message": "inbox",
     "JobContext": "context",
     "cancel": "control",
     "enqueue": "enqueueing",

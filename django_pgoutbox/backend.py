@@ -40,7 +40,7 @@ from django_pgoutbox._tasks import (
 )
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.context import JobContext
-from django_pgoutbox.enqueueing import enqueue, prepare_job
+from django_pgoutbox.enqueueing import enqueue_prepared, prepare_job
 from django_pgoutbox.errors import EnqueueError, PermanentError
 from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.registry import JobDefinition
@@ -92,12 +92,13 @@ class PgOutboxBackend(BaseTaskBackend):  # type: ignore[misc]
             "using": self._database(),
         }
         try:
+            # A task is a job type that no @job declares: validate_task vouched for it.
+            row = prepare_job(task.module_path, payload, declared=True, **options)
             if self.enqueue_on_commit:
-                row = prepare_job(task.module_path, payload, **options)
                 transaction.on_commit(lambda: row.insert(), using=options["using"], robust=False)
                 job_id, enqueued_at = row.id, None
             else:
-                job = enqueue(task.module_path, payload, **options)
+                job = enqueue_prepared(row)
                 job_id, enqueued_at = job.id, job.created_at
         except EnqueueError as error:
             raise InvalidTask(str(error)) from error

@@ -178,7 +178,7 @@ def check_schedules(app_configs: Sequence[AppConfig] | None, **kwargs: Any) -> l
 
     if settings_problems():
         return []
-    from django_pgoutbox.scheduler import load_schedules
+    from django_pgoutbox.schedules import load_schedules
 
     _, problems = load_schedules()
     return [

@@ -11,6 +11,7 @@ from django.db import connections, router
 
 from django_pgoutbox import queries
 from django_pgoutbox.conf import CANCEL_CHANNEL, get_settings
+from django_pgoutbox.db import tables_required
 from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.job_rows import job_database
 from django_pgoutbox.models import Job
@@ -49,7 +50,7 @@ def cancel_jobs(
     ids = list(job_ids)
     if not ids:
         return {}
-    with connections[alias].cursor() as cursor:
+    with tables_required(alias, EnqueueError), connections[alias].cursor() as cursor:
         cursor.execute(
             queries.CANCEL_JOBS,
             [ids, f"cancelled by {by} before it ran", CANCEL_CHANNEL, get_settings().notify],

@@ -1,17 +1,20 @@
-"""Five-field cron expressions, evaluated in UTC: parse once, then ask for the next slot.
+"""Five-field cron expressions in a time zone: parse once, then ask for slots as UTC instants.
 
-Supported: ``*``, numbers, ranges ``a-b``, steps ``*/n`` and ``a-b/n``, lists ``a,b,c``, month
-names ``JAN``-``DEC``, weekday names ``SUN``-``SAT`` (0 and 7 are both Sunday), and the aliases
-``@yearly`` (``@annually``), ``@monthly``, ``@weekly``, ``@daily`` (``@midnight``) and
-``@hourly``. As in Vixie cron, when both day-of-month and day-of-week are restricted, a day
-matches if either does.
+cronsim evaluates the expressions (docs/scheduling.md, "Time zones and DST", says why that
+library and what it does on the days the clocks change). This module keeps what the docs promise
+on top of it: five fields only (a slot is a minute), the ``@yearly`` ... ``@hourly`` aliases,
+errors that name the field and its text, and slots handed out as aware UTC datetimes, which is how
+the scheduler compares and stores them.
 """
 
 from __future__ import annotations
 
-import calendar
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, tzinfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
 
 ALIASES = {
     "@yearly": "0 0 1 1 *",
@@ -22,38 +25,47 @@ ALIASES = {
     "@midnight": "0 0 * * *",
     "@hourly": "0 * * * *",
 }
-MONTHS = {name: n for n, name in enumerate(calendar.month_abbr) if name}
-WEEKDAYS = {"SUN": 0, "MON": 1, "TUE": 2, "WED": 3, "THU": 4, "FRI": 5, "SAT": 6}
-FIELDS: tuple[tuple[str, int, int, dict[str, int]], ...] = (
-    ("minute", 0, 59, {}),
-    ("hour", 0, 23, {}),
-    ("day of month", 1, 31, {}),
-    ("month", 1, 12, {k.upper(): v for k, v in MONTHS.items()}),
-    ("day of week", 0, 7, WEEKDAYS),
+#: Each field's name, as our errors and cronsim's (``Bad day-of-month``) spell it, and its values.
+FIELDS = (
+    ("minute", "minute", "0-59"),
+    ("hour", "hour", "0-23"),
+    ("day of month", "day-of-month", "1-31 (a day that its months have) or L"),
+    ("month", "month", "1-12 or JAN-DEC"),
+    ("day of week", "day-of-week", "0-7 (0 and 7 are Sunday) or SUN-SAT"),
 )
-
-#: The search for a next slot gives up after this many years (an expression like "0 0 31 2 *"
-#: never matches).
-SEARCH_YEARS = 8
+#: How far back the due slot is looked for: cronsim's own horizon for a next slot.
+SEARCH_SPAN = timedelta(days=366 * 50)
+FORMS = "values, ranges a-b, steps */n or a-b/n, and lists a,b,c"
 
 
 class CronError(ValueError):
-    """A cron expression that cannot be parsed; the message names the field."""
+    """A cron expression or time zone that cannot be used; the message names the field."""
+
+
+def parse_zone(name: object) -> ZoneInfo:
+    """The IANA time zone ``name`` (``"Europe/Berlin"``); CronError if there is none."""
+    if not isinstance(name, str) or not name:
+        raise CronError(f"must be an IANA time zone name such as 'Europe/Berlin', not {name!r}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        # ValueError: a name that is not a key at all ("../etc/passwd", a NUL).
+        raise CronError(
+            f"{name!r} is not a time zone of the IANA database (such as 'Europe/Berlin'); on a "
+            "system without /usr/share/zoneinfo, install the tzdata package"
+        ) from None
 
 
 @dataclass(frozen=True)
 class Cron:
+    """An expression as written, the five fields it stands for, and the zone it is read in."""
+
     expression: str
-    minutes: frozenset[int]
-    hours: frozenset[int]
-    days: frozenset[int]
-    months: frozenset[int]
-    weekdays: frozenset[int]  # 0 = Sunday
-    days_restricted: bool
-    weekdays_restricted: bool
+    fields: str
+    zone: ZoneInfo = field(default_factory=lambda: ZoneInfo("UTC"))
 
     @classmethod
-    def parse(cls, expression: str) -> Cron:
+    def parse(cls, expression: str, zone: ZoneInfo | None = None) -> Cron:
         if not isinstance(expression, str):
             raise CronError(f"a cron expression must be a string, not {expression!r}")
         text = ALIASES.get(expression.strip().lower(), expression.strip())
@@ -63,101 +75,51 @@ class Cron:
                 f"{expression!r} has {len(parts)} fields; a cron expression has 5: "
                 "minute hour day-of-month month day-of-week"
             )
-        values = [
-            _parse_field(part, name, low, high, names)
-            for part, (name, low, high, names) in zip(parts, FIELDS, strict=True)
-        ]
-        weekdays = frozenset(0 if day == 7 else day for day in values[4])
-        return cls(
-            expression=expression,
-            minutes=values[0],
-            hours=values[1],
-            days=values[2],
-            months=values[3],
-            weekdays=weekdays,
-            days_restricted=parts[2] != "*",
-            weekdays_restricted=parts[4] != "*",
-        )
+        try:
+            CronSim(text, datetime(2000, 1, 1, tzinfo=UTC))
+        except CronSimError as error:
+            raise CronError(_explain(expression, parts, str(error))) from None
+        return cls(expression=expression, fields=" ".join(parts), zone=zone or ZoneInfo("UTC"))
 
-    def matches_day(self, day: datetime) -> bool:
-        in_month = day.day in self.days
-        in_week = (day.isoweekday() % 7) in self.weekdays
-        if self.days_restricted and self.weekdays_restricted:
-            return in_month or in_week
-        return in_month and in_week
+    @property
+    def _tz(self) -> tzinfo:
+        # cronsim skips its DST handling for datetime.UTC: the same answers, found faster.
+        return UTC if self.zone.key == "UTC" else self.zone
 
     def next_after(self, moment: datetime) -> datetime:
         """The first slot strictly after ``moment`` (an aware datetime), in UTC."""
-        current = moment.astimezone(UTC).replace(second=0, microsecond=0) + timedelta(minutes=1)
-        limit = current.year + SEARCH_YEARS
-        while current.year <= limit:
-            if current.month not in self.months:
-                year, month = divmod(current.month, 12)  # month is 1-based: this is "next"
-                current = current.replace(
-                    year=current.year + year, month=month + 1, day=1, hour=0, minute=0
-                )
-                continue
-            if not self.matches_day(current):
-                current = (current + timedelta(days=1)).replace(hour=0, minute=0)
-                continue
-            if current.hour not in self.hours:
-                current = (current + timedelta(hours=1)).replace(minute=0)
-                continue
-            if current.minute not in self.minutes:
-                current += timedelta(minutes=1)
-                continue
-            return current
-        raise CronError(f"{self.expression!r} matches no time in the next {SEARCH_YEARS} years")
+        # From a moment in the second pass of a repeated hour (the clocks went back), cronsim
+        # may answer a slot of the first pass, before the moment: walk on past it.
+        return next(slot for slot in self._slots_from(moment) if slot > moment)
 
     def latest_at_or_before(self, moment: datetime) -> datetime:
         """The last slot at or before ``moment``: the one that is due now."""
-        # Look back 1, 2, 4, ... minutes until a window holds a slot, then walk forward to the
-        # latest: the walk covers at most about twice the gap between two slots.
-        probe = moment.astimezone(UTC)
+        # Walk forward from 1, 2, 4, ... minutes back until a window holds a slot, and keep
+        # the last one: it covers at most about twice the gap between two slots. cronsim's own
+        # reverse walk is not used: it loses the second pass of a repeated hour.
         back = timedelta(minutes=1)
-        while back <= timedelta(days=366 * SEARCH_YEARS):
-            slot = self.next_after(probe - back)
-            if slot <= probe:
-                while (following := self.next_after(slot)) <= probe:
-                    slot = following
-                return slot
+        while back <= SEARCH_SPAN:
+            latest = None
+            for slot in self._slots_from(moment - back):
+                if slot > moment:
+                    break
+                latest = slot
+            if latest is not None:
+                return latest
             back *= 2
-        raise CronError(f"{self.expression!r} matched no time in the last {SEARCH_YEARS} years")
+        raise CronError(f"{self.expression!r} matched no time in the last 50 years")
+
+    def _slots_from(self, moment: datetime) -> Iterator[datetime]:
+        """The slots after ``moment`` in order, as UTC datetimes; CronError past 50 years."""
+        # cronsim ends its iteration when 50 years hold no match.
+        for slot in CronSim(self.fields, moment.astimezone(self._tz)):
+            yield slot.astimezone(UTC)
+        raise CronError(f"{self.expression!r} matches no time in the next 50 years")
 
 
-def _parse_field(
-    text: str, name: str, low: int, high: int, names: dict[str, int]
-) -> frozenset[int]:
-    values: set[int] = set()
-    for item in text.split(","):
-        if not item:
-            raise CronError(f"{name} field {text!r} has an empty list item")
-        base, _, step_text = item.partition("/")
-        step = 1
-        if step_text:
-            if not step_text.isdigit() or int(step_text) == 0:
-                raise CronError(f"{name} field {text!r}: step {step_text!r} is not a number >= 1")
-            step = int(step_text)
-        if base == "*":
-            start, end = low, high
-        elif "-" in base:
-            first, _, last = base.partition("-")
-            start, end = _value(first, name, low, high, names), _value(last, name, low, high, names)
-            if start > end:
-                raise CronError(f"{name} field {text!r}: range {base!r} runs backwards")
-        else:
-            start = _value(base, name, low, high, names)
-            end = high if step_text else start
-        values.update(range(start, end + 1, step))
-    return frozenset(values)
-
-
-def _value(text: str, name: str, low: int, high: int, names: dict[str, int]) -> int:
-    if text.upper() in names:
-        return names[text.upper()]
-    if not text.isdigit():
-        raise CronError(f"{name} field: {text!r} is not a number or a name")
-    number = int(text)
-    if not low <= number <= high:
-        raise CronError(f"{name} field: {number} is outside {low}-{high}")
-    return number
+def _explain(expression: str, parts: list[str], error: str) -> str:
+    """Our message for cronsim's ``Bad minute``: the field, its text and what it takes."""
+    for (name, cronsim_name, values), part in zip(FIELDS, parts, strict=True):
+        if error == f"Bad {cronsim_name}":
+            return f"{name} field {part!r} is not valid: it takes {values}, as {FORMS}"
+    return f"{expression!r} is not a valid cron expression ({error})"

@@ -7,11 +7,92 @@ import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from django.conf import settings
 from django.db import connections
+
+if TYPE_CHECKING:
+    from django_pgoutbox.errors import InvalidInput
+
+
+def write_database(using: str | None, model: Any, error: type[InvalidInput]) -> str:
+    """The alias to write ``model``'s rows to: ``using``, checked, or the routers' choice;
+    refused with ``error`` on ``using`` unless it is a PostgreSQL alias of ``DATABASES``."""
+    from django.db import router
+
+    if using is None:
+        alias: str = router.db_for_write(model)
+    elif not isinstance(using, str) or using not in settings.DATABASES:
+        raise error(
+            "using", f"no database {using!r} in DATABASES ({', '.join(settings.DATABASES)})"
+        )
+    else:
+        alias = using
+    postgresql_required(alias, error)
+    return alias
+
+
+def postgresql_required(alias: str, error: type[InvalidInput]) -> None:
+    """Refuse database ``alias`` with one clear error (``error`` on the ``using`` argument)
+    unless it is PostgreSQL: before any statement, which on another database would fail with
+    the driver's own words (SQLite has no ``pgconn``)."""
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        raise error(
+            "using",
+            f"database {alias!r} is {connection.display_name}, not PostgreSQL: the tables of "
+            "django-pgoutbox live in PostgreSQL. Pass using= a PostgreSQL alias of DATABASES, "
+            "or route the pgoutbox app to one (DATABASE_ROUTERS).",
+        )
+
+
+def sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a database error, read through Django's wrapping; None if it has none."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, psycopg.Error) and current.sqlstate:
+            return current.sqlstate
+        current = current.__cause__ or current.__context__
+    return None
+
+
+#: SQLSTATE undefined_table: "relation ... does not exist".
+UNDEFINED_TABLE = "42P01"
+#: SQLSTATE undefined_column: "column ... does not exist" (tables older than the code).
+UNDEFINED_COLUMN = "42703"
+
+
+@contextmanager
+def tables_required(
+    alias: str, error: type[InvalidInput], *, added_later: bool = False
+) -> Iterator[None]:
+    """Turn "relation does not exist" or "column does not exist", from a statement on the
+    package's tables, into one clear error that says which command creates them (a database not
+    migrated yet, or not since an upgrade added a column). ``added_later``: the statement's
+    table came with a later migration than the first, so a database that lacks it may well have
+    the others, and is said to lack migrations rather than to have no tables."""
+    from django.db import DatabaseError
+
+    try:
+        yield
+    except DatabaseError as exc:
+        state = sqlstate(exc)
+        if state not in (UNDEFINED_TABLE, UNDEFINED_COLUMN):
+            raise
+        command = "manage.py migrate pgoutbox"
+        if alias != "default":
+            command += f" --database {alias}"
+        reason = str(exc).splitlines()[0] if str(exc) else "a table is missing"
+        lacks = (
+            "has no django-pgoutbox tables"
+            if state == UNDEFINED_TABLE and not added_later
+            else "lacks django-pgoutbox migrations"
+        )
+        raise error("using", f"database {alias!r} {lacks} ({reason}): run `{command}`.") from exc
 
 
 def raw_connection_params(alias: str) -> dict[str, Any]:

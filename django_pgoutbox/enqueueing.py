@@ -22,6 +22,8 @@ from django.db import transaction
 
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.copy_rows import COPY_MIN_ROWS, EnqueuedJobs, copy_unkeyed, copyable
+from django_pgoutbox.db import tables_required
+from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.insert_rows import chunk_bounds, insert_rows
 from django_pgoutbox.job_rows import (
     JobRow,
@@ -68,8 +70,17 @@ def enqueue(
         queue=queue,
         using=using,
     )
+    return enqueue_prepared(prepared)
+
+
+def enqueue_prepared(prepared: PreparedJob) -> Job:
+    """Write a job that ``prepare_job`` checked: now, or with the relay batch's other jobs."""
     collector: DeferredEnqueues | None = getattr(_deferring, "collector", None)
-    if collector is not None and collector.using == prepared.using and idempotency_key is None:
+    if (
+        collector is not None
+        and collector.using == prepared.using
+        and prepared._row.idempotency_key is None
+    ):
         return collector.add(prepared._row)
     return prepared.insert()
 
@@ -143,7 +154,9 @@ class PreparedJob:
     _row: JobRow = field(repr=False)
 
     def insert(self) -> Job:
-        return insert_rows(self.using, [self._row])[0]
+        # Here, not in enqueue(): the django.tasks backend inserts on commit, after it returned.
+        with tables_required(self.using, EnqueueError):
+            return insert_rows(self.using, [self._row])[0]
 
 
 def prepare_job(
@@ -156,10 +169,13 @@ def prepare_job(
     run_at: datetime | timedelta | None = None,
     queue: str | None = None,
     using: str | None = None,
+    declared: bool = False,
 ) -> PreparedJob:
     """Validate a job as :func:`enqueue` does and fix its id, to insert it later.
 
     For callers that must know the id before the row exists (an enqueue on commit).
+    ``declared``: the caller vouches for ``job_type`` though no ``@job`` declares it (a
+    django.tasks task), so that it is neither warned about nor refused.
     """
     alias = job_database(using)
     row = validate_job(
@@ -171,6 +187,7 @@ def prepare_job(
         run_at=run_at,
         queue=queue,
         prefix="",
+        declared=declared,
     )
     return PreparedJob(row.id, alias, row)
 
@@ -196,16 +213,23 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None
     if not items:
         return []
     rows = validate_items(items, conf)
+    with tables_required(alias, EnqueueError):
+        return _write_items(alias, items, rows, conf.notify)
+
+
+def _write_items(
+    alias: str, items: Sequence[Any], rows: Iterator[JobRow], notify: bool
+) -> Sequence[Job]:
     if len(items) >= COPY_MIN_ROWS and not _any_key(items):
         # The items are checked as the COPY goes, so that the server parses one chunk while the
         # next is checked. A bad item aborts the COPY; the savepoint (or transaction) of this
         # block then rolls back what it wrote, and the caller's transaction goes on unharmed.
         with transaction.atomic(using=alias):
-            now, written = copy_unkeyed(alias, rows, conf.notify)
+            now, written = copy_unkeyed(alias, rows, notify)
         return EnqueuedJobs(alias, written, now)
     checked = list(rows)
     with transaction.atomic(using=alias, savepoint=False):
-        return _write(alias, checked, conf.notify)
+        return _write(alias, checked, notify)
 
 
 def _any_key(items: Sequence[Any]) -> bool:

@@ -150,8 +150,26 @@ class EnqueueError(InvalidInput):
     """An enqueue was refused; ``field`` names the argument that was wrong."""
 
 
+class UnknownJobTypeWarning(UserWarning):
+    """``enqueue()`` of a job type that no ``@job`` of this process declares, and that
+    ``PGOUTBOX["REMOTE_JOB_TYPES"]`` does not list: a misspelt name, or a handler that lives in
+    another service. The job is written; a worker without the handler dead-letters it as
+    ``unknown_job_type``. ``PGOUTBOX["STRICT_JOB_TYPES"] = True`` refuses it instead."""
+
+
 class PublishError(InvalidInput):
     """A publish was refused; ``field`` names the argument that was wrong."""
+
+
+class InboxError(InvalidInput):
+    """``accept_message()`` was refused; ``field`` names the argument that was wrong."""
+
+
+class InboxAutocommitWarning(UserWarning):
+    """``accept_message()`` ran outside a transaction (autocommit): the message is recorded,
+    and committed, at once. Nothing then undoes the record if handling the message fails, and
+    the sender's redelivery is refused as a duplicate: the message is handled at most once.
+    Call it inside ``transaction.atomic()`` with the work the message asks for."""
 
 
 class JobRegistrationError(PgOutboxError, TypeError):

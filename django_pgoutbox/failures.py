@@ -25,12 +25,14 @@ _ACTION_STATUS = {
 @dataclass(frozen=True)
 class FailureOutcome:
     """What to write for a failed attempt: ``retrying`` (after ``delay`` seconds), ``dead`` or
-    ``cancelled``, with the error's stable code and bounded summary."""
+    ``cancelled``, with the error's stable code and bounded summary. ``verdict`` ends the log
+    line: the status, and which rule of the retry policy decided it, in plain words."""
 
     status: JobStatus
     code: str
     summary: str
     delay: float = 0.0
+    verdict: str = ""
 
     @property
     def dead(self) -> bool:
@@ -62,4 +64,5 @@ def failure_outcome(
         decision.code if code is None else code,
         decision.summary if summary is None else summary,
         decision.delay,
+        decision.verdict,
     )

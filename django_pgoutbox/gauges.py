@@ -1,7 +1,8 @@
 """Database gauges: counts by state, oldest due age, outbox lag, the xmin horizon and the
 notification queue, read when asked at a cost that does not grow with the tables: each count
 reads a partial index of live rows and stops at ``EXACT_COUNT``, above which it is the planner's
-estimate (docs/observability.md)."""
+estimate (docs/observability.md). And who holds the xmin horizon (``horizon_holder``), with the
+warning the reports give when it has held it too long (``horizon_warnings``)."""
 
 from __future__ import annotations
 
@@ -291,3 +292,114 @@ def _merged(configured: QueueGauges | None, other: QueueGauges) -> QueueGauges:
         estimated=tuple(dict.fromkeys((*configured.estimated, *other.estimated))),
         **{s: getattr(configured, s) + getattr(other, s) for s in _STATUSES},
     )
+
+
+# -- the xmin horizon's holder -------------------------------------------------------------------
+
+#: What each kind of holder is called in a report.
+_HOLDER_KINDS = {
+    "session": "session",
+    "standby": "standby feedback through walsender",
+    "prepared": "prepared transaction",
+    "slot": "replication slot",
+}
+
+
+@dataclass(frozen=True)
+class HorizonHolder:
+    """The oldest holder of the jobs database's xmin horizon: while it holds it, vacuum cannot
+    remove the dead row versions of the queue's tables, and claims slow down."""
+
+    #: ``session`` (a backend of this database), ``standby`` (a standby's
+    #: ``hot_standby_feedback``, through a walsender without a slot), ``prepared`` (a prepared
+    #: transaction) or ``slot`` (a replication slot's ``xmin``).
+    kind: str
+    #: Seconds it has held the horizon; None where PostgreSQL does not say (a standby, a slot
+    #: before PostgreSQL 17 or while active).
+    age: float | None
+    #: Transactions since the horizon it holds: ``age(xmin)``.
+    xmin_age: int
+    pid: int | None = None
+    #: A prepared transaction's gid, a slot's name.
+    name: str | None = None
+    user: str | None = None
+    application_name: str | None = None
+    client_addr: str | None = None
+    #: A session's state (``idle in transaction``, ``active``), a slot's ``active`` or
+    #: ``inactive``.
+    state: str | None = None
+    #: The first 200 characters of a session's last query (its literal values included).
+    query: str | None = None
+
+    @property
+    def title(self) -> str:
+        """What it is, in a few words: ``session pid 4242``, ``replication slot 'standby1'``."""
+        what = _HOLDER_KINDS.get(self.kind, self.kind)
+        if self.name is not None:
+            what += f" {self.name!r}"
+        if self.pid is not None:
+            what += f" pid {self.pid}"
+        return what
+
+    def describe(self) -> str:
+        """One line for a person: what it is, for how long, and (a session) its last query."""
+        what = self.title
+        details = [
+            f"{label} {value}"
+            for label, value in (
+                ("application", repr(self.application_name) if self.application_name else None),
+                ("user", self.user),
+                ("from", self.client_addr),
+            )
+            if value
+        ]
+        if details:
+            what += f" ({', '.join(details)})"
+        if self.state:
+            what += f", {self.state}"
+        held = "for an unknown time" if self.age is None else f"for {self.age:.1f}s"
+        behind = "1 transaction" if self.xmin_age == 1 else f"{self.xmin_age:,} transactions"
+        text = f"{what}, {held}, {behind} behind"
+        if self.query:
+            text += f": {' '.join(self.query.split())}"
+        return text
+
+
+def horizon_holder(using: str | None = None) -> HorizonHolder | None:
+    """The oldest holder of the jobs database's xmin horizon (``queries.HORIZON_HOLDER``), or
+    None when nothing holds it: one statement over the server's views, whatever the tables hold.
+    """
+    from django_pgoutbox.models import Job
+
+    alias = using or router.db_for_write(Job)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.HORIZON_HOLDER)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    kind, age, xmin_age, pid, name, user, application, client, state, query = row
+    return HorizonHolder(
+        kind=kind,
+        age=None if age is None else float(age),
+        xmin_age=int(xmin_age),
+        pid=pid,
+        name=name,
+        user=user,
+        application_name=application or None,
+        client_addr=client,
+        state=state,
+        query=query or None,
+    )
+
+
+def horizon_warnings(holder: HorizonHolder | None) -> list[str]:
+    """The warnings about ``holder``: one, when it has held the horizon longer than
+    ``PGOUTBOX["HORIZON_WARNING_SECONDS"]``; none otherwise."""
+    threshold = get_settings().horizon_warning_seconds
+    if holder is None or holder.age is None or threshold is None or holder.age <= threshold:
+        return []
+    return [
+        f"{holder.title} has held the xmin horizon for {holder.age:.0f}s, over "
+        f"PGOUTBOX['HORIZON_WARNING_SECONDS'] ({threshold:g}s): vacuum cannot remove the queue's "
+        "dead rows meanwhile, and claims slow down (docs/operations.md, 'When the queue slows')"
+    ]

@@ -5,6 +5,10 @@ and deletes it when it stops. A role (jobs of a queue, relay, scheduler) is heal
 least one process running it was seen within ``max_age`` seconds (by the database clock). A
 queue's dispatcher marks its queue in its process's row while the queue is stuck (each of its
 handler threads held by an attempt that outlived its timeout): the report is then unhealthy.
+
+The report also says who holds the database's xmin horizon, with a warning past
+``PGOUTBOX["HORIZON_WARNING_SECONDS"]``: a warning only, since the workers are alive and
+draining, only slower; restarting them would release nothing.
 """
 
 from __future__ import annotations
@@ -16,12 +20,12 @@ import os
 import socket
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django.db import DatabaseError, connections, router
 
-from django_pgoutbox import queries
+from django_pgoutbox import gauges, queries
 from django_pgoutbox.models import WorkerHeartbeat
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -158,6 +162,11 @@ class HealthReport:
     #: Queues that a live worker reports stuck (each of its handler threads held by an
     #: attempt that outlived its timeout): unhealthy, whatever the roles say.
     stuck_queues: list[str] = field(default_factory=list)
+    #: The oldest holder of the xmin horizon, or None.
+    horizon: gauges.HorizonHolder | None = None
+    #: What an operator should look at, which does not make the report unhealthy: the horizon
+    #: held past ``PGOUTBOX["HORIZON_WARNING_SECONDS"]``.
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -165,6 +174,8 @@ class HealthReport:
             "roles": self.roles,
             "workers": self.workers,
             "stuck_queues": self.stuck_queues,
+            "horizon": None if self.horizon is None else asdict(self.horizon),
+            "warnings": self.warnings,
         }
 
 
@@ -213,9 +224,12 @@ def health_report(
             }
         )
     roles_ok = {role: role in seen for role in require}
+    holder = gauges.horizon_holder(alias)
     return HealthReport(
         healthy=all(roles_ok.values()) and not stuck,
         roles=roles_ok,
         workers=workers,
         stuck_queues=sorted(stuck),
+        horizon=holder,
+        warnings=gauges.horizon_warnings(holder),
     )

@@ -13,14 +13,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
-from django.db import router
-
 from django_pgoutbox.conf import PgOutboxSettings, get_settings
+from django_pgoutbox.db import write_database
 from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.ids import uuid7, uuid7_many
 from django_pgoutbox.models import Job, JobStatus, empty_row, instance_from_row
-from django_pgoutbox.registry import Payload, get_job
+from django_pgoutbox.registry import Payload, check_undeclared_job_type, get_job
 from django_pgoutbox.validation import (
     MAX_IDEMPOTENCY_KEY_BYTES,
     check_text,
@@ -56,13 +54,7 @@ class JobRow:
 
 def job_database(using: str | None) -> str:
     """The database alias to write jobs to: ``using``, checked, or the routers' choice."""
-    if using is None:
-        return router.db_for_write(Job)
-    if not isinstance(using, str) or using not in settings.DATABASES:
-        raise EnqueueError(
-            "using", f"no database {using!r} in DATABASES ({', '.join(settings.DATABASES)})"
-        )
-    return using
+    return write_database(using, Job, EnqueueError)
 
 
 def validate_job(
@@ -77,10 +69,15 @@ def validate_job(
     prefix: str,
     conf: PgOutboxSettings | None = None,
     job_id: uuid.UUID | None = None,
+    declared: bool = False,
+    undeclared_seen: set[str] | None = None,
 ) -> JobRow:
     """One job's arguments checked and resolved against its ``@job`` declaration and settings.
 
-    ``enqueue_many`` passes the settings and an id made in bulk for each of its items.
+    ``enqueue_many`` passes the settings and an id made in bulk for each of its items, and the
+    undeclared job types it has already said so of (one warning per type and call).
+    ``declared``: the caller vouches for a job type that no ``@job`` declares (a django.tasks
+    task): no warning.
     """
     if conf is None:
         conf = get_settings()
@@ -90,6 +87,10 @@ def validate_job(
         job_type = definition.name
     else:
         job_type = non_empty_text(job_type, f"{prefix}job_type", EnqueueError)
+        if not declared and (undeclared_seen is None or job_type not in undeclared_seen):
+            check_undeclared_job_type(job_type, f"{prefix}job_type", conf)
+            if undeclared_seen is not None:
+                undeclared_seen.add(job_type)
     payload_json = json_object(payload, f"{prefix}payload", EnqueueError, conf.max_payload_bytes)
 
     if idempotency_key is not None:
@@ -174,6 +175,7 @@ def validate_items(items: Sequence[Mapping[str, Any]], conf: PgOutboxSettings) -
     # its job type alone: after the first such item of a type, the next ones reuse what it
     # resolved to, and only their payload is checked (a third of the time of a full check).
     plain: dict[str, tuple[str, int, int]] = {}
+    undeclared: set[str] = set()
     max_payload_bytes = conf.max_payload_bytes
     for index, item in enumerate(items):
         if type(item) is dict and len(item) == 2:
@@ -220,6 +222,7 @@ def validate_items(items: Sequence[Mapping[str, Any]], conf: PgOutboxSettings) -
             prefix=f"items[{index}].",
             conf=conf,
             job_id=ids[index],
+            undeclared_seen=undeclared,
         )
         if len(item) == 2:
             plain[row.job_type] = (row.queue, row.priority, row.max_attempts)

@@ -2,6 +2,8 @@
 
 ``job_logger()`` is the ``ctx.logger`` of an attempt (in a worker's thread or in the child
 process of an isolated one); ``job_fields()`` are the fields a job's records carry.
+``show_job_logs()`` prints those records on a worker's console unless the project's ``LOGGING``
+routes them.
 
 ``JSONFormatter`` writes one object per line, with every ``extra`` field of the record.
 
@@ -21,9 +23,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TextIO
+
+#: The parent of every ``ctx.logger``: ``django_pgoutbox.jobs.<job type>``.
+JOB_LOGGERS = "django_pgoutbox.jobs"
+#: Set by ``show_job_logs()`` for the worker's isolated children (which set Django up anew):
+#: the level their ``ctx.logger`` prints at.
+SHOWN_LEVEL_VARIABLE = "PGOUTBOX_SHOW_JOB_LOGS"
 
 #: Attributes every LogRecord has; anything else on a record came from ``extra``.
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
@@ -95,6 +104,46 @@ class _JobLogger(logging.LoggerAdapter[logging.Logger]):
     def extra(self, value: object) -> None:
         # LoggerAdapter.__init__ assigns its own (empty) extra: the job's fields stand instead.
         pass
+
+
+def show_job_logs(stream: TextIO, level: int) -> bool:
+    """Print ``ctx.logger``'s records at ``level`` and above on ``stream``, unless the project's
+    ``LOGGING`` gives them (or the root logger) a handler; whether it did.
+
+    Python drops a record no handler takes, below WARNING: a handler's ``ctx.logger.info(...)``
+    would vanish with Django's default ``LOGGING``, as runserver's requests would without the
+    handler Django gives ``django.server``. A worker prints what its jobs log, as runserver does.
+    """
+    jobs = logging.getLogger(JOB_LOGGERS)
+    if jobs.hasHandlers():
+        return False
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(_unrouted)
+    handler.setFormatter(
+        logging.Formatter(
+            "job %(job_id)s (%(job_type)s) attempt %(attempt)s: %(message)s",
+            defaults={"job_id": "-", "job_type": "-", "attempt": "-"},
+        )
+    )
+    jobs.addHandler(handler)
+    if jobs.level == logging.NOTSET:
+        jobs.setLevel(level)
+    os.environ[SHOWN_LEVEL_VARIABLE] = logging.getLevelName(jobs.getEffectiveLevel())
+    return True
+
+
+def _unrouted(record: logging.LogRecord) -> bool:
+    """Whether no logger between ``record``'s and ``JOB_LOGGERS`` has a handler: LOGGING may
+    route one job type's logger (``django_pgoutbox.jobs.<type>``), whose records it prints, and
+    whose propagation to this handler would print them twice."""
+    loggers = logging.Logger.manager.loggerDict
+    name = record.name
+    while name.startswith(JOB_LOGGERS + "."):
+        logger = loggers.get(name)
+        if isinstance(logger, logging.Logger) and logger.handlers:
+            return False
+        name = name.rpartition(".")[0]
+    return True
 
 
 def job_fields(job: Attempt) -> dict[str, object]:

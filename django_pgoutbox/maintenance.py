@@ -1,7 +1,7 @@
 """Maintenance: lease recovery, retention pruning, outbox reconciliation.
 
 Each is a plain function (also run by ``manage.py pgoutbox``) and a built-in job that the
-scheduler runs on a built-in schedule (see ``scheduler.BUILTIN_SCHEDULES``).
+scheduler runs on a built-in schedule (see ``schedules.BUILTIN_SCHEDULES``).
 """
 
 from __future__ import annotations
@@ -66,15 +66,16 @@ class PruneResult:
     completed_jobs: int
     cancelled_jobs: int
     processed_events: int
+    inbox_messages: int = 0
     stale_heartbeats: int = 0
 
 
 def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
     """Delete finished rows older than ``PGOUTBOX['RETENTION']`` says, in bounded batches.
 
-    Only ``completed`` and ``cancelled`` jobs and processed events are ever deleted: pending,
-    leased, retrying and dead rows are left alone, whatever their age. Heartbeats of processes
-    not seen for a day go too (a killed process never deletes its own).
+    Only ``completed`` and ``cancelled`` jobs, processed events and inbox messages are ever
+    deleted: pending, leased, retrying and dead rows are left alone, whatever their age.
+    Heartbeats of processes not seen for a day go too (a killed process never deletes its own).
     """
     alias = using or router.db_for_write(Job)
     retention = get_settings().retention
@@ -88,6 +89,9 @@ def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
         else 0,
         _prune(alias, queries.PRUNE_EVENTS, {"age": age}, batch, deadline)
         if (age := retention.processed_events) is not None
+        else 0,
+        _prune(alias, queries.PRUNE_INBOX_MESSAGES, {"age": age}, batch, deadline)
+        if (age := retention.inbox_messages) is not None
         else 0,
     ]
     with connections[alias].cursor() as cursor:
@@ -144,7 +148,7 @@ def reconcile_outbox(*, using: str | None = None) -> Reconciliation:
     return result
 
 
-# -- the built-in maintenance jobs (scheduler.BUILTIN_SCHEDULES runs them) ----------------------
+# -- the built-in maintenance jobs (schedules.BUILTIN_SCHEDULES runs them) ----------------------
 
 
 @job("pgoutbox.recover_leases")

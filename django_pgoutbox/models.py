@@ -8,6 +8,7 @@ Storage parameters (fillfactor, autovacuum) are set in the initial migration; se
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any, ClassVar, TypeVar
 
 from django.contrib.postgres.functions import RandomUUID
@@ -15,6 +16,11 @@ from django.db import models
 from django.db.models.base import ModelState
 
 from django_pgoutbox.ids import uuid7
+
+
+def rfc3339(moment: datetime) -> str:
+    """``moment`` as RFC 3339 text in UTC, ``Z`` for its offset (CloudEvents' ``time``)."""
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 class TransactionNow(models.Func):
@@ -108,6 +114,52 @@ class OutboxEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} {self.aggregate_type}:{self.aggregate_id} ({self.id})"
+
+    def as_cloudevent(
+        self, *, source: str | None = None, dataschema: str | None = None
+    ) -> dict[str, Any]:
+        """The event as a CloudEvents 1.0 event in its JSON format (a dict, ready for
+        ``json.dumps``), for publishers to other systems (docs/outbox.md, "As a CloudEvent").
+
+        ``id`` is the event's id, so that a consumer that dedupes on it sees each fact once
+        however often it is delivered; ``type`` its ``event_type``; ``subject`` its
+        ``aggregate_id``; ``time`` when it occurred; ``data`` its payload. ``source`` (a URI
+        reference: ``"https://shop.example.com/orders"``) defaults to ``"/" + aggregate_type``.
+        ``dataschema``, a URI, is added when given. The extension attributes ``aggregatetype``,
+        ``schemaversion`` and, when set, ``organizationid`` carry the rest.
+        """
+        if source is None:
+            source = f"/{self.aggregate_type}"
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(
+                f"as_cloudevent(): source must be a non-empty URI reference, not {source!r}"
+            )
+        if dataschema is not None and (not isinstance(dataschema, str) or not dataschema.strip()):
+            raise ValueError(
+                f"as_cloudevent(): dataschema must be a non-empty URI, not {dataschema!r}"
+            )
+        if not isinstance(self.occurred_at, datetime):
+            raise ValueError(
+                f"as_cloudevent(): event {self.id} has no occurred_at: use an event that "
+                "publish() returned or that was read from the database"
+            )
+        event: dict[str, Any] = {
+            "specversion": "1.0",
+            "id": str(self.id),
+            "source": source,
+            "type": self.event_type,
+            "subject": str(self.aggregate_id),
+            "time": rfc3339(self.occurred_at),
+            "datacontenttype": "application/json",
+        }
+        if dataschema is not None:
+            event["dataschema"] = dataschema
+        event["aggregatetype"] = self.aggregate_type
+        event["schemaversion"] = self.schema_version
+        if self.organization_id is not None:
+            event["organizationid"] = str(self.organization_id)
+        event["data"] = self.payload
+        return event
 
 
 class Job(models.Model):
@@ -285,6 +337,32 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class InboxMessage(models.Model):
+    """A message received from another system (a webhook's delivery), recorded by
+    ``accept_message()`` in the transaction that handles it, so that a redelivery is known as
+    one. Kept for ``PGOUTBOX["RETENTION"]["INBOX_MESSAGES"]``."""
+
+    id = models.BigAutoField(primary_key=True)
+    source = models.TextField()
+    message_id = models.TextField()
+    received_at = models.DateTimeField(db_default=TransactionNow())
+
+    class Meta:
+        db_table = "inbox_messages"
+        verbose_name = "inbox message"
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            # What makes a message a duplicate; ACCEPT_MESSAGE's ON CONFLICT names these columns.
+            models.UniqueConstraint(fields=["source", "message_id"], name="inbox_messages_uq"),
+        ]
+        indexes: ClassVar[list[models.Index]] = [
+            # Retention deletes the oldest messages first.
+            models.Index(fields=["received_at"], name="inbox_received_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.message_id}"
 
 
 def saved_instance(model: type[M], using: str, values: dict[str, Any]) -> M:

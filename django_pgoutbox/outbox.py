@@ -18,6 +18,7 @@ from django.db import connections, models, router, transaction
 
 from django_pgoutbox import queries
 from django_pgoutbox.conf import OUTBOX_CHANNEL, get_settings
+from django_pgoutbox.db import tables_required, write_database
 from django_pgoutbox.errors import PublishError, SubscriberRegistrationError
 from django_pgoutbox.ids import uuid7
 from django_pgoutbox.models import OutboxEvent, saved_instance
@@ -52,7 +53,7 @@ def publish(
     delivers a transaction's identical notifications once, so a transaction that publishes a
     thousand facts of one type wakes the relays once. One statement.
     """
-    alias = _database(using)
+    alias = write_database(using, OutboxEvent, PublishError)
     conf = get_settings()
     event_type = non_empty_text(event_type, "event_type", PublishError)
     aggregate_type = non_empty_text(aggregate_type, "aggregate_type", PublishError)
@@ -77,7 +78,7 @@ def publish(
         checked_moment(available_at, "available_at", PublishError)
 
     event_id = uuid7()
-    with connections[alias].cursor() as cursor:
+    with tables_required(alias, PublishError), connections[alias].cursor() as cursor:
         cursor.execute(
             queries.PUBLISH_EVENT,
             {
@@ -108,16 +109,6 @@ def publish(
         "attempts": 0,
     }
     return saved_instance(OutboxEvent, alias, values)
-
-
-def _database(using: str | None) -> str:
-    from django.conf import settings
-
-    if using is None:
-        return router.db_for_write(OutboxEvent)
-    if not isinstance(using, str) or using not in settings.DATABASES:
-        raise PublishError("using", f"no database {using!r} in DATABASES")
-    return using
 
 
 # -- the model-save hook -------------------------------------------------------------------------
@@ -157,6 +148,7 @@ class OutboxModelMixin(models.Model):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+        self._outbox_database_required(using)
         with transaction.atomic(using=using, savepoint=False):
             created = self._state.adding
             super().save(*args, **kwargs)
@@ -164,6 +156,7 @@ class OutboxModelMixin(models.Model):
 
     def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         using = kwargs.get("using") or router.db_for_write(type(self), instance=self)
+        self._outbox_database_required(using)
         with transaction.atomic(using=using, savepoint=False):
             # Ask before deleting: afterwards the instance has no primary key.
             events = list(self.outbox_events_for_delete())
@@ -179,6 +172,20 @@ class OutboxModelMixin(models.Model):
     def outbox_events_for_delete(self) -> Iterable[Event]:
         """The events this delete produces; the instance still has its primary key here."""
         return ()
+
+    def _outbox_database_required(self, using: str) -> None:
+        """Refuse a database that is not PostgreSQL before the row is written: ``publish()``'s
+        own error would say to pass ``using=`` or to route the pgoutbox app, and neither helps
+        here, where the events go to the model's own database, in the save's transaction."""
+        connection = connections[using]
+        if connection.vendor != "postgresql":
+            raise PublishError(
+                "using",
+                f"{self._meta.label} is saved to database {using!r}, which is "
+                f"{connection.display_name}, not PostgreSQL: its save hook writes the outbox "
+                "events in the save's own transaction, on the same database. Keep the model in a "
+                "PostgreSQL database that has the django-pgoutbox tables (DATABASE_ROUTERS).",
+            )
 
     def _outbox_publish(self, events: Iterable[Event], using: str, pk: Any) -> None:
         for event in events:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
 import inspect
+import os
+import sys
 import uuid
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeAlias, overload
 
-from django_pgoutbox.conf import MAX_DELAY_CEILING, MAX_INT32, QUEUE_NAME_RE
+from django_pgoutbox.conf import MAX_DELAY_CEILING, MAX_INT32, QUEUE_NAME_RE, PgOutboxSettings
 from django_pgoutbox.context import JobContext
-from django_pgoutbox.errors import EnqueueError, JobRegistrationError
+from django_pgoutbox.errors import EnqueueError, JobRegistrationError, UnknownJobTypeWarning
 from django_pgoutbox.validation import MAX_NAME_BYTES, check_text, short_repr
 
 if TYPE_CHECKING:
@@ -104,11 +109,60 @@ def get_job(name: str) -> JobDefinition | None:
     return _registry.get(name)
 
 
+def check_undeclared_job_type(name: str, field: str, conf: PgOutboxSettings) -> None:
+    """Say so when a job is enqueued under ``name``, which no ``@job`` of this process declares
+    (``get_job`` found nothing): a warning (``UnknownJobTypeWarning``), or ``EnqueueError`` with
+    ``STRICT_JOB_TYPES``. Names in ``REMOTE_JOB_TYPES`` are run by other services: silent."""
+    if name in conf.remote_job_types:
+        return
+    close = _close_name(name, _generation)
+    hint = f" (did you mean {close!r}?)" if close else ""
+    message = (
+        f"no @job named {name!r} is registered in this process{hint}. A worker that has no "
+        "handler for it dead-letters its jobs as unknown_job_type; if a worker of another "
+        "service runs it, list it in PGOUTBOX['REMOTE_JOB_TYPES']."
+    )
+    if conf.strict_job_types:
+        raise EnqueueError(field, message)
+    warnings.warn(f"{field}: {message}", UnknownJobTypeWarning, stacklevel=_caller_stacklevel())
+
+
+#: Bumped at each change of ``_registry``: the key that makes ``_close_name`` look again.
+_generation = 0
+
+
+@functools.lru_cache(maxsize=256)
+def _close_name(name: str, generation: int) -> str | None:
+    """The registered job type closest to ``name``, if one is close: cached, since the search
+    grows with the registry and a service may enqueue another's job types at every request."""
+    close = difflib.get_close_matches(name, list(_registry), n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
+def _registry_changed() -> None:
+    global _generation
+    _generation += 1
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of a warning raised here that points at the first frame outside this
+    package: the user's ``enqueue()`` line."""
+    # With the separator: a package named django_pgoutbox_contrib is the user's.
+    package = os.path.dirname(__file__) + os.sep
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and frame.f_code.co_filename.startswith(package):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    return level
+
+
 def restore_registry(saved: Mapping[str, JobDefinition]) -> None:
     """Make the registry what ``registered_jobs()`` returned earlier: for tests that register
     job types of their own and must leave the registry as they found it."""
     _registry.clear()
     _registry.update(saved)
+    _registry_changed()
 
 
 @overload
@@ -237,6 +291,7 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
         isolation=options.isolation,
     )
     _registry[job_name] = definition
+    _registry_changed()
     return definition
 
 

@@ -118,12 +118,23 @@ class Action(enum.StrEnum):
 
 @dataclass(frozen=True)
 class Decision:
-    """What to do with a failed attempt; ``delay`` (seconds) only matters for ``RETRY``."""
+    """What to do with a failed attempt; ``delay`` (seconds) only matters for ``RETRY``.
+
+    ``reason`` says in plain words which rule of the table decided, for the worker's log line.
+    """
 
     action: Action
     code: str
     summary: str
     delay: float = 0.0
+    reason: str = ""
+
+    @property
+    def verdict(self) -> str:
+        """The decision and its reason, as the log line ends: ``dead: attempt 4 ...``."""
+        status = {Action.RETRY: "retrying", Action.DEAD: "dead", Action.CANCEL: "cancelled"}
+        timing = f" in {self.delay:.1f}s" if self.action is Action.RETRY else ""
+        return f"{status[self.action]}{timing}: {self.reason}"
 
 
 def backoff(attempt: int, policy: RetrySettings, rng: random.Random | None = None) -> float:
@@ -243,22 +254,48 @@ def decide(
     if kind is None:
         kind = kind_of(error)
     if kind is Kind.REVOKED:
-        return Decision(Action.CANCEL, code, summary)
+        return Decision(Action.CANCEL, code, summary, reason="Revoked is never retried")
     if kind is Kind.PERMANENT:
-        return Decision(Action.DEAD, code, summary)
+        reason = f"a permanent failure ({_class_name(error)}) is never retried"
+        return Decision(Action.DEAD, code, summary, reason=reason)
     if attempt >= max_attempts:
         exhausted = f"attempts exhausted ({attempt}/{max_attempts}): {summary}"
-        return Decision(Action.DEAD, code, bound(exhausted))
+        return Decision(
+            Action.DEAD,
+            code,
+            bound(exhausted),
+            reason=f"attempt {attempt} was the last one (max_attempts={max_attempts})",
+        )
     if kind is Kind.RATE_LIMITED:
         try:
             hint = error.retry_after  # type: ignore[attr-defined]
         except BaseException:  # a subclass's property: the backoff instead
             hint = None
         if hint is not None:
-            return Decision(Action.RETRY, code, summary, clamp_delay(hint, policy.max_delay))
-        return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))
+            delay = clamp_delay(hint, policy.max_delay)
+            reason = "rate limited: the delay it asked for"
+            return Decision(Action.RETRY, code, summary, delay, reason)
+        delay = backoff(attempt, policy, rng)
+        return Decision(Action.RETRY, code, summary, delay, "rate limited, no delay given: backoff")
     if kind is Kind.TRANSIENT:
-        return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))
-    if attempt > policy.unknown_error_retries:
-        return Decision(Action.DEAD, code, summary)
-    return Decision(Action.RETRY, code, summary, backoff(attempt, policy, rng))
+        delay = backoff(attempt, policy, rng)
+        return Decision(Action.RETRY, code, summary, delay, "a transient failure: backoff")
+    # Its class says nothing about whether trying again helps: a few tries, then a dead letter.
+    retries, setting = policy.unknown_error_retries, "PGOUTBOX['RETRY']['UNKNOWN_ERROR_RETRIES']"
+    if attempt > retries:
+        return Decision(
+            Action.DEAD,
+            code,
+            summary,
+            reason=f"an unexpected error (not a TransientError) on attempt {attempt}, and "
+            f"{setting} = {retries} allows {retries} retries",
+        )
+    delay = backoff(attempt, policy, rng)
+    return Decision(
+        Action.RETRY,
+        code,
+        summary,
+        delay,
+        f"an unexpected error (not a TransientError), retry {attempt} of the {retries} that "
+        f"{setting} allows",
+    )

@@ -37,6 +37,11 @@ MAX_IDEMPOTENCY_KEY_BYTES = 2048
 _LARGEST_KEY_ENTRY = 24 + 4 + MAX_NAME_BYTES + 3 + 4 + MAX_IDEMPOTENCY_KEY_BYTES
 assert _LARGEST_KEY_ENTRY + 7 <= BTREE_MAX_ENTRY_BYTES
 
+#: Message ids of ``accept_message()``, in bytes of UTF-8: the idempotency keys' limit. An entry
+#: of ``inbox_messages_uq`` (source, message_id) is at most 8 bytes of header, 4 + 255 bytes of
+#: source and 1 of alignment, and 4 + 2,048 bytes of id: 2,320, under ``BTREE_MAX_ENTRY_BYTES``.
+MAX_MESSAGE_ID_BYTES = MAX_IDEMPOTENCY_KEY_BYTES
+
 #: The most digits of an integer in a payload: Python's default limit for turning an int into
 #: text and back (``sys.get_int_max_str_digits()``), which every process that reads the row
 #: applies when it parses the JSON. A longer one would be written and then fail every read.
@@ -251,8 +256,9 @@ def _spell(where: str, at: _Where) -> str:
     return where + "".join(reversed(steps))
 
 
-def _text_ok(text: str) -> bool:
-    """No NUL and valid UTF-8 (fast for ASCII, the usual case)."""
+def storable(text: str) -> bool:
+    """Whether PostgreSQL can store ``text``: no NUL, valid UTF-8 (fast for ASCII, the usual
+    case)."""
     if "\x00" in text:
         return False
     if text.isascii():
@@ -287,7 +293,7 @@ def check_json(value: Any, where: str, error: type[InvalidInput]) -> None:
         if kind is str or isinstance(item, str):
             if kind is not str:  # checked as the encoder writes it, whatever its methods say
                 item = str.__str__(item)
-            if not _text_ok(item):
+            if not storable(item):
                 reject_nul(item, _spell(where, at), error)
         elif kind is float or isinstance(item, float):
             if not math.isfinite(item):
@@ -301,7 +307,7 @@ def check_json(value: Any, where: str, error: type[InvalidInput]) -> None:
                             f"JSON object keys must be strings, not {type(key).__name__}",
                         )
                     key = str.__str__(key)
-                if not _text_ok(key):
+                if not storable(key):
                     reject_nul(key, f"{_spell(where, at)} key {key!r}", error)
                 stack.append((child, (at, key), depth + 1))
         elif isinstance(item, list | tuple):

@@ -6,7 +6,9 @@ Include them under a path of your choice::
 
 Both answer only the requests that ``PGOUTBOX["VIEWS_AUTH"]`` admits (by default, active staff
 users): 401 or 403 otherwise, before any parameter is read or any query runs. They reveal queue
-names, counts, and (health) the host, pid and id of each worker process; never a payload or an
+names, counts, and (health) the host, pid and id of each worker process and the holder of the
+xmin horizon: its pid, role, application, client address and the first 200 characters of its
+last query, which may hold literal values of another application's data. Never a payload or an
 organization id.
 """
 
@@ -192,7 +194,8 @@ def _health_parameters(request: HttpRequest) -> tuple[list[str], float, str | No
 @never_cache
 @require_GET
 def health(request: HttpRequest) -> HttpResponse:
-    """200 when every required role was seen recently and no queue is stuck, 503 otherwise.
+    """200 when every required role was seen recently and no queue is stuck, 503 otherwise; a
+    held xmin horizon is in ``horizon`` and ``warnings``, and never makes it a 503.
 
     ``?require=jobs,relay`` narrows the roles (default: all three; an empty list is refused);
     ``?max_age=30`` sets the staleness limit in seconds (0 < max_age <= 86400);

@@ -104,3 +104,6 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"django_pgoutbox": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+# The shared secret of the webhook view of docs/howto/webhooks-in.md (testproject/demo/webhooks.py).
+STRIPE_WEBHOOK_SECRET = "whsec_example"

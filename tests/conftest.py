@@ -112,3 +112,22 @@ def drain(**options: Any) -> Any:
     thread.join(timeout=60 * float(os.environ.get("PGOUTBOX_TEST_TIME_SCALE", "1")))
     assert not thread.is_alive(), "the burst worker did not finish"
     return worker
+
+
+@pytest.fixture
+def lite() -> Iterator[str]:
+    """A SQLite alias in DATABASES (to check that what needs PostgreSQL refuses it)."""
+    from django.conf import settings
+    from django.db import connections
+
+    settings.DATABASES["lite"] = {
+        **settings.DATABASES["default"],
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": ":memory:",
+    }
+    try:
+        yield "lite"
+    finally:
+        connections["lite"].close()
+        del connections["lite"]
+        del settings.DATABASES["lite"]

@@ -3,10 +3,11 @@
 - Dead letters (jobs): filters by queue, job type and error code; search by id or idempotency
   key; pretty-printed payload; actions retry now, cancel and delete, each confirmed and logged.
 - Jobs: every job, with an action that cancels them (running ones are asked to stop).
-- Jobs, outbox events (with re-drive and discard for dead events), schedules (with "run now"):
-  read-only changelists.
+- Jobs, outbox events (with re-drive and discard for dead events), schedules (with "run now"),
+  inbox messages (filtered by source, searched by message id): read-only changelists.
 - An overview page (``admin/pgoutbox/job/overview/``): per queue, counts by state, oldest due age
-  and a link to its dead letters; outbox lag; schedules due.
+  and a link to its dead letters; outbox lag; who holds the xmin horizon (with its last query:
+  the page is for those who may view jobs); schedules due.
 
 Every page is bounded by what it reads, whatever its query string says:
 
@@ -31,11 +32,13 @@ from __future__ import annotations
 
 from django_pgoutbox.admin.common import EstimatedCountPaginator
 from django_pgoutbox.admin.events import OutboxEventAdmin, ScheduleAdmin
+from django_pgoutbox.admin.inbox import InboxMessageAdmin
 from django_pgoutbox.admin.jobs import DeadLetterAdmin, JobAdmin
 
 __all__ = [
     "DeadLetterAdmin",
     "EstimatedCountPaginator",
+    "InboxMessageAdmin",
     "JobAdmin",
     "OutboxEventAdmin",
     "ScheduleAdmin",

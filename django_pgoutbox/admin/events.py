@@ -19,6 +19,7 @@ from django_pgoutbox.models import (
     OutboxEvent,
     ScheduleCursor,
 )
+from django_pgoutbox.schedules import Schedule, load_schedules
 
 
 @admin.register(OutboxEvent)
@@ -120,8 +121,8 @@ class ScheduleAdmin(ReadOnlyAdmin):
     sortable_by = ("name", "last_slot_at")  # one row per schedule: a small table
 
     @cached_property
-    def _schedules(self) -> dict[str, scheduler.Schedule]:
-        return scheduler.load_schedules()[0]
+    def _schedules(self) -> dict[str, Schedule]:
+        return load_schedules()[0]
 
     @admin.display(description="job")
     def job(self, obj: ScheduleCursor) -> str:
@@ -141,7 +142,7 @@ class ScheduleAdmin(ReadOnlyAdmin):
     def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         """Cursors of schedules no longer configured (as this process loads them). A configured
         schedule without its cursor would start again from its latest slot."""
-        return queryset.exclude(name__in=list(scheduler.load_schedules()[0]))
+        return queryset.exclude(name__in=list(load_schedules()[0]))
 
     @admin.action(description="Run now", permissions=["change"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:

@@ -1,5 +1,6 @@
 """The changelists' filters: names the app knows (configured queues, registered job types,
-subscribers' event types, a bounded sample of dead letters), never ``SELECT DISTINCT`` over rows."""
+subscribers' event types, a bounded sample of dead letters, the inbox's sources read one index
+descent each), never ``SELECT DISTINCT`` over rows."""
 
 from __future__ import annotations
 
@@ -7,16 +8,18 @@ from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from django.contrib import admin
+from django.db import connections
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
-from django_pgoutbox import outbox
+from django_pgoutbox import outbox, queries
 from django_pgoutbox.admin.common import SAMPLE
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.models import (
     JobStatus,
 )
 from django_pgoutbox.registry import registered_jobs
+from django_pgoutbox.validation import storable
 
 
 class _NamesFilter(admin.SimpleListFilter):
@@ -38,7 +41,11 @@ class _NamesFilter(admin.SimpleListFilter):
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        return queryset.filter(**{self.field: self.value()}) if self.value() else queryset
+        if not self.value():
+            return queryset
+        if not storable(str(self.value())):
+            return queryset.none()  # no row has it, and PostgreSQL refuses to compare it
+        return queryset.filter(**{self.field: self.value()})
 
 
 class QueueFilter(_NamesFilter):
@@ -89,6 +96,27 @@ class EventTypeFilter(_NamesFilter):
 
     def names(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
         return outbox.subscribed_event_types()
+
+
+#: The most sources the inbox's filter offers (and its search looks in by index).
+MAX_SOURCES = 100
+
+
+def inbox_sources(alias: str) -> list[str]:
+    """The sources of the inbox's messages, in order, at most ``MAX_SOURCES`` of them."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.INBOX_SOURCES, [MAX_SOURCES])
+        return [source for (source,) in cursor.fetchall()]
+
+
+class SourceFilter(_NamesFilter):
+    """The sources the inbox holds, found by a loose scan of its unique index."""
+
+    title = "source"
+    parameter_name = field = "source"
+
+    def names(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
+        return inbox_sources(model_admin.get_queryset(request).db)
 
 
 class StatusFilter(admin.SimpleListFilter):

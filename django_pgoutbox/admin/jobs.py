@@ -32,6 +32,7 @@ from django_pgoutbox.models import (
     Job,
     JobStatus,
 )
+from django_pgoutbox.schedules import load_schedules
 
 
 def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any], bool]:
@@ -252,11 +253,12 @@ class JobAdmin(ReadOnlyAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         gauges = db_gauges.database_gauges(router.db_for_read(Job))
+        holder = db_gauges.horizon_holder(router.db_for_read(Job))
         dead_url = reverse("admin:pgoutbox_deadletter_changelist")
         queues = [
             {"gauges": g, "dead_url": f"{dead_url}?queue={g.queue}"} for g in gauges.queues.values()
         ]
-        schedules, problems = scheduler.load_schedules()
+        schedules, problems = load_schedules()
         now = scheduler.database_now(router.db_for_read(Job))
         cursors = scheduler.cursors()
         rows = []
@@ -277,6 +279,8 @@ class JobAdmin(ReadOnlyAdmin):
             "title": "Queues overview",
             "queues": queues,
             "gauges": gauges,
+            "horizon": holder,
+            "horizon_warnings": db_gauges.horizon_warnings(holder),
             "schedules": rows,
             "schedule_problems": problems,
             "now": timezone.now(),

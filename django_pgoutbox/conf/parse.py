@@ -32,6 +32,7 @@ from django_pgoutbox.conf.values import (
     SettingsProblem,
     ViewsAuthSettings,
 )
+from django_pgoutbox.cron import CronError, parse_zone
 
 
 class Parser:
@@ -128,6 +129,12 @@ class Parser:
             return None
         return value
 
+    def threshold(self, value: Any, key: str) -> float | None:
+        """A number of seconds >= 0 (a ``timedelta`` too), or None for no threshold."""
+        if value is None:
+            return None
+        return self.seconds(value, key, allow_zero=True)
+
     def age(self, value: Any, key: str) -> timedelta | None:
         if value is None:
             return None
@@ -176,6 +183,9 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         processed_events=parser.age(
             retention_raw["PROCESSED_EVENTS"], f"{retention_key}['PROCESSED_EVENTS']"
         ),
+        inbox_messages=parser.age(
+            retention_raw["INBOX_MESSAGES"], f"{retention_key}['INBOX_MESSAGES']"
+        ),
     )
 
     outbox_key = f"{SETTING_NAME}['OUTBOX']"
@@ -214,6 +224,13 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         )
         schedules = {}
 
+    schedule_tz = top["SCHEDULE_TZ"]
+    try:
+        parse_zone(schedule_tz)
+    except CronError as error:
+        parser.problem(f"{SETTING_NAME}['SCHEDULE_TZ']", f"{error}.")
+        schedule_tz = "UTC"
+
     listen_databases = top["LISTEN_DATABASES"]
     listen_key = f"{SETTING_NAME}['LISTEN_DATABASES']"
     if not isinstance(listen_databases, Mapping) or not all(
@@ -234,6 +251,25 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
                         check_id="pgoutbox.E003",
                     )
 
+    strict_job_types = top["STRICT_JOB_TYPES"]
+    if not isinstance(strict_job_types, bool):
+        parser.problem(
+            f"{SETTING_NAME}['STRICT_JOB_TYPES']",
+            f"must be True or False, not {strict_job_types!r}.",
+        )
+        strict_job_types = False
+    remote_job_types = top["REMOTE_JOB_TYPES"]
+    if isinstance(remote_job_types, str) or not (
+        isinstance(remote_job_types, list | tuple | set | frozenset)
+        and all(isinstance(name, str) and name.strip() for name in remote_job_types)
+    ):
+        parser.problem(
+            f"{SETTING_NAME}['REMOTE_JOB_TYPES']",
+            f"must be a list of job type names, not {remote_job_types!r}.",
+            "List the job types that workers of other services run, such as ['billing.invoice'].",
+        )
+        remote_job_types = []
+
     views_key = f"{SETTING_NAME}['VIEWS_AUTH']"
     views_auth = _parse_views_auth(
         parser, parser.section(top["VIEWS_AUTH"], DEFAULTS["VIEWS_AUTH"], views_key), views_key
@@ -251,6 +287,7 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         maintenance_queue=str(maintenance_queue),
         notify=notify,
         schedules=dict(schedules),
+        schedule_tz=str(schedule_tz),
         listen_databases=dict(listen_databases),
         views_auth=views_auth,
         max_payload_bytes=parser.byte_cap(
@@ -259,6 +296,11 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         max_result_bytes=parser.byte_cap(
             top["MAX_RESULT_BYTES"], f"{SETTING_NAME}['MAX_RESULT_BYTES']"
         ),
+        horizon_warning_seconds=parser.threshold(
+            top["HORIZON_WARNING_SECONDS"], f"{SETTING_NAME}['HORIZON_WARNING_SECONDS']"
+        ),
+        strict_job_types=strict_job_types,
+        remote_job_types=frozenset(remote_job_types),
     )
     return parsed, parser.problems
 

@@ -79,6 +79,8 @@ DEFAULTS: dict[str, Any] = {
         "COMPLETED_JOBS": timedelta(days=7),
         "CANCELLED_JOBS": timedelta(days=7),
         "PROCESSED_EVENTS": timedelta(days=7),
+        # Messages accept_message() recorded; a redelivery after this is accepted again.
+        "INBOX_MESSAGES": timedelta(days=7),
     },
     "OUTBOX": {
         # Events the relay claims (and projects in one transaction) at a time.
@@ -98,9 +100,21 @@ DEFAULTS: dict[str, Any] = {
     "NOTIFY": True,
     # Recurring schedules: name -> definition (see docs/scheduling.md).
     "SCHEDULES": {},
+    # The time zone of every CRON schedule that names none (its TZ): an IANA name.
+    "SCHEDULE_TZ": "UTC",
     # Database alias -> alias of a direct connection to LISTEN on, for a database reached
     # through a transaction-pooling proxy (see docs/databases.md).
     "LISTEN_DATABASES": {},
+    # pgoutbox stats, health and the admin's overview warn when a transaction, a prepared
+    # transaction or a replication slot has held the xmin horizon this many seconds (vacuum
+    # cannot clean the queue's tables meanwhile); None: no warning.
+    "HORIZON_WARNING_SECONDS": 300,
+    # enqueue() of a job type that no @job of this process declares: False warns
+    # (UnknownJobTypeWarning) and writes the job, True refuses it (EnqueueError).
+    "STRICT_JOB_TYPES": False,
+    # Job types that workers of other services run: enqueued by name, neither warned about nor
+    # refused.
+    "REMOTE_JOB_TYPES": [],
     # Who may read the views /pgoutbox/metrics and /pgoutbox/health: a request that any rule
     # admits (see docs/observability.md). By default, active staff users only.
     "VIEWS_AUTH": {
@@ -175,6 +189,7 @@ class RetentionSettings:
     completed_jobs: timedelta | None
     cancelled_jobs: timedelta | None
     processed_events: timedelta | None
+    inbox_messages: timedelta | None
 
 
 @dataclass(frozen=True)
@@ -213,6 +228,8 @@ class PgOutboxSettings:
     maintenance_queue: str
     notify: bool
     schedules: Mapping[str, Any] = field(default_factory=dict)
+    #: The IANA zone of the CRON schedules that give no ``TZ`` of their own.
+    schedule_tz: str = "UTC"
     #: Database alias -> the alias whose connection LISTENs for it (a direct connection when
     #: the main one goes through a transaction-pooling proxy).
     listen_databases: Mapping[str, str] = field(default_factory=dict)
@@ -222,6 +239,12 @@ class PgOutboxSettings:
     #: None: no cap but PostgreSQL's.
     max_payload_bytes: int | None = DEFAULT_MAX_JSON_BYTES
     max_result_bytes: int | None = DEFAULT_MAX_JSON_BYTES
+    #: Seconds a holder of the xmin horizon may hold it before the reports warn; None: never.
+    horizon_warning_seconds: float | None = 300.0
+    #: Whether enqueue() refuses a job type no ``@job`` declares (else it warns).
+    strict_job_types: bool = False
+    #: Job types run by workers of other services (``REMOTE_JOB_TYPES``).
+    remote_job_types: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

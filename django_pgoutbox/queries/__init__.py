@@ -5,6 +5,7 @@
 - ``limits``: the fair and limited claims (the queue's lock, its allowance, its tokens);
 - ``leases``: renewal, recovery of expired leases, suspects, giving jobs back;
 - ``outbox``: publishing a fact, and the relay's claim, fence and outcomes;
+- ``inbox``: recording a received message once;
 - ``operations``: pruning, dead letters, cancellation;
 - ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks.
 
@@ -38,7 +39,9 @@ from django_pgoutbox.queries.claims import (
     CLAIM_JOBS,
     CLAIM_RETURNING,
     RECORD_AND_CLAIM,
+    RECORD_AND_SEEK_CLAIM,
     RECORD_OUTCOMES,
+    SEEK_CLAIM_JOBS,
     ClaimRow,
 )
 from django_pgoutbox.queries.enqueue import (
@@ -50,6 +53,7 @@ from django_pgoutbox.queries.enqueue import (
     ENQUEUE_JOBS_UNKEYED,
     WAKE_QUEUES,
 )
+from django_pgoutbox.queries.inbox import ACCEPT_MESSAGE, INBOX_SOURCES
 from django_pgoutbox.queries.leases import (
     MARK_ALONE,
     RECOVER_EXPIRED_LEASES,
@@ -76,6 +80,7 @@ from django_pgoutbox.queries.monitoring import (
     ESTIMATE_UNREGISTERED_JOBS,
     GAUGES_PLAN,
     HEARTBEAT,
+    HORIZON_HOLDER,
     JOB_GAUGES,
     LOCK_WORKER_ID,
     OUTBOX_AND_SERVER_GAUGES,
@@ -93,6 +98,7 @@ from django_pgoutbox.queries.operations import (
     OVERDUE_EVENTS,
     PRUNE_EVENTS,
     PRUNE_HEARTBEATS,
+    PRUNE_INBOX_MESSAGES,
     PRUNE_JOBS,
     REDRIVE_DEAD_EVENTS,
     RELEASE_EXPIRED_EVENT_CLAIMS,
@@ -105,10 +111,12 @@ from django_pgoutbox.queries.outbox import (
     MARK_EVENTS_PROCESSED,
     PUBLISH_EVENT,
     RECORD_EVENT_FAILURES,
+    SEEK_CLAIM_EVENTS,
 )
 from django_pgoutbox.queries.params import binary
 
 __all__ = [
+    "ACCEPT_MESSAGE",
     "ADVANCE_SCHEDULE_CURSOR",
     "AUTOVACUUM_ON",
     "CANCEL_DEAD_JOBS",
@@ -136,6 +144,8 @@ __all__ = [
     "FAIR_PLAN",
     "GAUGES_PLAN",
     "HEARTBEAT",
+    "HORIZON_HOLDER",
+    "INBOX_SOURCES",
     "JOB_GAUGES",
     "LOCK_CLAIMED_EVENTS",
     "LOCK_WORKER_ID",
@@ -146,10 +156,12 @@ __all__ = [
     "OVERDUE_EVENTS",
     "PRUNE_EVENTS",
     "PRUNE_HEARTBEATS",
+    "PRUNE_INBOX_MESSAGES",
     "PRUNE_JOBS",
     "PUBLISH_EVENT",
     "QUEUE_ALLOWANCE",
     "RECORD_AND_CLAIM",
+    "RECORD_AND_SEEK_CLAIM",
     "RECORD_EVENT_FAILURES",
     "RECORD_OUTCOMES",
     "RECOVER_EXPIRED_LEASES",
@@ -160,6 +172,8 @@ __all__ = [
     "RETRY_DEAD_JOBS",
     "SCHEDULE_CURSOR",
     "SCHEDULE_LOCK",
+    "SEEK_CLAIM_EVENTS",
+    "SEEK_CLAIM_JOBS",
     "SET_STUCK_QUEUE",
     "START_SCHEDULE_CURSOR",
     "TAKE_TOKENS",
@@ -200,6 +214,8 @@ def _dispatched(name: str, *, prepare: bool | None) -> Dispatched:
 DISPATCHED: dict[str, Dispatched] = {
     "CLAIM_JOBS": _dispatched("CLAIM_JOBS", prepare=None),
     "RECORD_AND_CLAIM": _dispatched("RECORD_AND_CLAIM", prepare=False),
+    "SEEK_CLAIM_JOBS": _dispatched("SEEK_CLAIM_JOBS", prepare=None),
+    "RECORD_AND_SEEK_CLAIM": _dispatched("RECORD_AND_SEEK_CLAIM", prepare=False),
     "RECORD_OUTCOMES": _dispatched("RECORD_OUTCOMES", prepare=False),
     "RENEW_LEASES": _dispatched("RENEW_LEASES", prepare=False),
     "UNCLAIM_JOBS": _dispatched("UNCLAIM_JOBS", prepare=False),

@@ -33,6 +33,10 @@ CLAIM_COLUMNS: tuple[tuple[str, str, str], ...] = (
         "coalesce(j.last_error_code = 'lease_expired' AND j.lost_attempts >= 2, false)",
         "boolean",
     ),
+    # the claim index's key is (priority, run_at, created_at, id): the seek claim's mark. An
+    # infinite run_at (written by hand) has no Python value: such a row reads as 1970, a mark
+    # lower than its place, which only makes the next seek start earlier than it could.
+    ("run_at", "greatest(j.run_at, '1970-01-01 00:00:00+00'::timestamptz)", "timestamptz"),
 )
 
 
@@ -52,6 +56,7 @@ class ClaimRow(NamedTuple):
     waited: float  # seconds from run_at to the claim, by the database clock
     worker_ids: str  # JSON text: the worker of each attempt, this one last
     suspect: bool
+    run_at: datetime | None = None  # the seek claim's mark is the last row's key
 
 
 def _claim_position(name: str, offset: int = 0) -> int:
@@ -97,6 +102,7 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM candidates))
 RETURNING {CLAIM_RETURNING}
 """
 
+
 #: Lease up to ``limit`` due jobs of one queue, in priority order, and count the attempt.
 #:
 #: Named parameters: queue text, limit int, worker_id text, lease seconds float.
@@ -113,12 +119,17 @@ RETURNING {CLAIM_RETURNING}
 #: completed job too), a sequential scan at every claim that grew with the table
 #: (docs/benchmarks.md, "What profiling found", item 16). The probe returns the rows in id order, so
 #: they are sorted back into claim order (``_CLAIM_ORDER``).
-CLAIM_JOBS = f"""
-WITH candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
+def _claim_jobs(candidates: str) -> str:
+    """A claim of the rows ``candidates`` selects (from the head of the index, or the mark)."""
+    return f"""
+WITH candidates AS MATERIALIZED ({candidates}),
 claimed AS ({_CLAIM_UPDATE})
 SELECT * FROM claimed
 ORDER BY {_claim_order()}
 """
+
+
+CLAIM_JOBS = _claim_jobs(_CLAIM_CANDIDATES)
 
 #: Record the outcomes of many attempts in one statement; returns the ids it applied.
 #:
@@ -136,7 +147,32 @@ ORDER BY {_claim_order()}
 #: is true (the handler raised ``Snooze``) does not count: ``attempts`` goes down by one, so the
 #: next claim counts the same attempt number again. A job whose cancellation was requested while
 #: the attempt ran ends 'cancelled', whatever the outcome (a result it returned is kept).
+#:
+#: Each row is found by its primary key. ``(status = 'leased') IS TRUE`` means ``status =
+#: 'leased'`` but does not match ``jobs_leased_idx``'s predicate: with the plain test, the
+#: planner, sure from statistics that few rows are leased, read that index in a merge join; while
+#: a transaction holds the xmin horizon every job a worker claimed leaves a dead entry there, and
+#: each batch of outcomes then cost more than the last (issue 31). Without that index, and sure
+#: from statistics that no row has this worker's ``locked_by`` (a new worker id), the planner
+#: chose a sequential scan of the whole table for a batch of a few hundred; so the rows are
+#: probed by ``id = ANY(ARRAY(...))``, as the claim's update does. The probes lock the rows in id
+#: order, as RENEW_LEASES does: a renewal and an outcome write of the same jobs on two lanes that
+#: locked them in different orders deadlocked.
 RECORD_OUTCOMES = """
+WITH u AS MATERIALIZED (
+    -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
+    -- would have PostgreSQL apply either to the one row)
+    SELECT DISTINCT ON (id, attempt)
+        id, attempt, status, gives_back_attempt, delay, code, summary, result
+    FROM unnest(
+        %(ids)s::uuid[], %(attempts)s::integer[], %(statuses)s::text[],
+        %(gives_back_attempt)s::boolean[], %(delays)s::float8[], %(codes)s::text[],
+        %(summaries)s::text[], %(results)s::text[]
+    ) WITH ORDINALITY AS u(
+        id, attempt, status, gives_back_attempt, delay, code, summary, result, sent
+    )
+    ORDER BY id, attempt, sent
+)
 UPDATE jobs AS j
 SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE u.status END,
     attempts = CASE WHEN u.gives_back_attempt THEN j.attempts - 1 ELSE j.attempts END,
@@ -158,29 +194,18 @@ SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE u
         ELSE u.summary END,
     result = u.result::jsonb,
     lease_expires_at = NULL
-FROM (
-    -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
-    -- would have PostgreSQL apply either to the one row)
-    SELECT DISTINCT ON (id, attempt)
-        id, attempt, status, gives_back_attempt, delay, code, summary, result
-    FROM unnest(
-        %(ids)s::uuid[], %(attempts)s::integer[], %(statuses)s::text[],
-        %(gives_back_attempt)s::boolean[], %(delays)s::float8[], %(codes)s::text[],
-        %(summaries)s::text[], %(results)s::text[]
-    ) WITH ORDINALITY AS u(
-        id, attempt, status, gives_back_attempt, delay, code, summary, result, sent
-    )
-    ORDER BY id, attempt, sent
-) AS u
-WHERE j.id = u.id
+FROM u
+WHERE j.id = ANY(ARRAY(SELECT id FROM u))  -- by primary key, in id order: see above
+  AND j.id = u.id
   AND j.attempts = u.attempt
   AND j.locked_by = %(worker_id)s
-  AND j.status = 'leased'
+  AND (j.status = 'leased') IS TRUE  -- not jobs_leased_idx: see above
 RETURNING j.id
 """
 
 # The typed NULLs that pad RECORD_AND_CLAIM's outcome rows to the claim's columns.
 _CLAIM_NULLS = ", ".join(f"NULL::{kind}" for _, _, kind in CLAIM_COLUMNS[1:])
+
 
 #: RECORD_OUTCOMES and CLAIM_JOBS in one statement: one round trip per dispatcher turn.
 #:
@@ -191,9 +216,10 @@ _CLAIM_NULLS = ", ".join(f"NULL::{kind}" for _, _, kind in CLAIM_COLUMNS[1:])
 #: disjoint rows (outcomes go to 'leased' rows, claims take 'pending' and 'retrying' ones), as
 #: one statement must; the claim's snapshot predates the outcomes, so a job retried by this
 #: very statement waits for the next claim, as its future ``run_at`` demands anyway.
-RECORD_AND_CLAIM = f"""
+def _record_and_claim(candidates: str) -> str:
+    return f"""
 WITH recorded AS ({RECORD_OUTCOMES}),
-candidates AS MATERIALIZED ({_CLAIM_CANDIDATES}),
+candidates AS MATERIALIZED ({candidates}),
 claimed AS ({_CLAIM_UPDATE})
 SELECT false, id, {_CLAIM_NULLS}
 FROM recorded
@@ -201,3 +227,59 @@ UNION ALL
 SELECT true, * FROM claimed
 ORDER BY 1, {_claim_order(offset=1)}  -- the outcomes' ids, then the claimed jobs as CLAIM_JOBS
 """
+
+
+RECORD_AND_CLAIM = _record_and_claim(_CLAIM_CANDIDATES)
+
+# -- the seek claim (issue 31) ---------------------------------------------------------------------
+#
+# With a transaction holding the xmin horizon, every claimed row leaves a dead entry at the head
+# of ``jobs_claim_idx`` that neither vacuum nor the index's own hints can remove: CLAIM_JOBS then
+# steps over all of them, one heap visit each, at every claim. The seek claim starts past a
+# *mark*, the index key (priority, run_at, created_at, id) of the last job this coordinator
+# claimed, so the scan only crosses the entries claimed since (by its own and other workers).
+# Rows that become claimable *behind* the mark (an older run_at, a higher priority, a job given
+# back or recovered, one skipped as locked) are the full claim's (CLAIM_JOBS): the worker runs it
+# at least every few seconds and whenever the seek comes back short, within a time budget.
+
+# The candidates past the mark: the rest of the mark's priority after the mark, then the lower
+# priorities, each in claim order. Named parameters: those of _CLAIM_CANDIDATES and
+# mark_priority int, mark_run_at timestamptz, mark_created_at timestamptz, mark_id uuid.
+#
+# Two branches because the index is (queue, priority DESC, run_at, created_at, id): a row
+# comparison over all four would mix directions, which a btree cannot take as a scan bound.
+# With ``priority`` fixed, ``(run_at, created_at, id) > (...)`` is one bound of the index scan;
+# the outer ``LIMIT`` stops the append before the second branch runs once the first has enough.
+_SEEK_CANDIDATES = """
+    SELECT id FROM (
+        SELECT id
+        FROM jobs
+        WHERE queue = %(queue)s
+          AND status IN ('pending', 'retrying')
+          AND run_at <= now()
+          AND priority = %(mark_priority)s
+          AND (run_at, created_at, id) > (%(mark_run_at)s, %(mark_created_at)s, %(mark_id)s)
+        ORDER BY priority DESC, run_at, created_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS past_the_mark
+    UNION ALL
+    SELECT id FROM (
+        SELECT id
+        FROM jobs
+        WHERE queue = %(queue)s
+          AND status IN ('pending', 'retrying')
+          AND run_at <= now()
+          AND priority < %(mark_priority)s
+        ORDER BY priority DESC, run_at, created_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) AS lower_priorities
+    LIMIT %(limit)s
+"""
+
+#: CLAIM_JOBS from the mark on (see above). Named parameters: CLAIM_JOBS's and the mark's.
+SEEK_CLAIM_JOBS = _claim_jobs(_SEEK_CANDIDATES)
+
+#: RECORD_AND_CLAIM with the seek claim. Named parameters: RECORD_AND_CLAIM's and the mark's.
+RECORD_AND_SEEK_CLAIM = _record_and_claim(_SEEK_CANDIDATES)

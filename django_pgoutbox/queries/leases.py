@@ -10,13 +10,19 @@ from __future__ import annotations
 #: Fenced like RECORD_OUTCOMES. Only ``lease_expires_at`` changes, a column in no index, so on
 #: a page with free space (fillfactor 80) this is a HOT update that writes no index entry.
 RENEW_LEASES = """
+WITH u AS MATERIALIZED (
+    SELECT id, attempt, %s::float8 AS lease
+    FROM unnest(%s::uuid[], %s::integer[]) AS u(id, attempt)
+    ORDER BY id
+)
 UPDATE jobs AS j
-SET lease_expires_at = now() + make_interval(secs => %s)
-FROM unnest(%s::uuid[], %s::integer[]) AS u(id, attempt)
-WHERE j.id = u.id
+SET lease_expires_at = now() + make_interval(secs => u.lease)
+FROM u
+WHERE j.id = ANY(ARRAY(SELECT id FROM u))  -- by primary key, in id order (RECORD_OUTCOMES)
+  AND j.id = u.id
   AND j.attempts = u.attempt
   AND j.locked_by = %s
-  AND j.status = 'leased'
+  AND (j.status = 'leased') IS TRUE  -- not jobs_leased_idx (RECORD_OUTCOMES)
 RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 

@@ -285,6 +285,64 @@ FROM (
 ) counts
 """
 
+#: The oldest holder of this database's xmin horizon: what keeps vacuum from removing the dead
+#: row versions of ``jobs`` and ``outbox_events`` (docs/operations.md, "When the queue slows").
+#: ``OUTBOX_AND_SERVER_GAUGES``'s oldest transaction is the alarm; this is the diagnosis.
+#:
+#: Holders, by kind:
+#:
+#: - ``session``: a backend of this database with a transaction id (it has written) or a snapshot
+#:   (``REPEATABLE READ``, a statement running). Sessions of other databases hold back only their
+#:   own tables; autovacuum's workers and parallel workers (their leader is listed) hold nothing
+#:   that vacuum waits for. This session itself is left out.
+#: - ``standby``: a walsender without a slot, holding the horizon that its standby's
+#:   ``hot_standby_feedback`` reports, for every database.
+#: - ``prepared``: a prepared transaction of this database that nobody committed or rolled back.
+#: - ``slot``: a replication slot's ``xmin`` (a physical slot of a standby with feedback, kept
+#:   while the standby is down or gone). A slot's ``catalog_xmin`` holds back the system catalogs
+#:   alone, not the queue's tables: it is not counted.
+#:
+#: No parameters. One row or none. Columns: kind; seconds it has held the horizon (sessions:
+#: since their transaction began; prepared: since ``PREPARE``; slot: since it became inactive,
+#: on PostgreSQL 17 and later; else NULL); ``age(xmin)`` in transactions; pid (a session's or a
+#: standby's, an active slot's walsender); name (a prepared transaction's gid, a slot's name);
+#: role; application_name; client address; state (a session's, or a slot's ``active`` /
+#: ``inactive``); the first 200 characters of a session's last query. The holder whose horizon
+#: is the oldest (most transactions behind) comes first; of those holding the same, the longest.
+#: Ages are counted to ``clock_timestamp()``, not to ``now()``: asked inside a transaction (an
+#: admin request under ``ATOMIC_REQUESTS``), ``now()`` is when that began.
+HORIZON_HOLDER = """
+SELECT kind, age, xmin_age, pid, name, usename, application_name, client_addr, state, query
+FROM (
+    SELECT CASE WHEN a.backend_type = 'walsender' THEN 'standby' ELSE 'session' END AS kind,
+           extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS age,
+           greatest(age(a.backend_xid), age(a.backend_xmin)) AS xmin_age,
+           a.pid, NULL::text AS name, a.usename::text AS usename, a.application_name,
+           host(a.client_addr) AS client_addr, a.state, left(a.query, 200) AS query
+    FROM pg_stat_activity a
+    WHERE (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
+      AND a.pid <> pg_backend_pid()
+      AND a.backend_type NOT IN ('autovacuum worker', 'parallel worker')
+      AND (a.datname = current_database() OR a.backend_type = 'walsender')
+    UNION ALL
+    SELECT 'prepared', extract(epoch FROM clock_timestamp() - p.prepared)::float8,
+           age(p.transaction), NULL, p.gid, p.owner::text, NULL, NULL, NULL, NULL
+    FROM pg_prepared_xacts p
+    WHERE p.database = current_database()
+    UNION ALL
+    -- inactive_since is a column from PostgreSQL 17 on: read through jsonb, NULL before
+    SELECT 'slot',
+           extract(epoch FROM clock_timestamp()
+                              - (to_jsonb(s) ->> 'inactive_since')::timestamptz)::float8,
+           age(s.xmin), s.active_pid, s.slot_name::text, NULL, NULL, NULL,
+           CASE WHEN s.active THEN 'active' ELSE 'inactive' END, NULL
+    FROM pg_replication_slots s
+    WHERE s.xmin IS NOT NULL
+) holders
+ORDER BY xmin_age DESC, age DESC NULLS LAST
+LIMIT 1
+"""
+
 #: The planner's estimate of the outbox's waiting events (neither projected nor dead), where the
 #: count reached its limit.
 ESTIMATE_OUTBOX_PENDING = (

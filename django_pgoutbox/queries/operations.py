@@ -39,6 +39,20 @@ WHERE id IN (
 )
 """
 
+#: Delete up to ``limit`` inbox messages received longer ago than the retention: a redelivery
+#: of one of them is accepted again.
+#:
+#: Named parameters: age seconds float, limit int. ``inbox_received_idx`` finds the oldest.
+PRUNE_INBOX_MESSAGES = """
+DELETE FROM inbox_messages
+WHERE id IN (
+    SELECT id
+    FROM inbox_messages
+    WHERE received_at < now() - make_interval(secs => %(age)s)
+    LIMIT %(limit)s
+)
+"""
+
 #: Release relay claims that expired without the event being processed.
 #:
 #: Parameters: claim seconds float.

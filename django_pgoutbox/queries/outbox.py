@@ -67,7 +67,9 @@ CLAIM_EVENTS_PLAN = (
 #: ``NOT EXISTS (earlier event)`` form reads the same, but PostgreSQL plans it as a hash anti join
 #: over the whole backlog (docs/benchmarks.md, "What profiling found", item 10). The CTE is
 #: MATERIALIZED so that ``LIMIT`` and the locks apply once, as in CLAIM_JOBS.
-CLAIM_EVENTS = """
+#:
+#: ``{past_the_mark}`` is empty here; SEEK_CLAIM_EVENTS bounds the scan with it.
+_CLAIM_EVENTS = """
 WITH candidates AS MATERIALIZED (
     SELECT e.id, e.claimed_at IS NOT NULL AS reclaimed, e.claimed_by AS holder, e.attempts,
            e.occurred_at
@@ -76,7 +78,7 @@ WITH candidates AS MATERIALIZED (
       AND e.dead_at IS NULL
       AND e.available_at <= now()
       AND (e.claimed_at IS NULL OR e.claimed_at < now() - make_interval(secs => %(claim_seconds)s))
-      AND e.id = (
+{past_the_mark}      AND e.id = (
           SELECT head.id
           FROM outbox_events AS head
           WHERE head.aggregate_type = e.aggregate_type
@@ -116,6 +118,35 @@ RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_typ
           o.schema_version, o.payload::text, o.occurred_at, o.available_at, o.attempts,
           o.claimed_at, c.reclaimed, c.spent
 """
+#: The full claim: _CLAIM_EVENTS from the start of ``outbox_claim_idx`` (its comment says all).
+CLAIM_EVENTS = _CLAIM_EVENTS.format(past_the_mark="")
+
+# -- the seek claim (issue 31) ---------------------------------------------------------------------
+#
+# With a transaction holding the xmin horizon, every projected event leaves a dead entry in
+# ``outbox_claim_idx`` (MARK_EVENTS_PROCESSED takes it out of the index's predicate) that neither
+# vacuum nor the index's hints can remove: CLAIM_EVENTS steps over all of them, one heap visit
+# each, before the first live event. The seek claim starts at a *mark* instead: the
+# ``(occurred_at, id)`` of the *first* event the relay's last claim took. It starts there, not past
+# the last event, because the events that claim skipped for not heading their aggregate (the next
+# event of an aggregate whose earlier one it took) sort after that first event: once the batch is
+# projected, they head their aggregates and the next seek takes them. So the scan crosses about one
+# batch of dead entries (the last one's, and what other relays took since), however long the horizon
+# is held. Everything else that becomes claimable behind the mark (a retry whose ``available_at``
+# passed, an event a late-committing transaction published with an older ``occurred_at``, a claim
+# taken over, a re-driven dead event, the next event of an aggregate held by another relay) is the
+# full claim's (CLAIM_EVENTS): the relay runs it at least every few tenths of a second and whenever
+# the seek comes back short or a publication wakes it, within a time budget (``SeekPolicy``).
+#
+# The order of an aggregate's events is the same check as CLAIM_EVENTS's: the mark only narrows
+# the candidates, each one is still claimed only if it heads its aggregate.
+
+#: CLAIM_EVENTS from the mark on. Named parameters: CLAIM_EVENTS's, and mark_occurred_at
+#: timestamptz, mark_id uuid. ``(occurred_at, id) >= (mark)`` is a bound of the scan of
+#: ``outbox_claim_idx``, which is ordered by that very key.
+SEEK_CLAIM_EVENTS = _CLAIM_EVENTS.format(
+    past_the_mark="      AND (e.occurred_at, e.id) >= (%(mark_occurred_at)s, %(mark_id)s)\n"
+)
 
 # LOCK_CLAIMED_EVENTS, MARK_EVENTS_PROCESSED and RECORD_EVENT_FAILURES take arrays of a batch's
 # ids, sent in binary (``%b``, run with ``db.server_side_cursor``): quoting each UUID into the SQL

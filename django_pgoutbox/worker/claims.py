@@ -16,9 +16,11 @@ import psycopg
 
 from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import QueueSettings
+from django_pgoutbox.models import JobStatus
 from django_pgoutbox.queries import ClaimRow
 from django_pgoutbox.worker import outcomes
 from django_pgoutbox.worker.execute import Outcome
+from django_pgoutbox.worker.seek import SeekPolicy
 
 if TYPE_CHECKING:
     from django_pgoutbox.worker.attempt import Attempt
@@ -30,6 +32,10 @@ PREFETCH_SECONDS = 0.1
 PACE_WINDOW = 0.2
 #: The longest wait (seconds) before a rate-limited queue looks for new tokens.
 RATE_LIMIT_RETRY_CAP = 1.0
+#: A full claim still in flight after this many seconds is overtaken: the claims sent meanwhile
+#: seek past the mark on another lane, as if it had claimed nothing (the threads' prefetch is
+#: spent long before; a held horizon can make a full claim take seconds: docs/operations.md).
+OVERTAKE_AFTER = 3 * PREFETCH_SECONDS
 
 
 class Pace:
@@ -78,13 +84,24 @@ class RecordAndClaim:
     written: list[Outcome] = field(default_factory=list)
     applied: list[uuid.UUID] = field(default_factory=list)
     rows: list[ClaimRow] = field(default_factory=list)
+    #: The seek claim's parameters (``SeekPolicy.params``), or None: the full claim.
+    mark: dict[str, Any] | None = None
     #: How soon (seconds) a claim that a limit cut short should be tried again (inf: none did).
     retry_in: float = math.inf
+    #: How many jobs the claim asked the database for: ``limit``, or fewer where a queue's limit
+    #: cut it (None: as many as ``limit``).
+    asked: int | None = None
+    #: How long the statements took (seconds).
+    seconds: float = 0.0
 
     def run(self, connection: psycopg.Connection[Any]) -> RecordAndClaim:
         conf, batch, limit = self.settings, self.batch, self.limit
         special = conf.fair or conf.limited
         claim_params = claim(conf, limit, self.worker_id)
+        seek = self.mark is not None
+        if self.mark is not None:
+            claim_params |= self.mark
+        claim_name = "SEEK_CLAIM_JOBS" if seek else "CLAIM_JOBS"
         started = time.perf_counter()
         rows: list[tuple[Any, ...]] = []
         with connection.cursor() as cursor:
@@ -92,7 +109,7 @@ class RecordAndClaim:
                 try:
                     queries.send(
                         cursor,
-                        "RECORD_AND_CLAIM",
+                        "RECORD_AND_SEEK_CLAIM" if seek else "RECORD_AND_CLAIM",
                         outcomes.params(batch, self.worker_id) | claim_params,
                     )
                 except outcomes.STATEMENT_ERRORS as error:
@@ -101,7 +118,7 @@ class RecordAndClaim:
                     self.written, self.applied = outcomes.record_one_by_one(
                         cursor, batch, error, self.worker_id, conf.name
                     )
-                    queries.send(cursor, "CLAIM_JOBS", claim_params)
+                    queries.send(cursor, claim_name, claim_params)
                     rows = cursor.fetchall()
                 else:
                     self.written = batch
@@ -116,12 +133,14 @@ class RecordAndClaim:
                         cursor, batch, self.worker_id, conf.name
                     )
                 if limit > 0 and special:
-                    rows, self.retry_in = claim_limited(connection, conf, limit, self.worker_id)
+                    rows, self.retry_in, self.asked = claim_limited(
+                        connection, conf, limit, self.worker_id, self.mark
+                    )
                 elif limit > 0:
-                    queries.send(cursor, "CLAIM_JOBS", claim_params)
+                    queries.send(cursor, claim_name, claim_params)
                     rows = cursor.fetchall()
         self.rows = [ClaimRow._make(row) for row in rows]
-        elapsed = time.perf_counter() - started
+        elapsed = self.seconds = time.perf_counter() - started
         metrics.BATCH_DB_DURATION.observe(elapsed, role="jobs")
         if limit > 0:
             metrics.CLAIM_DURATION.observe(elapsed, queue=conf.name)
@@ -134,11 +153,18 @@ def claim(conf: QueueSettings, limit: int, worker_id: str) -> dict[str, Any]:
 
 
 def claim_limited(
-    connection: psycopg.Connection[Any], conf: QueueSettings, limit: int, worker_id: str
-) -> tuple[list[tuple[Any, ...]], float]:
-    """The claim of a queue with FAIR, MAX_RUNNING or RATE_LIMIT; see ``queries``.
+    connection: psycopg.Connection[Any],
+    conf: QueueSettings,
+    limit: int,
+    worker_id: str,
+    mark: dict[str, Any] | None = None,
+) -> tuple[list[tuple[Any, ...]], float, int]:
+    """The claim of a queue with FAIR, MAX_RUNNING or RATE_LIMIT; see ``queries``. A queue
+    limited as a whole claims past ``mark`` when given (SEEK_CLAIM_JOBS, see ``SeekPolicy``);
+    fair and per-organization claims take their own order and never seek.
 
-    Returns the claimed rows and, when a limit cut the claim short, how soon to try again.
+    Returns the claimed rows, how soon to try again when a limit cut the claim short, and how
+    many jobs it asked for.
     """
     per_org = conf.limit_by == "organization"
     rate = conf.rate_limit
@@ -161,7 +187,7 @@ def claim_limited(
                 if limit < wanted:
                     retry_in = min(RATE_LIMIT_RETRY_CAP, (1 - available % 1) / rate)
             if limit <= 0:
-                return [], min(retry_in, conf.poll_interval)
+                return [], min(retry_in, conf.poll_interval), 0
         if conf.fair or per_org:
             cursor.execute(queries.FAIR_PLAN)
             cursor.execute(
@@ -176,6 +202,8 @@ def claim_limited(
                     "burst": burst if per_org else None,
                 },
             )
+        elif mark is not None:
+            queries.send(cursor, "SEEK_CLAIM_JOBS", claim(conf, limit, worker_id) | mark)
         else:
             queries.send(cursor, "CLAIM_JOBS", claim(conf, limit, worker_id))
         rows = cursor.fetchall()
@@ -198,7 +226,7 @@ def claim_limited(
         if per_org and rate is not None and len(rows) < wanted:
             # Some organization may be out of tokens: look again when one may have refilled.
             retry_in = min(RATE_LIMIT_RETRY_CAP, 1 / rate)
-    return rows, retry_in
+    return rows, retry_in, limit
 
 
 #: Outcomes wait at most this long (seconds) to be written with others in one statement.
@@ -218,6 +246,10 @@ class Claims:
         #: A queue with FAIR or a limit claims under the queue's lock, one claim at a time.
         self.one_at_a_time = settings.fair or settings.limited
         self.pace = Pace(0 if self.one_at_a_time else settings.prefetch, now)
+        #: Where the next claim starts: past the mark, or the full claim (a queue with FAIR or
+        #: limits per organization always runs its own claim, in its own order).
+        own_order = settings.fair or settings.limit_by == "organization"
+        self.seek: SeekPolicy | None = None if own_order else SeekPolicy()
         #: Wake the coordinator to claim more once fewer jobs than this wait for a thread.
         self.low_water = concurrency
         self.wanted = True  # woken, or the poll interval passed, since the last claim
@@ -226,6 +258,15 @@ class Claims:
         self._flush_at: float | None = None
         #: While outcomes gather for one statement: until when (the coordinator's deadline).
         self.gathering_until: float | None = None
+        #: The full claim in flight, if any, when it was sent, and whether a seek overtook it.
+        self._full: RecordAndClaim | None = None
+        self._full_sent = 0.0
+        self._overtaken = False
+        #: When the full claim in flight may be overtaken, until that turn has come.
+        self._overtake_at: float | None = None
+        #: A seek came back short while it was in flight (jobs may be due behind the mark that
+        #: its snapshot predates): the next full claim as soon as the spacing allows.
+        self._short_beside = False
 
     def poll(self, now: float) -> None:
         """At each turn: once the poll interval has passed, claim even with nothing written."""
@@ -233,6 +274,9 @@ class Claims:
         if now >= self.next_poll:
             self.wanted = True
             self.next_poll = now + self.settings.poll_interval
+        if self._overtake_at is not None and now >= self._overtake_at:
+            self._overtake_at = None
+            self.wanted = True  # the threads may have run dry waiting for it
 
     def next(
         self, now: float, state: QueueState, *, claimable: bool, hurry: bool
@@ -247,7 +291,10 @@ class Claims:
             # Claim again while half the prefetch is still waiting, so that the threads never
             # run dry during the round trip.
             self.low_water = max(self.concurrency, prefetch // 2)
-            limit = max(0, self.concurrency + prefetch - state.queued - state.reserved)
+            reserved = state.reserved
+            if self._full is not None and self.overtaking(now):
+                reserved -= self._full.limit  # claimed beside it, past the mark
+            limit = max(0, self.concurrency + prefetch - state.queued - reserved)
         if not state.outcomes and not limit:
             return None
         if state.outcomes and not hurry:
@@ -268,18 +315,113 @@ class Claims:
         thread, and the prefetch."""
         prefetch = self.pace.prefetch(now)
         self.low_water = max(self.concurrency, prefetch // 2)
-        return self.take(state, self.concurrency + prefetch)
+        return self.take(state, self.concurrency + prefetch, now, standby=True)
 
-    def take(self, state: QueueState, limit: int) -> RecordAndClaim:
-        """The request that writes the outcomes waiting and claims ``limit`` jobs."""
+    def take(
+        self, state: QueueState, limit: int, now: float, *, standby: bool = False
+    ) -> RecordAndClaim:
+        """The request that writes the outcomes waiting and claims ``limit`` jobs (``standby``:
+        the claim an idle queue's first lane holds for the next wake-up, see ``SeekPolicy``)."""
         batch, attempts = state.take_batch(limit)
         self._flush_at = None
         self.pace.count(len(batch))
+        mark = None
         if limit:
             self.wanted = False
-        return RecordAndClaim(self.settings, self.worker_id, batch, limit, attempts)
+            # A full claim in flight already looks behind the mark: a second adds nothing.
+            if (
+                self.seek is not None
+                and self.seek.mark is not None
+                and (self.seek.seek(now, standby=standby) or self._full is not None)
+            ):
+                mark = self.seek.params()
+        request = RecordAndClaim(self.settings, self.worker_id, batch, limit, attempts, mark=mark)
+        if self._full is not None and mark is not None:
+            self._overtaken = True
+        elif limit and mark is None and not standby and self._may_overtake():
+            self._full, self._full_sent, self._overtaken = request, now, False
+            self._overtake_at, self._short_beside = now + OVERTAKE_AFTER, False
+        return request
 
-    def recorded(self, request: RecordAndClaim, now: float) -> None:
+    def _may_overtake(self) -> bool:
+        """Whether a full claim sent now may be overtaken (``overtaking``): not on a queue that
+        claims one at a time, nor before there is a mark (its wake-up would only claim again)."""
+        return not self.one_at_a_time and self.seek is not None and self.seek.mark is not None
+
+    def overtaking(self, now: float) -> bool:
+        """Whether the full claim in flight is overtaken now (``OVERTAKE_AFTER``): a claim may
+        go beside it, past the mark. Never on a queue that claims one at a time (its claims
+        wait for each other on the queue's lock), nor before there is a mark."""
+        return (
+            self._full is not None
+            and now >= self._full_sent + OVERTAKE_AFTER
+            and self.seek is not None
+            and self.seek.mark is not None
+            and not self.one_at_a_time
+        )
+
+    def answered(self, request: RecordAndClaim) -> bool:
+        """``request`` came back (written, failed, or given back unsent): whether a seek
+        overtook it (``recorded`` needs to know)."""
+        if request is not self._full:
+            return False
+        self._full = self._overtake_at = None
+        return self._overtaken
+
+    def woken(self) -> None:
+        """A wake-up: claim now, and look behind the mark too (the new jobs may sort before it:
+        a higher priority, an older ``run_at``)."""
+        self.wanted = True
+        if self.seek is not None:
+            self.seek.behind()
+
+    def deadlines(self) -> list[float]:
+        """When to claim if nothing comes first: the poll, the end of gathering outcomes."""
+        until = self.gathering_until
+        return [self.next_poll] if until is None else [self.next_poll, until]
+
+    def overtake_deadline(self, now: float) -> float | None:
+        """When the full claim in flight will be overtaken, if that is still to come. (It
+        frees a lane of its own: the coordinator must wake for it though no lane is free.)"""
+        at = self._overtake_at
+        return at if at is not None and now < at and not self.one_at_a_time else None
+
+    def nothing_due(self, request: RecordAndClaim) -> bool:
+        """Whether ``request``'s claim says that nothing is due (a burst may end). Only a full
+        claim can tell: a seek sees nothing behind its mark (``recorded`` has the full claim
+        follow a short one). Nor can a claim that wrote outcomes putting a job back to wait:
+        its snapshot predates them (``Snooze(0)`` is due at once), so it asks for one more."""
+        if not request.limit or request.mark is not None or request.rows:
+            return False
+        if request.retry_in != math.inf:
+            return False
+        if any(outcome.status == JobStatus.RETRYING for outcome in request.written):
+            self.wanted = True
+            return False
+        return True
+
+    def recorded(self, request: RecordAndClaim, now: float, *, overtaken: bool = False) -> None:
+        """``request`` went through (``overtaken``: seeks went beside it, see ``answered``)."""
+        asked = request.limit if request.asked is None else request.asked
+        if asked and self.seek is not None:  # (a limit that let nothing be claimed ran no claim)
+            self.seek.claimed(
+                request.rows,
+                asked,
+                full=request.mark is None,
+                seconds=request.seconds,
+                now=now,
+                overtaken=overtaken,
+            )
         if request.limit:
             self.backlog = len(request.rows) == request.limit
             self.next_poll = now + min(self.settings.poll_interval, request.retry_in)
+            short_seek = request.mark is not None and len(request.rows) < asked
+            if short_seek and self._full is not None:
+                self._short_beside, short_seek = True, False  # (taken up once it is back)
+            elif overtaken and self._short_beside:
+                short_seek = True
+            if self.seek is not None and short_seek:
+                # A short seek: jobs may be due behind the mark, which no wake-up will announce
+                # again. The full claim as soon as the spacing allows, not at the next poll
+                # (once the full claim it overtook, if any, is back: its snapshot predates it).
+                self.next_poll = min(self.next_poll, self.seek.next_full)

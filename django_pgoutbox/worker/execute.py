@@ -22,7 +22,7 @@ from django_pgoutbox import metrics, signals
 from django_pgoutbox.conf import RetrySettings, get_settings
 from django_pgoutbox.context import CancelFlag, JobContext
 from django_pgoutbox.errors import InvalidResult, JobFailure, ResultTooLarge, Snooze
-from django_pgoutbox.failures import failure_outcome
+from django_pgoutbox.failures import FailureOutcome, failure_outcome
 from django_pgoutbox.log import job_fields, job_logger
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.registry import JobDefinition, get_job
@@ -235,6 +235,40 @@ def _leave_forked_child(job: ClaimedJob) -> None:
         os._exit(70)  # EX_SOFTWARE
 
 
+def log_failure(job: ClaimedJob, error: BaseException, failed: FailureOutcome) -> None:
+    """One line per failed attempt: what failed, what becomes of the job and why.
+
+    As Django logs a request: what the code chose (a ``JobFailure`` it raised: a retry, a dead
+    letter, a cancellation) is one line; an unexpected exception that ends the job (a bug to
+    fix) carries its traceback at ERROR. Every other traceback, for who needs to see where a
+    failure was raised, is a record of its own at DEBUG. The table holds only the summary.
+    """
+    retrying = failed.status == JobStatus.RETRYING
+    with_traceback = not retrying and not issubclass(type(error), JobFailure)
+    record = {**job_fields(job), "outcome": failed.status.value, "error_code": failed.code}
+    (logger.warning if retrying else logger.error)(
+        "job %s (%s) attempt %d/%d: %s -> %s",
+        job.id,
+        job.job_type,
+        job.attempt,
+        job.max_attempts,
+        failed.summary,
+        failed.verdict,
+        exc_info=error if with_traceback else None,
+        extra=record,
+    )
+    if not with_traceback and logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "job %s (%s) attempt %d: the traceback of %s",
+            job.id,
+            job.job_type,
+            job.attempt,
+            failed.code,
+            exc_info=error,
+            extra=record,
+        )
+
+
 def _failed(job: ClaimedJob, error: BaseException, policy: RetrySettings) -> Outcome:
     """The outcome of an attempt that failed outside its handler, as the policy decides it."""
     try:
@@ -375,21 +409,7 @@ def _run(
             error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
         )
         status = failed.status
-        # A retry the handler asked for (TransientError, RateLimited) is routine: one line. An
-        # unexpected exception, a dead letter or a cancellation gets its traceback, correlated
-        # by job id; the table only ever holds the bounded summary.
-        routine = status == JobStatus.RETRYING and isinstance(error, JobFailure)
-        (logger.warning if status == JobStatus.RETRYING else logger.error)(
-            "job %s (%s) attempt %d/%d: %s -> %s",
-            job.id,
-            job.job_type,
-            job.attempt,
-            job.max_attempts,
-            failed.summary,
-            status.value,
-            exc_info=None if routine else error,
-            extra={**job_fields(job), "outcome": status.value, "error_code": failed.code},
-        )
+        log_failure(job, error, failed)
         code, summary = failed.code, failed.summary
         if definition.error_details is not None and not isinstance(error, InvalidResult):
             code, summary = _error_details(definition, error, job, code, summary)

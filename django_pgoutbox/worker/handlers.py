@@ -208,7 +208,7 @@ class AttemptRunner:
                 job.id,
                 job.attempt,
                 summary,
-                status.value,
+                failed.verdict,
                 exc_info=error,
                 extra=fields,
             )
@@ -218,7 +218,7 @@ class AttemptRunner:
                 job.id,
                 job.attempt,
                 summary,
-                status.value,
+                failed.verdict,
                 extra=fields,
             )
         return Outcome(job, status, delay=failed.delay, code=code, summary=summary)

@@ -9,8 +9,11 @@ module level.
 
 from __future__ import annotations
 
+import logging
+import os
 import pickle
 import signal
+import sys
 import uuid
 from typing import Any
 
@@ -18,9 +21,13 @@ import django
 from django.apps import apps
 
 from django_pgoutbox.errors import InvalidResult
+from django_pgoutbox.log import SHOWN_LEVEL_VARIABLE, show_job_logs
 
 if not apps.ready:
     django.setup()
+# Django's set-up configured logging anew: print ctx.logger's records as the worker does.
+if _shown_level := os.environ.get(SHOWN_LEVEL_VARIABLE):
+    show_job_logs(sys.stderr, logging.getLevelName(_shown_level))
 
 
 def run_attempt(

@@ -14,6 +14,7 @@ import logging
 import queue as queue_module
 import threading
 import time
+from collections import deque
 from typing import Any, Protocol
 
 import psycopg
@@ -23,10 +24,18 @@ from django_pgoutbox.retry import summarize
 from django_pgoutbox.worker.mailbox import REPLY, Mailbox
 
 #: Besides requests, a lane's inbox holds ``(FIRE, wake-up number)``, which sends the claim the
-#: lane holds (``standby``), and ``(DISARM,)``, which gives it back unsent. A lane that holds
-#: none ignores both.
+#: lane holds (``standby``), ``(DISARM,)``, which gives it back unsent, and ``(STOPPING,)``
+#: (``QueueRunner.stop``), a DISARM the lane remembers: from then on, a claim of its that is
+#: fired, or in flight, starts none of its jobs (the coordinator gives them back). A lane that
+#: holds none ignores FIRE and DISARM.
 FIRE = "fire"
 DISARM = "disarm"
+STOPPING = "stopping"
+#: A wake-up's FIRE is left out while this many items wait in the lane's inbox (the lane is
+#: busy: its statement in flight and those after it): at most one of them could fire a claim,
+#: and the coordinator, woken too, fires the lane itself. A storm of notifications while the
+#: lane waits on the server would else pile up there.
+CROWDED = 64
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -54,13 +63,30 @@ class Lane:
     def send(self, request: Request) -> None:
         self._inbox.put(request)
 
-    def fire(self, wake: float) -> None:
-        """Send the claim this lane holds, if any (``standby``): from any thread."""
-        self._inbox.put((FIRE, wake))
+    def fire(self, wake: float, *, unless_crowded: bool = False) -> None:
+        """Send the claim this lane holds, if any (``standby``): from any thread. A wake-up's
+        (``unless_crowded``) is left out while the inbox is ``CROWDED``; the coordinator's
+        never is."""
+        if not unless_crowded or self._inbox.qsize() < CROWDED:
+            self._inbox.put((FIRE, wake))
 
     def disarm(self) -> None:
         """Give back the claim this lane holds, unsent (``standby``)."""
         self._inbox.put((DISARM,))
+
+    def stopping(self) -> None:
+        """The worker stops (from any thread): give back the claim held, and start no job of
+        a claim fired from now on, nor of the one in flight."""
+        self._inbox.put((STOPPING,))
+
+    def _stopped(self, later: deque[Any]) -> bool:
+        """Whether a ``STOPPING`` came while a fired claim was in flight: the jobs claimed must
+        not start. What the inbox holds is kept, in order, for the loop."""
+        while True:
+            try:
+                later.append(self._inbox.get_nowait())
+            except queue_module.Empty:
+                return any(type(item) is tuple and item[0] == STOPPING for item in later)
 
     def cancel(self) -> None:
         """Cancel the statement in flight (it then fails, and the lane posts that)."""
@@ -73,18 +99,23 @@ class Lane:
             self._thread.join(timeout)
 
     def _work(self) -> None:
-        connection, post = self._connection, self._mailbox.post
+        connection, post, inbox = self._connection, self._mailbox.post, self._inbox
         held: Any = None  # a standing request (``standby``), until fired or disarmed
+        later: deque[Any] = deque()  # taken from the inbox early (``_stopped``), in order
+        stopped = False  # a STOPPING came: no fired claim starts its jobs any more
         try:
-            while (item := self._inbox.get()) is not None:
-                if type(item) is tuple:  # (FIRE, wake-up number) or (DISARM,)
+            while (item := later.popleft() if later else inbox.get()) is not None:
+                fired = False
+                if type(item) is tuple:  # (FIRE, wake-up number), (DISARM,) or (STOPPING,)
+                    stopped = stopped or item[0] == STOPPING
                     if held is None:
                         continue  # fired or disarmed already
                     request, held = held, None
-                    if item[0] == DISARM:
+                    if item[0] != FIRE:
                         post((REPLY, self.index, request, None, None, connection.opened))
                         continue
                     request.fire(item[1])
+                    fired = True
                 elif getattr(item, "standing", False):
                     held = item
                     continue
@@ -98,6 +129,8 @@ class Lane:
                     error = failure
                     if classify_error(failure) is ErrorKind.CONNECTION:
                         connection.close()
+                if fired and (stopped or self._stopped(later)):
+                    request.starts = False  # the coordinator gives its jobs back
                 post((REPLY, self.index, request, result, error, connection.opened))
                 if error is None and (after := getattr(request, "after_reply", None)) is not None:
                     try:
@@ -161,10 +194,16 @@ class Lanes:
     def busy(self) -> bool:
         return any(request is not None for request in self.in_flight)
 
-    def replied(self, index: int, opened: bool, *, failed: bool, now: float) -> float:
-        """Lane ``index`` answered; after a failure it backs off: returns for how long."""
+    def replied(
+        self, index: int, opened: bool, *, failed: bool, now: float, sent: bool = True
+    ) -> float:
+        """Lane ``index`` answered; after a failure it backs off: returns for how long. A
+        request it never sent (``sent``: a standby claim given back) says nothing of the
+        connection: the back-off after earlier failures stays as it was."""
         self.in_flight[index] = None
         self.open[index] = opened
+        if not sent:
+            return 0.0
         if not failed:
             self._pause[index] = ERROR_BACKOFF[0]
             return 0.0

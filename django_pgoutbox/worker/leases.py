@@ -7,6 +7,7 @@ Each class here is a request that a lane runs; the coordinator reads its result.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,11 @@ logger = logging.getLogger("django_pgoutbox.worker")
 
 #: Renew a running attempt's lease when this fraction of it has passed.
 RENEW_FRACTION = 1 / 3
+#: A queue's next lease recovery comes no sooner than this many times the last one's duration
+#: after it (and no sooner than its poll interval).
+RECOVERY_SPACING = 10.0
+#: A recovery in flight longer than this (seconds) is slow: claims no longer wait for its lane.
+SLOW_RECOVERY = 0.3
 
 
 @dataclass(eq=False)
@@ -66,9 +72,15 @@ class Recover:
     """Recover this queue's expired leases (``maintenance.recover_expired_leases``)."""
 
     queue: str
+    #: How long the statement took (seconds), filled in on the lane.
+    seconds: float = 0.0
 
     def run(self, connection: psycopg.Connection[Any]) -> None:
-        recover_expired_leases(self.queue, connection=connection)
+        started = time.perf_counter()
+        try:
+            recover_expired_leases(self.queue, connection=connection)
+        finally:
+            self.seconds = time.perf_counter() - started
 
 
 @dataclass(eq=False)
@@ -150,6 +162,7 @@ class Upkeep:
         self.renewed_last = False
         self.next_renewal = now + self.lease_seconds * RENEW_FRACTION
         self.next_recovery = now
+        self.recovery_sent = now
         self.reporting = False
         #: Whether the queue is stuck, as the heartbeat row was last told (None: tell it again).
         self.reported_stuck: bool | None = False
@@ -177,6 +190,13 @@ class Upkeep:
                 self.next_renewal = now
         elif isinstance(request, Recover):
             self.recovering = False
+            # Its scan of jobs_leased_idx steps over an entry for every job claimed while the
+            # xmin horizon is held: seconds, after minutes of it. Spaced, it takes at most a
+            # tenth of a lane's time; leases last far longer than the wait it adds. (A failure
+            # says nothing of the scan: the next goes after the poll interval, as ever.)
+            if not failed:
+                spaced = now + RECOVERY_SPACING * request.seconds
+                self.next_recovery = max(self.next_recovery, spaced)
         elif isinstance(request, PublishHealth):
             self.reporting = False
             if failed:
@@ -203,8 +223,19 @@ class Upkeep:
 
     def recover(self, now: float) -> Recover:
         self.recovering = True
+        self.recovery_sent = now
         self.next_recovery = now + self.settings.poll_interval
         return Recover(self.settings.name)
+
+    def slow_recovery(self, now: float) -> bool:
+        """Whether the recovery in flight is slow (``SLOW_RECOVERY``): its lane is not waited
+        for."""
+        return self.recovering and now >= self.recovery_sent + SLOW_RECOVERY
+
+    def slow_recovery_deadline(self, now: float) -> float | None:
+        """When the recovery in flight becomes slow, if that is still to come."""
+        at = self.recovery_sent + SLOW_RECOVERY
+        return at if self.recovering and now < at else None
 
     def deadlines(self, running: bool, *, recovering: bool) -> list[float]:
         """When to look again, while a lane is free (``recovering``: recovery may be sent)."""

@@ -5,12 +5,14 @@ One loop, one thread, one database connection. Each turn:
 1. claims up to ``OUTBOX['BATCH_SIZE']`` events with the source text's ``FOR UPDATE SKIP LOCKED``
    claim (a lease: ``claimed_at``/``claimed_by``, taken over after ``CLAIM_SECONDS``), only the
    earliest unprocessed event of each aggregate, so an aggregate's events go one at a time, in
-   order. Of the events whose last claim expired unfinished (their relay died or stalled,
-   maybe because of one of them), it claims at most one, counting it an attempt in the claim
-   itself: that *suspect* is projected alone, after the others, in a transaction of its own
-   (steps 2 to 4), so that a subscriber that kills its process (``os._exit()``, a crash in
-   native code, the OOM killer) takes no innocent event down with it again, and ends dead
-   (``relay_crashed``) after ``MAX_ATTEMPTS`` of them;
+   order; mostly from the mark of the last claim on (``EventSeekPolicy``), so that a held xmin
+   horizon does not make it step over every event projected since. Of the events whose last
+   claim expired unfinished (their relay died or stalled, maybe because of one of them), it
+   claims at most one, counting it an attempt in the claim itself: that *suspect* is projected
+   alone, after the others, in a transaction of its own (steps 2 to 4), so that a subscriber
+   that kills its process (``os._exit()``, a crash in native code, the OOM killer) takes no
+   innocent event down with it again, and ends dead (``relay_crashed``) after ``MAX_ATTEMPTS``
+   of them;
 2. opens one transaction for the batch and locks the events it still holds (the fence);
 3. runs each event's subscribers (what they enqueue or write joins the transaction; the jobs
    they enqueue without an idempotency key are written together, in one statement) and marks
@@ -50,6 +52,7 @@ from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
 from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.retry import summarize
 from django_pgoutbox.worker import subscribers
+from django_pgoutbox.worker.seek import SeekPolicy
 
 logger = logging.getLogger("django_pgoutbox.relay")
 
@@ -70,6 +73,24 @@ RELAY_CRASHED_DEAD_SUMMARY = (
     "event stopped before finishing it, as when a subscriber kills its process (os._exit(), a "
     "crash in native code, the OOM killer)"
 )
+
+
+class EventSeekPolicy(SeekPolicy):
+    """When the relay claims from its mark (SEEK_CLAIM_EVENTS), and when it runs the full claim
+    (CLAIM_EVENTS): ``SeekPolicy``'s rules, with the relay's own mark.
+
+    The mark is the ``(occurred_at, id)`` of the *first* event the last claim took, not the last:
+    the events that claim skipped because an earlier event of their aggregate was in the batch
+    sort after it, and the next seek takes them once the batch is projected. It never moves back:
+    a full claim that took older events (retries, late commits, takeovers) leaves it where it
+    was, and what those events held back waits for the next full claim.
+    """
+
+    MARK_NAMES = ("mark_occurred_at", "mark_id")
+
+    def mark_of(self, rows: Sequence[Any]) -> tuple[Any, ...]:
+        first = min((row.occurred_at, row.id) for row in rows)
+        return first if self.mark is None else max(self.mark, first)
 
 
 class _SubscriberFailed(Exception):
@@ -111,6 +132,10 @@ class Relay:
         #: finished them). Read and written by the loop's thread only.
         self._batch: list[OutboxEvent] = []
         self._suspects: set[uuid.UUID] = set()
+        #: Where the next claim starts; and whether the last one was a seek (an empty seek
+        #: says nothing of the events behind the mark: the full claim looks before sleeping).
+        self.seek = EventSeekPolicy()
+        self._sought = False
 
     def wake(self, _payload: str = "") -> None:
         self._wake.set()
@@ -124,7 +149,11 @@ class Relay:
         last_failure, repeats = "", 0
         try:
             while not self._stopping.is_set():
-                self._wake.clear()
+                if self._wake.is_set():
+                    # A publication: its event may sort behind the mark (a transaction that
+                    # began before the mark's event and committed after it).
+                    self.seek.behind()
+                    self._wake.clear()
                 try:
                     claimed = self.run_once()
                     pause = ERROR_BACKOFF[0]
@@ -158,6 +187,10 @@ class Relay:
                 if claimed:
                     # More may be waiting, and projecting this batch made the next event of
                     # each of its aggregates claimable: claim again before sleeping.
+                    continue
+                if self._sought:
+                    # Nothing past the mark: the full claim, as soon as its spacing allows.
+                    self._wake.wait(max(0.0, self.seek.earliest_full - time.monotonic()))
                     continue
                 if self.burst:
                     return
@@ -193,21 +226,25 @@ class Relay:
         return len(events)
 
     def _claim(self) -> list[OutboxEvent]:
+        limit = self.settings.batch_size
+        params: dict[str, Any] = {
+            "claim_seconds": self.settings.claim_seconds,
+            "limit": limit,
+            "max_attempts": self.settings.max_attempts,
+            "relay_id": self.relay_id,
+            "crashed_code": RELAY_CRASHED,
+            "dead_summary": RELAY_CRASHED_DEAD_SUMMARY,
+            "summary": RELAY_CRASHED_SUMMARY,
+        }
+        seek = self._sought = self.seek.seek(time.monotonic())
+        if seek:
+            params |= self.seek.params()
+        started = time.perf_counter()
         with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
             cursor.execute(queries.CLAIM_EVENTS_PLAN)
-            cursor.execute(
-                queries.CLAIM_EVENTS,
-                {
-                    "claim_seconds": self.settings.claim_seconds,
-                    "limit": self.settings.batch_size,
-                    "max_attempts": self.settings.max_attempts,
-                    "relay_id": self.relay_id,
-                    "crashed_code": RELAY_CRASHED,
-                    "dead_summary": RELAY_CRASHED_DEAD_SUMMARY,
-                    "summary": RELAY_CRASHED_SUMMARY,
-                },
-            )
+            cursor.execute(queries.SEEK_CLAIM_EVENTS if seek else queries.CLAIM_EVENTS, params)
             rows = cursor.fetchall()
+        seconds = time.perf_counter() - started
         names = [
             "id",
             "organization_id",
@@ -221,12 +258,13 @@ class Relay:
             "attempts",
             "claimed_at",
         ]
-        events = []
+        events, taken = [], []
         for *row, reclaimed, spent in rows:
             values = dict(zip(names, row, strict=True))
             values["payload"] = json.loads(values["payload"])
             values["claimed_by"] = self.relay_id
             event = saved_instance(OutboxEvent, self.using, values)
+            taken.append(event)
             if spent:
                 self._crashed_out(event)
                 continue
@@ -242,6 +280,7 @@ class Relay:
                     extra={"event_id": str(event.id), "event_type": event.event_type},
                 )
             events.append(event)
+        self.seek.claimed(taken, limit, full=not seek, seconds=seconds, now=time.monotonic())
         # The claim is ordered by (occurred_at, id); UPDATE ... RETURNING is not.
         events.sort(key=lambda e: (e.occurred_at, e.id))
         return events

@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -137,12 +136,15 @@ class QueueRunner:
         """New work may exist (a notification, a reconnect): claim now instead of at the poll;
         on an idle queue, the claim its first lane holds goes at once (``standby``)."""
         wake, fire = next(self._wakes), self._standby.fire_lane
-        if fire is not None:
-            fire(wake)  # first: the lane's claim is the wake-up's latency
+        if fire is not None:  # first: the lane's claim is the wake-up's latency
+            fire(wake, unless_crowded=True)  # left out while the lane is busy: this WAKE fires it
         self._mailbox.post((mailbox.WAKE, wake))
 
     def stop(self) -> None:
-        """Stop claiming; let running attempts finish within the grace period."""
+        """Stop claiming; let running attempts finish within the grace period. A claim fired
+        from the first lane and in flight is told first: its jobs are given back, not started."""
+        if (stop_lane := self._standby.stop_lane) is not None:
+            stop_lane()
         self._mailbox.post((mailbox.STOP,))
 
     def check_cancellations(self) -> None:
@@ -205,7 +207,7 @@ class QueueRunner:
             elif kind is mailbox.STARTED:
                 state.started(message[1], message[2])
             elif kind is mailbox.WAKE:
-                self._claims.wanted = True
+                self._claims.woken()
                 self._standby.woke(message)
             elif kind is mailbox.RENEW:
                 self._upkeep.asked.append(message[1])
@@ -245,7 +247,8 @@ class QueueRunner:
         if self._stopping:
             self._stop_turn(now)
         elif not self._exiting:
-            if upkeep.recovery_due(now):
+            # Not on the lane an overtaken full claim frees: that one is the seeks'.
+            if upkeep.recovery_due(now) and not self._claims.overtaking(now):
                 self._send_if_free(now, lambda: upkeep.recover(now))
             self._record_and_claim(now)
         if not renew_first:
@@ -267,15 +270,20 @@ class QueueRunner:
         work needs a lane counts only while one is free: else a lane's reply wakes it."""
         now, state, suspects = self._clock(), self._state, self._suspects
         deadlines = [now + self.settings.poll_interval]
-        if self._free_lane(now) is not None or self._standby.armed is not None:
+        if self._free_lane(now) is not None or self._standby.waiting:
             # Only what a turn would act on: stopping (or ending a burst), the coordinator
             # neither polls, recovers nor gathers, and those deadlines pass and stay past.
             acting = not (self._stopping or self._exiting)
-            deadlines += self._upkeep.deadlines(bool(state.attempts), recovering=acting)
+            recovering = acting and not self._claims.overtaking(now)
+            deadlines += self._upkeep.deadlines(bool(state.attempts), recovering=recovering)
             if acting:
-                deadlines.append(self._claims.next_poll)
-                if self._claims.gathering_until is not None:
-                    deadlines.append(self._claims.gathering_until)
+                deadlines += self._claims.deadlines()
+        if not (self._stopping or self._exiting):
+            # What frees a second lane, though none is free until then.
+            if (overtake := self._claims.overtake_deadline(now)) is not None:
+                deadlines.append(overtake)
+            if (slow := self._upkeep.slow_recovery_deadline(now)) is not None:
+                deadlines.append(slow)
         deadlines += self._lanes.backing_off(now)
         deadlines += [a.deadline for a in state.timed.values() if a.deadline is not None]
         if suspects.held is not None and now < suspects.held_since + self.lease_seconds:
@@ -292,11 +300,15 @@ class QueueRunner:
     # -- lanes ---------------------------------------------------------------------------------
 
     def _free_lane(self, now: float) -> int | None:
-        """The lane to send on now, if any: the first, else (for a backlog, or beside a fair or
-        limited queue's claim waiting on its lock) another."""
-        first = self._lanes.in_flight[0]
-        beyond = self._claims.backlog or (
-            self._claims.one_at_a_time and isinstance(first, RecordAndClaim)
+        """The lane to send on now, if any: the first, else (for a backlog, beside a fair or
+        limited queue's claim waiting on its lock, beside a full claim overtaken, or while the
+        first recovers leases, which a held horizon makes slow) another."""
+        first, claims = self._lanes.in_flight[0], self._claims
+        beyond = (
+            claims.backlog
+            or (claims.one_at_a_time and isinstance(first, RecordAndClaim))
+            or claims.overtaking(now)
+            or (isinstance(first, Recover) and self._upkeep.slow_recovery(now))
         )
         return self._lanes.free(now, beyond_first=beyond)
 
@@ -312,13 +324,18 @@ class QueueRunner:
     def _on_reply(self, message: Message, now: float) -> None:
         """A lane's ``(REPLY, index, request, result, error, connection open)``."""
         _, index, request, result, error, opened = message
-        pause = self._lanes.replied(index, opened, failed=error is not None, now=now)
-        made = None
+        unsent = isinstance(request, Standby) and not request.fired
+        pause = self._lanes.replied(
+            index, opened, failed=error is not None, now=now, sent=not unsent
+        )
+        made, overtaken = None, False
         if isinstance(request, Standby):
             made, request, self._standby.armed = request, request.claim, None
             if not made.fired:  # disarmed: the claim was never sent
                 self._state.not_written(request)
                 return
+        if isinstance(request, RecordAndClaim):
+            overtaken = self._claims.answered(request)
         if isinstance(request, Renew | Recover | PublishHealth):
             self._upkeep.replied(request, failed=error is not None, now=now)
         elif isinstance(request, GiveBack):
@@ -326,7 +343,7 @@ class QueueRunner:
         if error is not None:
             self._on_error(index, request, error, pause, now)
         elif isinstance(request, RecordAndClaim):
-            self._on_recorded(request, now, made)
+            self._on_recorded(request, now, made, overtaken=overtaken)
         elif isinstance(request, Renew):
             self._state.renewed(request, result)
         elif isinstance(request, MarkAlone):
@@ -364,16 +381,18 @@ class QueueRunner:
             if index is None or (index and not limit and len(outcomes) < FLUSH_SIZE):
                 return  # a second lane only to claim: these outcomes go with the first's turn
             idle = not state.attempts
-            self._lanes.send(index, claims.take(state, limit))
+            self._lanes.send(index, claims.take(state, limit, now))
             hand_off(idle)
 
-    def _on_recorded(self, request: RecordAndClaim, now: float, made: Standby | None) -> None:
+    def _on_recorded(
+        self, request: RecordAndClaim, now: float, made: Standby | None, *, overtaken: bool
+    ) -> None:
         state = self._state
         state.written(request)
-        self._claims.recorded(request, now)
+        self._claims.recorded(request, now, overtaken=overtaken)
         if made is not None and self._standby.answered(made):
             self._claims.wanted = False  # every wake-up so far was answered by this claim
-        if request.limit and self.burst and not request.rows and request.retry_in == math.inf:
+        if self.burst and self._claims.nothing_due(request):
             self._exiting = not (state.attempts or state.reserved or state.outcomes)
         if not request.rows:
             return
@@ -382,7 +401,7 @@ class QueueRunner:
         new, suspects = state.admit(
             request.rows, self._own_worker_ids, low_water, made.attempts if made else None
         )
-        if made is not None:  # its lane starts them: held as any claim's
+        if made is not None and made.starts:  # its lane starts them: held as any claim's
             for attempt in new:
                 state.hold(attempt, QUEUED)
             new = self._handlers.take_waiting() if self._stopping else []
@@ -476,7 +495,7 @@ class QueueRunner:
         if state.to_unclaim:
             self._give_back(now, "UNCLAIM_JOBS", "shutdown")
         if state.outcomes and (index := self._free_lane(now)) is not None:
-            self._lanes.send(index, self._claims.take(state, 0))
+            self._lanes.send(index, self._claims.take(state, 0, now))
         if now >= self._stop_deadline and not self._released:
             before = len(state.attempts)
             self._give_back(now, "RELEASE_JOBS", "grace")
@@ -493,7 +512,5 @@ class QueueRunner:
             self._done = now >= self._stop_deadline + STUCK_AFTER[1]
 
     def _snapshot(self) -> RunnerSnapshot:
-        suspects, lanes = self._suspects, self._lanes
-        return self._state.snapshot(
-            suspects.held, suspects.alone, lanes.turns, lanes.open, self._done
-        )
+        held, alone, lanes = self._suspects.held, self._suspects.alone, self._lanes
+        return self._state.snapshot(held, alone, lanes.turns, lanes.open, self._done)

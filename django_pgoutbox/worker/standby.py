@@ -46,6 +46,9 @@ class Standby:
     #: The handler threads' ``submit``.
     submit: Callable[[Attempt], None]
     standing: bool = True
+    #: The lane starts the attempts it claimed; not if the worker stopped before the claim
+    #: came back (``Lane._stopped``): the coordinator then gives them back.
+    starts: bool = True
     # -- filled in on the lane, read by the coordinator once it has the reply ------------------
     fired: bool = False
     #: The number of the wake-up that fired it: every wake-up up to it is answered.
@@ -73,6 +76,8 @@ class Standby:
 
     def after_reply(self) -> None:
         """On the lane, once its reply is posted: start the attempts but the suspects."""
+        if not self.starts:
+            return
         started = False
         for attempt in self.attempts:
             if not attempt.row.suspect:
@@ -101,12 +106,25 @@ class StandbyLane:
         )
         self._lane = lanes.lanes[0]
         #: The lane's ``fire`` (posting to it is safe from any thread), or None for a lane that
-        #: cannot hold a claim (the tests' fakes).
-        self.fire_lane: Callable[[float], None] | None = getattr(self._lane, "fire", None)
+        #: cannot hold a claim (the tests' fakes) and for a queue that claims one claim at a
+        #: time (``FAIR`` or limited), which never leaves one on its lane.
+        self.fire_lane: Callable[..., None] | None = (
+            None if claims.one_at_a_time else getattr(self._lane, "fire", None)
+        )
+        #: The lane's ``stopping``, which ``QueueRunner.stop`` posts from its own thread so
+        #: that no claim fired then or later (one in flight, or one the coordinator leaves on
+        #: the lane before it takes the stop) starts its jobs.
+        self.stop_lane: Callable[[], None] | None = getattr(self._lane, "stopping", None)
         self.armed: Standby | None = None
         self._asked = False  # the lane was asked to fire or to disarm since it was armed
         #: The last wake-up posted (by number), as the coordinator took it.
         self.woken = 0.0
+
+    @property
+    def waiting(self) -> bool:
+        """The lane holds a claim not yet asked for: it can be fired, or disarmed to free the
+        lane (a claim fired and not yet answered holds the lane like any statement in flight)."""
+        return self.armed is not None and not self._asked
 
     def woke(self, message: tuple[Any, ...]) -> None:
         self.woken = max(self.woken, message[1] if len(message) > 1 else math.inf)

@@ -22,7 +22,8 @@ from django_pgoutbox.conf import (
 from django_pgoutbox.health import ROLES as HEALTH_ROLES
 from django_pgoutbox.health import Heartbeat
 from django_pgoutbox.models import Job
-from django_pgoutbox.scheduler import Scheduler, load_schedules
+from django_pgoutbox.scheduler import Scheduler
+from django_pgoutbox.schedules import load_schedules
 from django_pgoutbox.worker import recycling, worker_ids
 from django_pgoutbox.worker.listener import Listener
 from django_pgoutbox.worker.relay import Relay

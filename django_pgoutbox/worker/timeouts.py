@@ -8,17 +8,12 @@ returns at last is discarded.
 
 from __future__ import annotations
 
-import logging
-
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import JobTimeout
 from django_pgoutbox.failures import failure_outcome
-from django_pgoutbox.log import job_fields
 from django_pgoutbox.registry import get_job
 from django_pgoutbox.worker.attempt import Attempt
-from django_pgoutbox.worker.execute import Outcome
-
-logger = logging.getLogger("django_pgoutbox.worker")
+from django_pgoutbox.worker.execute import Outcome, log_failure
 
 
 def timed_out(attempt: Attempt, policy: RetrySettings) -> Outcome:
@@ -33,16 +28,7 @@ def timed_out(attempt: Attempt, policy: RetrySettings) -> Outcome:
     failed = failure_outcome(
         error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
     )
-    logger.error(
-        "job %s (%s) attempt %d/%d: %s -> %s",
-        job.id,
-        job.job_type,
-        job.attempt,
-        job.max_attempts,
-        failed.summary,
-        failed.status.value,
-        extra={**job_fields(job), "outcome": failed.status.value, "error_code": failed.code},
-    )
+    log_failure(job, error, failed)
     return Outcome(
         job,
         failed.status,

@@ -16,6 +16,7 @@ from django_pgoutbox import (
     Revoked,
     Snooze,
     TransientError,
+    enqueue,
     job,
 )
 from testproject.testjobs.models import SideEffect
@@ -148,8 +149,10 @@ def lose_connection(payload: dict[str, Any], ctx: JobContext) -> Any:
 
 @job("tests.snooze")
 def snooze(payload: dict[str, Any], ctx: JobContext) -> Any:
-    """Snooze until this job has started ``times`` times, then return the attempt number."""
+    """Snooze (after ``sleep`` seconds) until this job has started ``times`` times, then return
+    the attempt number."""
     record(ctx, "start")
+    time.sleep(payload.get("sleep", 0))
     starts = SideEffect.objects.filter(job_id=ctx.job_id, event="start").count()
     if starts < payload["times"]:
         if payload.get("return"):
@@ -402,3 +405,9 @@ def leak(payload: dict[str, Any], ctx: JobContext) -> None:
     """Keep ``mb`` MiB (touched, so resident) for as long as the process lives."""
     _LEAKED.append(b"x" * (payload.get("mb", 10) * 2**20))
     record(ctx, "end")
+
+
+@job("tests.spawn")
+def spawn(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Enqueue a ``tests.behave`` job of ``priority`` (a follow-up that should run first)."""
+    enqueue("tests.behave", {"n": "child"}, priority=payload.get("priority", 0))

@@ -25,10 +25,10 @@ import textwrap
 import threading
 import time
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 import pytest
@@ -43,6 +43,8 @@ DOCS = ROOT / "docs"
 PAGES = sorted(
     [path for path in DOCS.rglob("*.md") if "_build" not in path.parts] + [ROOT / "README.md"]
 )
+# Pages that tests/docs/test_tutorial.py runs as their reader would, in a project they make.
+RUN_AS_WRITTEN = {DOCS / "tutorial.md"}
 
 NOT_CODE = {"text", "mermaid", ""}
 PYTHON = {"python", "py"}
@@ -232,9 +234,11 @@ def settings_text(text: str) -> str:
 class Step:
     """One thing to run, in document order."""
 
-    kind: str  # snippet | shell | sql | config
+    kind: str  # snippet | shell | sql | config | file | output
     block: Block
     text: str
+    #: The project's file that a ``file`` step writes.
+    path: str | None = None
 
 
 @dataclass
@@ -246,9 +250,7 @@ class Page:
 
     @property
     def needs_project(self) -> bool:
-        return any(step.kind in {"snippet", "shell", "sql"} for step in self.steps) or bool(
-            self.files
-        )
+        return any(step.kind in {"snippet", "shell", "sql", "file"} for step in self.steps)
 
 
 def split_python(block: Block) -> Iterator[tuple[str | None, str]]:
@@ -270,16 +272,24 @@ def split_python(block: Block) -> Iterator[tuple[str | None, str]]:
 def load_page(path: Path) -> Page:
     page = Page(path)
     for block in blocks_of(path):
-        if block.language in NOT_CODE:
-            continue
         if block.skip is not None:
-            page.skipped.append(block)
+            if block.language not in NOT_CODE:
+                page.skipped.append(block)
+            continue
+        if block.language == "text":
+            # Sample output of the block before it: a page run as written checks it
+            # (tests/docs/test_tutorial.py); the other pages only show it.
+            page.steps.append(Step("output", block, block.text))
+            continue
+        if block.language in NOT_CODE:
             continue
         if block.language in PYTHON:
             for file_path, text in split_python(block):
                 if file_path is None:
                     page.steps.append(Step("snippet", block, text))
-                elif file_path.endswith("settings.py"):
+                    continue
+                page.steps.append(Step("file", block, text, file_path))
+                if file_path.endswith("settings.py"):
                     page.files["settings.py"] = page.files.get("settings.py", "") + settings_text(
                         text
                     )
@@ -423,7 +433,20 @@ class Project:
                 f"{textwrap.indent(step.text, '    ')}\n{result.stdout}\n{result.stderr}"
             )
 
-    def run_shell(self, step: Step) -> None:
+    def not_run(self, words: list[str]) -> bool:
+        """Whether a command is one the harness does not run (docs/contributing.md says why)."""
+        return words[0] in NOT_RUN or (
+            words[0].startswith("python")
+            and (
+                words[1:3] in (["-m", "pip"], ["-m", "venv"])
+                or (len(words) > 2 and words[2] in NOT_RUN_MANAGE and "--noinput" not in words)
+            )
+        )
+
+    def run_shell(self, step: Step, until: Callable[[str], bool] | None = None) -> str:
+        """Run a shell block's commands; their output. A long-running command runs on until
+        ``until`` holds for its output (or its deadline)."""
+        output = ""
         for command in shell_commands(step.block):
             words = shlex.split(command, comments=True)
             if not words:
@@ -437,26 +460,30 @@ class Project:
             while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
                 key, _, value = words.pop(0).partition("=")
                 env[key] = value
-            if words[0] in NOT_RUN or (
-                words[0].startswith("python")
-                and (
-                    words[1:3] in (["-m", "pip"], ["-m", "venv"])
-                    or (len(words) > 2 and words[2] in NOT_RUN_MANAGE and "--noinput" not in words)
-                )
-            ):
+            if self.not_run(words):
                 continue
             if words[0] in {"python", "python3"}:
                 words[0] = sys.executable
-            self._run_command(step.block, command, words, env)
+            output += self._run_command(step.block, command, words, env, until=until)
+        return output
 
     def _run_command(
-        self, block: Block, command: str, words: list[str], env: dict[str, str]
-    ) -> None:
+        self,
+        block: Block,
+        command: str,
+        words: list[str],
+        env: dict[str, str],
+        *,
+        until: Callable[[str], bool] | None = None,
+        stdin: IO[str] | None = None,
+    ) -> str:
+        """Run one command; its output (stdout, then stderr)."""
         long_running = ("runworkers" in words and "--burst" not in words) or "runserver" in words
         process = subprocess.Popen(
             words,
             cwd=self.directory,
             env=env,
+            stdin=stdin,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -480,16 +507,22 @@ class Project:
                     if any(line.startswith(STARTED) for line in out + err):
                         break
                     time.sleep(0.1)
-                try:
-                    process.wait(timeout=LONG_RUNNING_SECONDS)
+                # At least LONG_RUNNING_SECONDS; longer while what it should print is missing.
+                enough = time.monotonic() + LONG_RUNNING_SECONDS
+                deadline = time.monotonic() + STARTUP_TIMEOUT
+                while process.poll() is None and (
+                    time.monotonic() < enough
+                    or (until and not until("".join(out + err)) and time.monotonic() < deadline)
+                ):
+                    time.sleep(0.1)
+                if process.poll() is not None:
                     for reader in readers:
                         reader.join(timeout=5)
                     pytest.fail(
                         f"{block.where}: `{command}` stopped by itself "
                         f"(status {process.returncode}):\n{''.join(out)}\n{''.join(err)}"
                     )
-                except subprocess.TimeoutExpired:
-                    process.send_signal(signal.SIGTERM)
+                process.send_signal(signal.SIGTERM)
             process.wait(timeout=COMMAND_TIMEOUT)
         finally:
             # Whatever it left behind (runserver's reloaded child, a fork server) goes too.
@@ -504,6 +537,7 @@ class Project:
                 f"{block.where}: `{command}` exited with status {process.returncode} "
                 f"(expected {block.expect_exit}):\n{''.join(out)}\n{''.join(err)}"
             )
+        return "".join(out) + "".join(err)
 
     def run_sql(self, step: Step) -> None:
         text = step.text
@@ -613,7 +647,9 @@ def _page_id(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
-@pytest.mark.parametrize("path", PAGES, ids=_page_id)
+@pytest.mark.parametrize(
+    "path", [page for page in PAGES if page not in RUN_AS_WRITTEN], ids=_page_id
+)
 def test_page_examples_run(path: Path, tmp_path: Path) -> None:
     if "from django.tasks import" in path.read_text() and not importlib.util.find_spec(
         "django.tasks"
@@ -624,7 +660,8 @@ def test_page_examples_run(path: Path, tmp_path: Path) -> None:
         print(f"skipped {block.where}: {block.skip}")
     if not page.needs_project:
         for step in page.steps:
-            check_config(step.block)
+            if step.kind == "config":
+                check_config(step.block)
         return
     project = Project(page, tmp_path)
     project.write()
@@ -632,6 +669,8 @@ def test_page_examples_run(path: Path, tmp_path: Path) -> None:
     project.create_databases()
     try:
         for number, step in enumerate(page.steps):
+            if step.kind in {"file", "output"}:  # files are written; output is not compared
+                continue
             began = time.monotonic()
             if step.kind == "snippet":
                 project.run_snippet(step, number)
@@ -639,7 +678,7 @@ def test_page_examples_run(path: Path, tmp_path: Path) -> None:
                 project.run_shell(step)
             elif step.kind == "sql":
                 project.run_sql(step)
-            else:
+            elif step.kind == "config":
                 check_config(step.block)
             print(f"  {step.block.where} ({step.kind}): {time.monotonic() - began:.1f} s")
     finally:

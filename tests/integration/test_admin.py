@@ -16,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from django_pgoutbox import enqueue, publish
-from django_pgoutbox.models import Job, JobStatus, OutboxEvent
+from django_pgoutbox.models import Job, JobStatus, OutboxEvent, ScheduleCursor
 from tests.processes import scaled
 
 pytestmark = pytest.mark.django_db
@@ -100,7 +100,14 @@ class TestPages:
             assert admin_client.get(url).status_code == 200, url
         assert admin_client.get("/admin/pgoutbox/job/add/").status_code == 403
 
-    def test_overview(self, admin_client: Client) -> None:
+    def test_overview(self, admin_client: Client, settings: Any) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "SCHEDULES": {
+                "morning": {"JOB": "tests.noop", "CRON": "0 8 * * *", "TZ": "Europe/Berlin"}
+            },
+        }
+        ScheduleCursor.objects.create(name="morning", last_slot_at=timezone.now())
         dead_job(queue="exports")
         enqueue("tests.behave", {}, queue="reports")
         page = admin_client.get("/admin/pgoutbox/job/overview/")
@@ -109,6 +116,9 @@ class TestPages:
         assert f'href="{DEAD}?queue=exports"' in text
         assert "pgoutbox.recover_leases" in text
         assert "Outbox" in text
+        assert "0 8 * * * (Europe/Berlin)" in text  # a schedule's zone, where it is listed
+        changelist = admin_client.get("/admin/pgoutbox/schedulecursor/").content.decode()
+        assert "0 8 * * * (Europe/Berlin)" in changelist
 
     def test_changelist_does_not_count_a_big_table(self, admin_client: Client) -> None:
         with connection.cursor() as cursor:
@@ -250,6 +260,37 @@ class TestCommand:
         assert "Discarded 1 dead job(s)." in out.getvalue()
         assert Job.objects.get(pk=keep.pk).status == JobStatus.PENDING
         assert Job.objects.get(pk=other.pk).status == JobStatus.CANCELLED
+
+    def test_list_has_a_header_aligned_columns_and_an_ellipsis_where_it_cuts(self) -> None:
+        short = dead_job(queue="webhooks")
+        long = dead_job(queue="location_derivation", job_type="tests.a_much_longer_job_type")
+        Job.objects.filter(pk=long.pk).update(
+            last_error_summary="ValueError: " + "a long message, " * 10 + "\nand a second line"
+        )
+        out = StringIO()
+        call_command("pgoutbox", "deadletters", "list", stdout=out)
+        header, *rows = out.getvalue().splitlines()
+        assert header.split("  ")[0] == "id"
+        for title in ("queue", "job type", "error code", "dead since (UTC)", "error"):
+            assert title in header
+        assert len(rows) == 2
+        # every column starts where its title does, whatever the width of the cells above
+        for title, value in (("queue", "webhooks"), ("job type", "tests.behave")):
+            row = next(row for row in rows if row.startswith(str(short.pk)))
+            assert row.index(value) == header.index(title)
+        row = next(row for row in rows if row.startswith(str(long.pk)))
+        error = row[header.rindex("error") :]  # the last column, not "error code"
+        assert error.startswith("ValueError: a long message,")
+        assert error.endswith("…")
+        assert len(error) == 60
+
+    def test_list_says_when_there_is_nothing(self) -> None:
+        out = StringIO()
+        call_command("pgoutbox", "deadletters", "list", stdout=out)
+        assert out.getvalue() == "No dead jobs.\n"
+        out = StringIO()
+        call_command("pgoutbox", "deadletters", "list", "--queue", "webhooks", stdout=out)
+        assert out.getvalue() == "No dead jobs match.\n"
 
     def test_bad_arguments(self) -> None:
         with pytest.raises(CommandError, match="give job ids, or --all"):

@@ -489,6 +489,24 @@ class TestFilters:
             assert rows(JOBS + "?status=nonsense") == 0
         assert not [q for q in queries.captured_queries if 'FROM "jobs"' in q["sql"]]
 
+    @pytest.mark.parametrize(
+        "url",
+        [
+            "/admin/pgoutbox/job/?queue=%00",
+            "/admin/pgoutbox/deadletter/?job_type=a%00b",
+            "/admin/pgoutbox/deadletter/?last_error_code=%00",
+            "/admin/pgoutbox/outboxevent/?event_type=%00",
+            "/admin/pgoutbox/inboxmessage/?source=%00",
+        ],
+    )
+    def test_a_name_postgresql_cannot_compare_finds_nothing(
+        self, admin_client: Client, url: str
+    ) -> None:
+        """A NUL in a filter's value: no row has it, and PostgreSQL refuses to compare text
+        with one (it was a server error)."""
+        page = admin_client.get(url)
+        assert page.status_code == 200
+
 
 # -- only the lookups the admin offers --------------------------------------------------------
 

@@ -28,7 +28,7 @@ from django_pgoutbox.copy_rows import COPY_CHUNK_SIZE, COPY_MIN_ROWS
 from django_pgoutbox.errors import JobRegistrationError, SubscriberRegistrationError
 from django_pgoutbox.models import Job, JobStatus, OutboxEvent
 from django_pgoutbox.outbox import subscriber
-from django_pgoutbox.scheduler import load_schedules
+from django_pgoutbox.schedules import load_schedules
 from django_pgoutbox.validation import (
     FIRST_MOMENT,
     LAST_MOMENT,

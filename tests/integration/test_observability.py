@@ -24,7 +24,8 @@ from django_pgoutbox.health import Heartbeat, health_report
 from django_pgoutbox.log import JSONFormatter
 from django_pgoutbox.models import Job, OutboxEvent
 from django_pgoutbox.prometheus import database_exposition, process_registry
-from django_pgoutbox.scheduler import Schedule, Scheduler
+from django_pgoutbox.scheduler import Scheduler
+from django_pgoutbox.schedules import Schedule
 from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.relay import Relay
 from tests.conftest import drain
@@ -382,22 +383,30 @@ def test_signals_and_json_logs(caplog: Any) -> None:
     signals.job_finished.connect(finished)
     try:
         failing = enqueue("tests.behave", {"fail": "permanent"})
-        with caplog.at_level(logging.ERROR, logger="django_pgoutbox"):
+        with caplog.at_level(logging.DEBUG, logger="django_pgoutbox"):
             drain()
     finally:
         signals.job_started.disconnect(started)
         signals.job_finished.disconnect(finished)
     assert seen == [("started", "tests.behave"), ("dead", True)]
-    record = next(r for r in caplog.records if getattr(r, "job_id", None) == str(failing.id))
-    entry = json.loads(JSONFormatter().format(record))
-    assert entry["job_id"] == str(failing.id)
-    assert (entry["job_type"], entry["queue"], entry["attempt"], entry["outcome"]) == (
+    line, traceback = (
+        json.loads(JSONFormatter().format(r))
+        for r in caplog.records
+        if getattr(r, "job_id", None) == str(failing.id) and r.name == "django_pgoutbox.worker"
+    )
+    assert line["job_id"] == str(failing.id)
+    assert (line["job_type"], line["queue"], line["attempt"], line["outcome"]) == (
         "tests.behave",
         "default",
         1,
         "dead",
     )
-    assert "PermanentError: invalid payload" in entry["exc_info"]
+    assert line["message"].endswith(
+        "-> dead: a permanent failure (PermanentError) is never retried"
+    )
+    assert "exc_info" not in line  # a failure the handler chose: one line
+    assert traceback["level"] == "DEBUG"
+    assert "PermanentError: invalid payload" in traceback["exc_info"]
 
 
 def _free_port() -> int:

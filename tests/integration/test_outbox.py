@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 import pytest
@@ -17,7 +17,7 @@ from django_pgoutbox import Event, PublishError, enqueue, publish, subscriber
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.copy_rows import COPY_MIN_ROWS
 from django_pgoutbox.models import Job, OutboxEvent
-from django_pgoutbox.queries import COPY_JOBS
+from django_pgoutbox.queries import CLAIM_EVENTS, CLAIM_EVENTS_PLAN, COPY_JOBS, SEEK_CLAIM_EVENTS
 from django_pgoutbox.worker.relay import Relay
 from testproject.demo.models import TrackingSession, complete_session
 from testproject.testjobs.models import Projection
@@ -419,3 +419,115 @@ class TestRelay:
         assert late[0].occurred_at < early.occurred_at
         relay().run()
         assert set(Projection.objects.values_list("event_id", flat=True)) == {early.id, late[0].id}
+
+
+@pytest.mark.django_db(transaction=True)  # the relay commits its own transactions
+class TestSeekClaim:
+    """The relay's seek claim (issue 31): SEEK_CLAIM_EVENTS from its mark, the full claim for
+    what is behind it, and the order of an aggregate's events either way."""
+
+    PARAMS: ClassVar[dict[str, Any]] = {
+        "claim_seconds": 60.0,
+        "max_attempts": 5,
+        "relay_id": "r",
+        "crashed_code": "relay_crashed",
+        "dead_summary": "dead",
+        "summary": "crashed",
+    }
+
+    def claim(self, sql: str, limit: int, mark: OutboxEvent | None = None) -> list[uuid.UUID]:
+        params = self.PARAMS | {"limit": limit}
+        if mark is not None:
+            params |= {"mark_occurred_at": mark.occurred_at, "mark_id": mark.id}
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(CLAIM_EVENTS_PLAN)
+            cursor.execute(sql, params)
+            rows = sorted(cursor.fetchall(), key=lambda row: (row[7], row[0]))
+        return [row[0] for row in rows]
+
+    def processed(self, ids: list[uuid.UUID]) -> None:
+        OutboxEvent.objects.filter(pk__in=ids).update(processed_at=timezone.now(), claimed_at=None)
+
+    def test_past_the_mark_in_order_behind_it_left_to_the_full_claim(self) -> None:
+        """From the mark on, in (occurred_at, id) order, the mark itself included; an event
+        that sorts before the mark (a late commit's older occurred_at, a retry come due) only
+        by the full claim."""
+        chain = uuid.uuid4()
+        with transaction.atomic():  # one occurred_at: ordered by id
+            events = [fact(sequence=n) for n in range(2)]
+            first, second = fact(chain, sequence=2), fact(chain, sequence=3)
+            events += [first, second] + [fact(sequence=n) for n in range(4, 6)]
+        taken = self.claim(CLAIM_EVENTS, 3)
+        # The second of the chain is skipped: its aggregate's earlier event is pending.
+        assert taken == [events[0].id, events[1].id, first.id]
+        self.processed(taken)
+        mark = events[0]  # the first event of that claim
+        hour_ago = timezone.now() - timedelta(hours=1)
+        late, retried = fact(sequence=6), fact(sequence=7)
+        OutboxEvent.objects.filter(pk=late.pk).update(occurred_at=hour_ago)
+        OutboxEvent.objects.filter(pk=retried.pk).update(
+            occurred_at=hour_ago, available_at=hour_ago, attempts=1
+        )
+        # The chain's next event heads its aggregate now, past the mark: the seek takes it.
+        assert self.claim(SEEK_CLAIM_EVENTS, 2, mark) == [second.id, events[4].id]
+        assert self.claim(SEEK_CLAIM_EVENTS, 5, mark) == [events[5].id]
+        assert self.claim(SEEK_CLAIM_EVENTS, 5, mark) == []
+        assert self.claim(CLAIM_EVENTS, 5) == sorted([late.id, retried.id])
+
+    def test_an_event_past_the_mark_waits_for_its_aggregate_behind_it(self) -> None:
+        """The mark narrows the candidates only: an event past it whose aggregate has an
+        earlier event pending behind it (late-committed, retrying, dead) is not claimed, by the
+        seek or the full claim, until that one is processed."""
+        aggregate = uuid.uuid4()
+        with transaction.atomic():
+            mark = fact(sequence=0)
+            successor = fact(aggregate, sequence=2)
+        earlier = fact(aggregate, sequence=1)
+        OutboxEvent.objects.filter(pk=earlier.pk).update(
+            occurred_at=timezone.now() - timedelta(hours=1),
+            available_at=timezone.now() + timedelta(hours=1),  # retrying, not due
+        )
+        self.processed([mark.id])
+        assert self.claim(SEEK_CLAIM_EVENTS, 5, mark) == []
+        assert self.claim(CLAIM_EVENTS, 5) == []
+        OutboxEvent.objects.filter(pk=earlier.pk).update(
+            available_at=timezone.now() - timedelta(hours=1)
+        )
+        assert self.claim(SEEK_CLAIM_EVENTS, 5, mark) == []  # behind the mark: not the seek's
+        assert self.claim(CLAIM_EVENTS, 5) == [earlier.id]
+        self.processed([earlier.id])
+        assert self.claim(SEEK_CLAIM_EVENTS, 5, mark) == [successor.id]
+
+    def test_the_relay_seeks_and_keeps_each_aggregates_order(self) -> None:
+        """Chains of events of a few aggregates, interleaved, in batches of 3: the relay mostly
+        seeks, and projects each aggregate's events in order, all of them."""
+        aggregates = [uuid.uuid4() for _ in range(3)]
+        with transaction.atomic():
+            for n in range(12):
+                fact(aggregates[n % 3] if n % 4 else None, sequence=n)
+        r = relay(batch_size=3)
+        with CaptureQueriesContext(connection) as queries:
+            r.run()
+        sql = [q["sql"] for q in queries.captured_queries]
+        assert any("AND (e.occurred_at, e.id) >=" in q for q in sql)
+        assert r.seek.mark is not None
+        assert not OutboxEvent.objects.filter(processed_at__isnull=True).exists()
+        for aggregate in aggregates:
+            projected = Projection.objects.filter(aggregate_id=aggregate).order_by("id")
+            sequences = list(projected.values_list("sequence", flat=True))
+            assert sequences == sorted(sequences)
+            assert len(sequences) == 3
+
+    def test_a_burst_relay_looks_behind_its_mark_before_it_stops(self) -> None:
+        """An empty seek says nothing of the events behind the mark: the relay runs the full
+        claim before it sleeps, or, in burst mode, stops."""
+        r = relay(batch_size=2)
+        first = [fact(sequence=n) for n in range(2)]
+        assert r.run_once() == 2
+        behind = fact(sequence=9)
+        OutboxEvent.objects.filter(pk=behind.pk).update(
+            occurred_at=min(e.occurred_at for e in first) - timedelta(seconds=1)
+        )
+        r.seek.next_full = float("inf")  # no periodic full claim: only an empty seek brings it
+        r.run()
+        assert Projection.objects.filter(event_id=behind.id).exists()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 from io import StringIO
+from itertools import pairwise
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -18,14 +21,8 @@ from django_pgoutbox import checks, enqueue, job, publish
 from django_pgoutbox.cron import Cron
 from django_pgoutbox.maintenance import prune, reconcile_outbox
 from django_pgoutbox.models import Job, JobStatus, OutboxEvent, ScheduleCursor
-from django_pgoutbox.scheduler import (
-    Schedule,
-    Scheduler,
-    _decorated,
-    enqueue_due,
-    load_schedules,
-    schedule,
-)
+from django_pgoutbox.scheduler import Scheduler, enqueue_due
+from django_pgoutbox.schedules import Schedule, _decorated, load_schedules, schedule
 from tests.processes import wait_for
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
@@ -114,8 +111,31 @@ class TestDeclaring:
         assert schedules["pgoutbox.recover_leases"].every == timedelta(seconds=5)
         assert schedules["pgoutbox.reconcile_outbox"].queue == "maintenance"
         nightly = schedules["nightly"]
-        assert (nightly.spec, nightly.queue, nightly.catch_up) == ("0 3 * * *", "reports", "all")
+        assert (nightly.spec, nightly.queue, nightly.catch_up) == (
+            "0 3 * * * (UTC)",
+            "reports",
+            "all",
+        )
         assert nightly.payload == {"kind": "nightly"}
+
+    def test_a_schedule_is_read_in_its_tz_or_in_schedule_tz(self, settings: Any) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "SCHEDULE_TZ": "America/New_York",
+            "SCHEDULES": {
+                "berlin": {"JOB": "tests.noop", "CRON": "0 8 * * *", "TZ": "Europe/Berlin"},
+                "default": {"JOB": "tests.noop", "CRON": "0 8 * * *"},
+                "tick": {"JOB": "tests.noop", "EVERY": 60},
+            },
+        }
+        schedules, problems = load_schedules()
+        assert problems == []
+        assert schedules["berlin"].spec == "0 8 * * * (Europe/Berlin)"
+        assert schedules["default"].spec == "0 8 * * * (America/New_York)"
+        assert schedules["tick"].spec == "every 60s"
+        winter = datetime(2026, 1, 15, tzinfo=UTC)
+        assert schedules["berlin"].next_after(winter) == winter.replace(hour=7)
+        assert schedules["default"].next_after(winter) == winter.replace(hour=13)
 
     def test_decorator(self, registry: None) -> None:
         @schedule(every=10, payload={"x": 1}, grace=timedelta(minutes=5))
@@ -123,18 +143,34 @@ class TestDeclaring:
         def decorated(payload: dict[str, Any], ctx: Any) -> None:
             pass
 
+        @schedule("30 2 * * *", tz="Europe/Berlin", name="tests.decorated_tz")
+        @job("tests.decorated_tz")
+        def decorated_tz(payload: dict[str, Any], ctx: Any) -> None:
+            pass
+
         try:
             schedules, _ = load_schedules()
             assert schedules["tests.decorated"].every == timedelta(seconds=10)
             assert schedules["tests.decorated"].payload == {"x": 1}
             assert schedules["tests.decorated"].grace == timedelta(minutes=5)
+            assert schedules["tests.decorated_tz"].spec == "30 2 * * * (Europe/Berlin)"
         finally:
             _decorated.pop("tests.decorated")
+            _decorated.pop("tests.decorated_tz")
 
     @pytest.mark.parametrize(
         ("options", "message"),
         [
-            ({"JOB": "tests.noop", "CRON": "61 * * * *"}, "minute field: 61 is outside 0-59"),
+            ({"JOB": "tests.noop", "CRON": "61 * * * *"}, "minute field '61' is not valid"),
+            (
+                {"JOB": "tests.noop", "CRON": "0 8 * * *", "TZ": "Europe/Berln"},
+                "TZ 'Europe/Berln' is not a time zone of the IANA database",
+            ),
+            (
+                {"JOB": "tests.noop", "CRON": "0 8 * * *", "TZ": 1},
+                "TZ must be an IANA time zone name such as 'Europe/Berlin', not 1",
+            ),
+            ({"JOB": "tests.noop", "EVERY": 5, "TZ": "UTC"}, "TZ applies to CRON only"),
             ({"JOB": "nope.missing", "EVERY": 5}, "'nope.missing' is not a registered @job"),
             ({"JOB": "tests.noop"}, "exactly one of CRON"),
             ({"JOB": "tests.noop", "EVERY": 5, "CRON": "* * * * *"}, "exactly one of CRON"),
@@ -197,6 +233,100 @@ class TestEnqueueDue:
         keys = sorted(key or "" for key in Job.objects.values_list("idempotency_key", flat=True))
         assert keys == [tick.idempotency_key(T0 + timedelta(seconds=n)) for n in expected]
         assert ScheduleCursor.objects.get(name="tick").last_slot_at == T0 + timedelta(seconds=10)
+
+    @pytest.mark.parametrize(
+        ("policy", "now", "enqueued"),
+        [
+            (
+                "latest",
+                10.6,
+                "enqueued only the latest, 2026-03-01T12:00:10+00:00, and skipped the others",
+            ),
+            ("none", 10.6, "skipped them all"),
+            (
+                "none",
+                10.2,
+                "enqueued only the latest, 2026-03-01T12:00:10+00:00, and skipped the others",
+            ),
+        ],
+    )
+    def test_missed_slots_are_told_in_plain_words(
+        self, policy: str, now: float, enqueued: str, caplog: Any
+    ) -> None:
+        tick = every(1, catch_up=policy, grace=timedelta(seconds=0.3))
+        enqueue_due(tick, using="default", now=T0)
+        with caplog.at_level("WARNING", logger="django_pgoutbox.scheduler"):
+            enqueue_due(tick, using="default", now=T0 + timedelta(seconds=now))
+        (record,) = caplog.records
+        assert record.getMessage() == (
+            "schedule tick: missed its slots after 2026-03-01T12:00:00+00:00 (no scheduler was "
+            f"running at those times); CATCH_UP {policy!r} {enqueued}. Set this schedule's "
+            "CATCH_UP to 'all' to enqueue every missed slot (docs/scheduling.md)."
+        )
+
+    def test_the_built_in_maintenance_notes_its_missed_slots_without_a_warning(
+        self, caplog: Any
+    ) -> None:
+        """Recovery, pruning and reconciliation lose nothing by skipping slots: after a pause,
+        each worker start would otherwise warn about them."""
+        recover = dataclasses.replace(
+            every(30, grace=timedelta(seconds=1)), name="pgoutbox.recover_leases"
+        )
+        enqueue_due(recover, using="default", now=T0)
+        with caplog.at_level("INFO", logger="django_pgoutbox.scheduler"):
+            enqueue_due(recover, using="default", now=T0 + timedelta(seconds=300))
+        [missed] = [r for r in caplog.records if "missed its slots" in r.getMessage()]
+        assert missed.levelname == "INFO"
+
+
+def berlin_schedule(cron: str, catch_up: str = "latest") -> Schedule:
+    return Schedule(
+        name="berlin",
+        job_type="tests.noop",
+        cron=Cron.parse(cron, ZoneInfo("Europe/Berlin")),
+        queue="default",
+        catch_up=catch_up,
+    )
+
+
+def enqueued_slots() -> list[str]:
+    keys = Job.objects.values_list("idempotency_key", flat=True)
+    return sorted((key or "").removeprefix("schedule:berlin:") for key in keys)
+
+
+@pytest.mark.django_db
+class TestDaylightSavingTime:
+    """Europe/Berlin, 2026: 02:xx does not exist on 29 March and happens twice on 25 October."""
+
+    @pytest.mark.parametrize(
+        ("day", "slot"),
+        [("2026-03-29", "2026-03-29T01:00:00+00:00"), ("2026-10-25", "2026-10-25T00:30:00+00:00")],
+    )
+    def test_a_daily_0230_is_enqueued_once_on_the_day_the_clocks_change(
+        self, day: str, slot: str
+    ) -> None:
+        nightly = berlin_schedule("30 2 * * *")
+        midnight = datetime.fromisoformat(f"{day}T00:00:00+00:00")
+        enqueue_due(nightly, using="default", now=midnight - timedelta(hours=2))
+        # The scheduler's turns through the day, a minute apart, as run() would take them.
+        for minute in range(24 * 60):
+            enqueue_due(nightly, using="default", now=midnight + timedelta(minutes=minute))
+        assert enqueued_slots() == [slot]
+
+    @pytest.mark.parametrize(("day", "hours"), [("2026-03-29", 23), ("2026-10-25", 25)])
+    def test_catch_up_all_across_the_change_enqueues_every_real_hour(
+        self, day: str, hours: int
+    ) -> None:
+        hourly = berlin_schedule("0 * * * *", catch_up="all")
+        # In UTC: arithmetic on a datetime in Europe/Berlin would add hours of the wall clock.
+        midnight = datetime.fromisoformat(day).replace(tzinfo=ZoneInfo("Europe/Berlin"))
+        midnight = midnight.astimezone(UTC)
+        enqueue_due(hourly, using="default", now=midnight - timedelta(minutes=30))
+        # Down all day: the scheduler comes back just after the next local midnight.
+        enqueue_due(hourly, using="default", now=midnight + timedelta(hours=hours, seconds=1))
+        slots = [datetime.fromisoformat(slot) for slot in enqueued_slots()]
+        assert len(slots) == hours + 1  # the day's hours and the next midnight
+        assert all(b - a == timedelta(hours=1) for a, b in pairwise(slots))
 
 
 @pytest.mark.django_db(transaction=True)  # the lock holder is a second connection
@@ -303,7 +433,13 @@ class TestMaintenance:
         assert (event.claimed_at, event.claimed_by) == (long_ago, None)
         assert reconcile_outbox().released_claims == 0
 
-    def test_commands(self) -> None:
+    def test_commands(self, settings: Any) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "SCHEDULES": {
+                "morning": {"JOB": "tests.noop", "CRON": "0 8 * * *", "TZ": "Europe/Berlin"}
+            },
+        }
         job_row = enqueue("tests.behave", {})
         with connection.cursor() as cursor:
             from django_pgoutbox import queries
@@ -325,6 +461,7 @@ class TestMaintenance:
         call_command("pgoutbox", "schedules", stdout=out)
         assert "pgoutbox.recover_leases" in out.getvalue()
         assert "every 30s" in out.getvalue()
+        assert "0 8 * * * (Europe/Berlin)" in out.getvalue()
         from django.core.management import CommandError
 
         with pytest.raises(CommandError, match="no schedule 'nope'"):

@@ -33,6 +33,7 @@ class TestDefaults:
         assert parsed.retry.unknown_error_retries == 3
         assert parsed.retention.completed_jobs == timedelta(days=7)
         assert parsed.notify is True
+        assert parsed.schedule_tz == "UTC"
 
     def test_queues_inherit_top_level_values(self) -> None:
         parsed, problems = parse_settings(
@@ -86,6 +87,24 @@ class TestProblems:
                 "is not a setting",
             ),
             ({"QUEUES": {"a": 3}}, "pgoutbox.E003", "PGOUTBOX['QUEUES']['a']", "must be a dict"),
+            (
+                {"STRICT_JOB_TYPES": 1},
+                "pgoutbox.E004",
+                "PGOUTBOX['STRICT_JOB_TYPES']",
+                "must be True or False",
+            ),
+            (
+                {"REMOTE_JOB_TYPES": "billing.invoice"},
+                "pgoutbox.E004",
+                "PGOUTBOX['REMOTE_JOB_TYPES']",
+                "must be a list of job type names",
+            ),
+            (
+                {"REMOTE_JOB_TYPES": ["ok", ""]},
+                "pgoutbox.E004",
+                "PGOUTBOX['REMOTE_JOB_TYPES']",
+                "must be a list of job type names",
+            ),
             ({"QUEUES": []}, "pgoutbox.E004", "PGOUTBOX['QUEUES']", "must be a dict"),
             ({"QUEUES": {}}, "pgoutbox.E004", "PGOUTBOX['QUEUES']", "names no queue"),
             (
@@ -203,6 +222,13 @@ class TestProblems:
             ),
             ({"NOTIFY": "yes"}, "pgoutbox.E004", "PGOUTBOX['NOTIFY']", "True or False"),
             ({"SCHEDULES": []}, "pgoutbox.E004", "PGOUTBOX['SCHEDULES']", "must be a dict"),
+            (
+                {"SCHEDULE_TZ": "Europe/Berln"},
+                "pgoutbox.E004",
+                "PGOUTBOX['SCHEDULE_TZ']",
+                "'Europe/Berln' is not a time zone of the IANA database",
+            ),
+            ({"SCHEDULE_TZ": None}, "pgoutbox.E004", "PGOUTBOX['SCHEDULE_TZ']", "IANA time zone"),
         ],
     )
     def test_bad_value_is_named(self, raw: Any, check_id: str, key: str, message: str) -> None:

