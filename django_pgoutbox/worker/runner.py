@@ -338,6 +338,8 @@ class QueueRunner:
             overtaken = self._claims.answered(request)
         if isinstance(request, Renew | Recover | PublishHealth):
             self._upkeep.replied(request, failed=error is not None, now=now)
+            if isinstance(request, Renew):
+                self._state.renewal_answered()
         elif isinstance(request, GiveBack):
             request.answered(self.queue, result, error)
         if error is not None:
@@ -393,7 +395,9 @@ class QueueRunner:
         if made is not None and self._standby.answered(made):
             self._claims.wanted = False  # every wake-up so far was answered by this claim
         if self.burst and self._claims.nothing_due(request):
-            self._exiting = not (state.attempts or state.reserved or state.outcomes)
+            self._exiting = not (
+                state.attempts or state.reserved or state.outcomes or state.held_back
+            )
         if not request.rows:
             return
         metrics.JOBS_CLAIMED.inc(len(request.rows), queue=self.queue)
@@ -435,7 +439,10 @@ class QueueRunner:
             given = [attempt for attempt in state.attempts.values() if attempt.state == QUEUED]
         else:
             given = state.to_unclaim
-        index = self._free_lane(now) if given else None
+        # Not beside a renewal of the same rows (see ``QueueState.renewing``): after it.
+        renewing = state.renewing
+        held = bool(renewing) and any(attempt.slot in renewing for attempt in given)
+        index = self._free_lane(now) if given and not held else None
         if index is None:
             if given:
                 self._standby.disarm()
@@ -501,7 +508,7 @@ class QueueRunner:
             self._give_back(now, "RELEASE_JOBS", "grace")
             unfinished = any(attempt.state == QUEUED for attempt in state.attempts.values())
             self._released = len(state.attempts) < before or not unfinished
-        left = state.attempts or state.outcomes or state.to_unclaim
+        left = state.attempts or state.outcomes or state.held_back or state.to_unclaim
         if not self._lanes.busy() and (self._giving_up or not left):
             self._done = True
         elif now >= self._stop_deadline + STUCK_AFTER[0] and self._lanes.busy():

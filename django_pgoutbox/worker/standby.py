@@ -162,6 +162,7 @@ def idle(state: QueueState, claims: Claims, lanes: Lanes, *, holding: bool, now:
     return not (
         state.attempts
         or state.outcomes
+        or state.held_back
         or state.to_unclaim
         or state.reserved
         or claims.wanted

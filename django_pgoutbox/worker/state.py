@@ -71,8 +71,15 @@ class QueueState:
         #: of each.
         self.outcomes: list[Outcome] = []
         self.ended: list[Attempt] = []
-        #: Outcomes of attempts being written by a statement in flight.
+        #: Outcomes of attempts being written by a statement in flight, and their slots.
         self.writing = 0
+        self.in_write: set[tuple[int, int]] = set()
+        #: The slots of the renewal in flight (one at a time), and the outcomes of those
+        #: attempts held back until it is answered. A renewal and an outcome write never touch
+        #: one row at once: two statements that lock the same rows in orders of their own
+        #: (their plans decide it) deadlock, and both wait a second for PostgreSQL to say so.
+        self.renewing: set[tuple[int, int]] = set()
+        self.held_back: list[tuple[Outcome, Attempt]] = []
         #: Jobs asked for by claims in flight, and how many claims are in flight.
         self.reserved = 0
         self.claims_in_flight = 0
@@ -94,8 +101,11 @@ class QueueState:
             return False
         attempt.state = FINISHED
         self.queued -= 1
-        self.outcomes.append(outcome)
-        self.ended.append(attempt)
+        if attempt.slot in self.renewing:
+            self.held_back.append((outcome, attempt))
+        else:
+            self.outcomes.append(outcome)
+            self.ended.append(attempt)
         return True
 
     def late(self, attempt: Attempt, outcome: Outcome) -> bool:
@@ -171,8 +181,11 @@ class QueueState:
 
     def timed_out(self, attempt: Attempt, outcome: Outcome) -> None:
         """The outcome of an attempt failed for its timeout: written first."""
-        self.outcomes.insert(0, outcome)
-        self.ended.insert(0, attempt)
+        if attempt.slot in self.renewing:
+            self.held_back.insert(0, (outcome, attempt))
+        else:
+            self.outcomes.insert(0, outcome)
+            self.ended.insert(0, attempt)
 
     # -- claims and outcome writes ---------------------------------------------------------------
 
@@ -238,6 +251,7 @@ class QueueState:
                 attempt.deadline = None  # its timeout's outcome is on its way
             batch.append(outcome)
             attempts.append(attempt)
+        self.in_write.update(attempt.slot for attempt in attempts)
         self.writing += sum(1 for outcome in batch if not outcome.timed_out)
         self.reserved += limit
         if limit:
@@ -246,8 +260,9 @@ class QueueState:
 
     def written(self, request: RecordAndClaim) -> None:
         """The statement of ``request`` went through: forget the attempts it wrote."""
-        attempts = self.attempts
+        attempts, in_write = self.attempts, self.in_write
         for attempt in request.attempts:
+            in_write.discard(attempt.slot)
             if attempt.state == WRITING:
                 attempts.pop(attempt.slot, None)
         self.writing -= sum(1 for outcome in request.batch if not outcome.timed_out)
@@ -261,6 +276,7 @@ class QueueState:
         """The statement of ``request`` failed: its outcomes wait again (their leases still
         renewed), first; its claim took nothing."""
         for outcome, attempt in zip(request.batch, request.attempts, strict=True):
+            self.in_write.discard(attempt.slot)
             if attempt.state == WRITING:
                 attempt.state = FINISHED
             elif outcome.timed_out:
@@ -275,7 +291,30 @@ class QueueState:
     # -- leases ------------------------------------------------------------------------------------
 
     def renewable(self) -> list[Key]:
-        return [attempt.key for attempt in self.attempts.values() if not attempt.lease_lost]
+        """The keys of a renewal sent now: every attempt held, but those whose outcome a
+        statement in flight writes (it ends their leases); their outcomes, if they come before
+        the renewal is answered, are held back till then (``finished``)."""
+        in_write = self.in_write
+        attempts = [
+            attempt
+            for attempt in self.attempts.values()
+            if not attempt.lease_lost and attempt.slot not in in_write
+        ]
+        self.renewing = renewing = {attempt.slot for attempt in attempts}
+        if self.outcomes:  # those waiting for a lane wait for the renewal too
+            waiting = list(zip(self.outcomes, self.ended, strict=True))
+            self.held_back += [(o, a) for o, a in waiting if a.slot in renewing]
+            self.outcomes = [o for o, a in waiting if a.slot not in renewing]
+            self.ended = [a for _, a in waiting if a.slot not in renewing]
+        return [attempt.key for attempt in attempts]
+
+    def renewal_answered(self) -> None:
+        """The renewal in flight came back (or failed): the outcomes held back go first."""
+        self.renewing = set()
+        if self.held_back:
+            self.outcomes[:0] = [outcome for outcome, _ in self.held_back]
+            self.ended[:0] = [attempt for _, attempt in self.held_back]
+            self.held_back = []
 
     def renewed(self, request: Renew, held: dict[Any, bool]) -> None:
         """Apply a renewal's result: the leases lost, the cancellations requested; answer the
@@ -322,7 +361,7 @@ class QueueState:
     ) -> RunnerSnapshot:
         return RunnerSnapshot(
             running=len(self.attempts),
-            outcomes_waiting=len(self.outcomes),
+            outcomes_waiting=len(self.outcomes) + len(self.held_back),
             writing=self.writing,
             reserved=self.reserved,
             abandoned=len(self.abandoned),

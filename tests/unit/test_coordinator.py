@@ -94,12 +94,14 @@ class TestOutcomeAndTimeout:
 
 
 class TestRenewals:
-    @pytest.mark.parametrize("write_lands_first", [True, False])
-    def test_a_renewal_racing_a_write_on_another_lane_loses_no_lease(
-        self, write_lands_first: bool, caplog: pytest.LogCaptureFixture
+    def test_an_outcome_waits_for_the_renewal_of_its_lease(
+        self, caplog: pytest.LogCaptureFixture
     ) -> None:
-        """Lane 1 writes an attempt's outcome while lane 0 renews its lease: the renewal finds
-        the row no longer leased. That is no lost lease, whichever reply comes first."""
+        """Lane 0 renews two attempts' leases and one of them finishes meanwhile. Its outcome
+        is not written on lane 1 beside the renewal: the two statements would lock the same
+        rows, each in an order its plan chose, and deadlock (a second's wait for PostgreSQL to
+        say so, with every lane of the queue held: leases of a second were lost that way). It
+        goes as soon as the renewal is answered, and no lease is lost."""
         harness = Harness(connections=2, concurrency=2)
         harness.start_up()
         first, second = harness.claim([claim_row(), claim_row()])  # full: a backlog
@@ -108,18 +110,37 @@ class TestRenewals:
         assert set(renewal.keys) == {first.key, second.key}
         harness.threads.finish(first)
         harness.step()
-        (write,) = harness.sent(RecordAndClaim, lane=1)
-        assert [o.job.id for o in write.batch] == [first.id]
-        if write_lands_first:
-            harness.answer(RecordAndClaim, lane=1)
-            harness.step()
-        harness.answer(Renew, {second.id: False})
+        writes = harness.sent(RecordAndClaim, lane=0) + harness.sent(RecordAndClaim, lane=1)
+        assert not [write for write in writes if write.batch]
+        assert harness.runner.snapshot().outcomes_waiting == 1
+        harness.answer(Renew, {first.id: False, second.id: False})
         harness.step()
-        if not write_lands_first:
-            harness.answer(RecordAndClaim, lane=1)
-            harness.step()
+        writes = harness.sent(RecordAndClaim, lane=0) + harness.sent(RecordAndClaim, lane=1)
+        (write,) = [write for write in writes if write.batch]
+        assert [o.job.id for o in write.batch] == [first.id]
+        harness.answer(RecordAndClaim, lane=1 if write in harness.lanes[1].sent else 0)
+        harness.step()
         assert "lease lost" not in caplog.text
         assert not second.lease_lost
+        snapshot = harness.runner.snapshot()
+        assert (snapshot.running, snapshot.outcomes_waiting) == (1, 0)
+
+    def test_a_renewal_leaves_out_the_attempts_being_written(self) -> None:
+        """An outcome write in flight ends its attempt's lease: a renewal sent meanwhile does
+        not touch that row (the same deadlock, the other way round)."""
+        harness = Harness(connections=2, concurrency=2)
+        harness.start_up()
+        first, second = harness.claim([claim_row(), claim_row()])
+        harness.threads.finish(first)
+        harness.step(0.1)  # past the flush: the outcome goes, with a claim, on lane 0
+        (write,) = [w for w in harness.sent(RecordAndClaim) if w.batch]
+        assert [o.job.id for o in write.batch] == [first.id]
+        harness.step(10.0)  # the renewal is due while the write is in flight
+        (renewal,) = harness.sent(Renew, lane=1)
+        assert renewal.keys == [second.key]
+        harness.answer(Renew, {second.id: False}, lane=1)
+        harness.answer(RecordAndClaim)
+        harness.step()
         assert harness.runner.snapshot().running == 1
 
     def test_a_lost_lease_is_said_once(self, caplog: pytest.LogCaptureFixture) -> None:

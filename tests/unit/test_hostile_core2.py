@@ -116,6 +116,16 @@ class Walk:
         keys = [(o.job.id, o.job.attempt) for r in claims for o in r.batch]
         assert len(keys) == len(set(keys)), "one attempt's outcome in two statements"
         assert all(count == 1 for count in self.written.values()), "an outcome written twice"
+        # No row in two statements at once that lock many rows each (a renewal and an outcome
+        # write, or a give-back): they would deadlock in PostgreSQL.
+        renewed = {
+            key for lane in h.lanes for r in lane.sent if isinstance(r, Renew) for key in r.keys
+        }
+        given = {
+            key for lane in h.lanes for r in lane.sent if isinstance(r, GiveBack) for key in r.keys
+        }
+        assert not renewed & set(keys), "a renewal beside the write of the same attempt"
+        assert not renewed & given, "a renewal beside the give-back of the same attempt"
         for attempt in attempts:
             assert attempt.state in (QUEUED, HELD, FINISHED, WRITING)
         if self.stop_seen and runner._stopping:
