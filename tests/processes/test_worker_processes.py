@@ -96,10 +96,27 @@ def test_sigkill_mid_drain_of_fast_jobs_loses_nothing(start_worker: Any) -> None
     recovered = set(
         Job.objects.filter(last_error_code="lease_expired").values_list("pk", flat=True)
     )
-    assert held <= recovered  # each lease it held expired and was recovered, none was lost
+    # each lease it held expired and was recovered, none was lost
+    assert held <= recovered, runs_of(held - recovered, victim, rescuer)
     again = {pk for pk, count in starts.items() if count > 1}
-    assert again <= held  # only a job it held ran twice, and at most twice
+    # only a job it held ran twice, and at most twice
+    assert again <= held, runs_of(again - held, victim, rescuer)
     assert all(count <= 2 for count in starts.values())
+
+
+def runs_of(job_ids: set[Any], *workers: Any) -> str:
+    """What a failed assertion needs to tell a lost lease from a lost job: each job's row and
+    starts (by which process), and the workers' last lines."""
+    lines = []
+    for job in Job.objects.filter(pk__in=sorted(job_ids)[:5]):
+        runs = SideEffect.objects.filter(job_id=job.pk).order_by("at")
+        lines.append(
+            f"{job.pk} {job.status} attempts={job.attempts} error={job.last_error_code} "
+            f"workers={job.worker_ids}: "
+            + ", ".join(f"{run.event}#{run.attempt}@{run.pid} {run.at:%S.%f}" for run in runs)
+        )
+    pids = ", ".join(f"{worker.pid}" for worker in workers)
+    return f"{len(job_ids)} jobs (workers {pids}):\n" + "\n".join(lines)
 
 
 def test_sigstop_past_the_lease_cannot_overwrite_the_new_holder(start_worker: Any) -> None:
