@@ -126,7 +126,8 @@ WHERE id = ANY(%s::uuid[]) AND dead_at IS NOT NULL AND processed_at IS NULL
 #: lease renewal, or at once when the notification on ``channel`` (payload: the queue) arrives.
 CANCEL_JOBS = """
 WITH targets AS MATERIALIZED (
-    SELECT id, status, queue FROM jobs WHERE id = ANY(%s::uuid[]) FOR UPDATE
+    -- locked in id order, as a worker's renewals and outcome writes mostly take them
+    SELECT id, status, queue FROM jobs WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE
 ),
 cancelled AS (
     UPDATE jobs AS j
