@@ -54,9 +54,15 @@ class DatabaseGauges:
     outbox_lag: float  # seconds since the oldest unprocessed, available event occurred
     oldest_transaction_age: float  # the xmin horizon that holds back vacuum
     notification_queue_usage: float  # fraction of the NOTIFY queue in use
-    #: The outbox fields above that are estimates (``outbox_pending``, ``outbox_dead``) or an
+    #: Events that no relay has touched for ``OUTBOX["OVERDUE_SECONDS"]`` though they are due
+    #: and head their aggregate (neither failing nor held back behind an earlier event), and
+    #: the seconds the longest of them has waited so (0 when none).
+    outbox_abandoned: int = 0
+    outbox_abandoned_age: float = 0.0
+    #: The outbox fields above that are estimates (``outbox_pending``, ``outbox_dead``), an
     #: upper bound (``outbox_lag``, when more than ``EXACT_COUNT`` dead or backing-off events
-    #: come before the first available one).
+    #: come before the first available one) or a lower bound (``outbox_abandoned``, looked for
+    #: among as many events as ``outbox_pending`` counts).
     estimated: tuple[str, ...] = ()
 
 
@@ -204,8 +210,21 @@ def database_gauges(using: str | None = None) -> DatabaseGauges:
             },
         )
         rows = cursor.fetchall()
-        cursor.execute(queries.OUTBOX_AND_SERVER_GAUGES, {"limit": limit})
-        dead, unprocessed, lag, lag_bound, dead_estimate, xmin_age, notify_usage = cursor.fetchone()
+        cursor.execute(
+            queries.OUTBOX_AND_SERVER_GAUGES,
+            {"limit": limit, "overdue": get_settings().outbox.overdue_seconds},
+        )
+        (
+            dead,
+            unprocessed,
+            lag,
+            lag_bound,
+            dead_estimate,
+            xmin_age,
+            notify_usage,
+            abandoned,
+            abandoned_age,
+        ) = cursor.fetchone()
         by_queue: dict[str, tuple[dict[str, int], set[str], float]] = {}
         other_values = dict.fromkeys(_STATUSES, 0)
         other_unknown: set[str] = set()
@@ -253,6 +272,8 @@ def database_gauges(using: str | None = None) -> DatabaseGauges:
         if lag is None and lag_bound is not None:
             outbox_estimated.append("outbox_lag")
             lag = lag_bound
+        if dead >= limit or unprocessed >= limit + dead:
+            outbox_estimated.append("outbox_abandoned")
         estimates.run(cursor)
         transaction.set_rollback(True, using=alias)
     order = (*_STATUSES, "oldest_pending_age")
@@ -278,6 +299,8 @@ def database_gauges(using: str | None = None) -> DatabaseGauges:
         outbox_lag=float(lag or 0.0),
         oldest_transaction_age=float(xmin_age),
         notification_queue_usage=float(notify_usage),
+        outbox_abandoned=int(abandoned),
+        outbox_abandoned_age=float(abandoned_age or 0.0),
         estimated=tuple(outbox_estimated),
     )
 
@@ -390,6 +413,52 @@ def horizon_holder(using: str | None = None) -> HorizonHolder | None:
         state=state,
         query=query or None,
     )
+
+
+@dataclass(frozen=True)
+class AbandonedEvents:
+    """Events that no relay has touched for ``OUTBOX["OVERDUE_SECONDS"]`` though they are due
+    and head their aggregate (``queries.ABANDONED_EVENTS``)."""
+
+    count: int
+    #: Seconds the longest of them has waited untouched (0 when none).
+    oldest_seconds: float
+    #: The first ``EXACT_COUNT`` waiting events were looked at, and more wait: there may be
+    #: more abandoned ones (``count`` is a lower bound).
+    at_least: bool
+    overdue_seconds: float
+
+
+def abandoned_events(using: str | None = None) -> AbandonedEvents:
+    """The abandoned events among the first ``EXACT_COUNT`` waiting ones: a read of at most
+    that many rows of the outbox's pending index, whatever the table holds."""
+    from django_pgoutbox.models import Job
+
+    alias = using or router.db_for_write(Job)
+    overdue = get_settings().outbox.overdue_seconds
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            f"SELECT a.n, a.age, (SELECT count(*) FROM (SELECT 1 FROM outbox_events "
+            f"WHERE processed_at IS NULL LIMIT %(limit)s + 1) c) > %(limit)s "
+            f"FROM ({queries.ABANDONED_EVENTS}) a",
+            {"limit": EXACT_COUNT, "overdue": overdue},
+        )
+        count, age, more = cursor.fetchone()
+    return AbandonedEvents(int(count), float(age or 0.0), bool(more), overdue)
+
+
+def abandoned_warnings(abandoned: AbandonedEvents) -> list[str]:
+    """The warning about abandoned events, if any."""
+    if not abandoned.count:
+        return []
+    many = "at least " if abandoned.at_least else ""
+    return [
+        f"{many}{abandoned.count} outbox event(s) due for over PGOUTBOX['OUTBOX']"
+        f"['OVERDUE_SECONDS'] ({abandoned.overdue_seconds:g}s) that no relay has claimed (the "
+        f"oldest untouched for {abandoned.oldest_seconds:.0f}s): is a relay running "
+        "(runworkers' role relay), and keeping up? (docs/outbox.md, 'Failing, dead, held back, "
+        "abandoned')"
+    ]
 
 
 def horizon_warnings(holder: HorizonHolder | None) -> list[str]:

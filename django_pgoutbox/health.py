@@ -8,7 +8,10 @@ handler threads held by an attempt that outlived its timeout): the report is the
 
 The report also says who holds the database's xmin horizon, with a warning past
 ``PGOUTBOX["HORIZON_WARNING_SECONDS"]``: a warning only, since the workers are alive and
-draining, only slower; restarting them would release nothing.
+draining, only slower; restarting them would release nothing. And it counts the outbox events
+that no relay has touched for ``OUTBOX["OVERDUE_SECONDS"]`` though they are due (abandoned), with
+a warning: a relay that is alive but far behind leaves them too, and restarting it would not
+catch up sooner.
 """
 
 from __future__ import annotations
@@ -164,8 +167,10 @@ class HealthReport:
     stuck_queues: list[str] = field(default_factory=list)
     #: The oldest holder of the xmin horizon, or None.
     horizon: gauges.HorizonHolder | None = None
+    #: Outbox events that no relay has touched for ``OUTBOX["OVERDUE_SECONDS"]``, or None.
+    abandoned_events: gauges.AbandonedEvents | None = None
     #: What an operator should look at, which does not make the report unhealthy: the horizon
-    #: held past ``PGOUTBOX["HORIZON_WARNING_SECONDS"]``.
+    #: held past ``PGOUTBOX["HORIZON_WARNING_SECONDS"]``, abandoned outbox events.
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -175,6 +180,9 @@ class HealthReport:
             "workers": self.workers,
             "stuck_queues": self.stuck_queues,
             "horizon": None if self.horizon is None else asdict(self.horizon),
+            "abandoned_events": (
+                None if self.abandoned_events is None else asdict(self.abandoned_events)
+            ),
             "warnings": self.warnings,
         }
 
@@ -225,11 +233,13 @@ def health_report(
         )
     roles_ok = {role: role in seen for role in require}
     holder = gauges.horizon_holder(alias)
+    abandoned = gauges.abandoned_events(alias)
     return HealthReport(
         healthy=all(roles_ok.values()) and not stuck,
         roles=roles_ok,
         workers=workers,
         stuck_queues=sorted(stuck),
         horizon=holder,
-        warnings=gauges.horizon_warnings(holder),
+        abandoned_events=abandoned,
+        warnings=gauges.horizon_warnings(holder) + gauges.abandoned_warnings(abandoned),
     )

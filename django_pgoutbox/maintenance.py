@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import connections, router
 
-from django_pgoutbox import metrics, queries
+from django_pgoutbox import gauges, metrics, queries
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.context import JobContext
 from django_pgoutbox.models import Job
@@ -121,8 +121,13 @@ def _prune(alias: str, sql: str, params: dict[str, Any], batch: int, deadline: f
 @dataclass(frozen=True)
 class Reconciliation:
     released_claims: int
+    #: Events unprocessed ``OUTBOX["OVERDUE_SECONDS"]`` after they occurred: failing, dead,
+    #: held back behind an earlier event of their aggregate, or abandoned.
     overdue_events: int
     oldest_overdue_seconds: float | None
+    #: Of those, the abandoned ones: due, heading their aggregate, touched by no relay for as
+    #: long (``gauges.abandoned_events``).
+    abandoned_events: int = 0
 
 
 def reconcile_outbox(*, using: str | None = None) -> Reconciliation:
@@ -134,13 +139,23 @@ def reconcile_outbox(*, using: str | None = None) -> Reconciliation:
         released = cursor.rowcount
         cursor.execute(queries.OVERDUE_EVENTS, [outbox.overdue_seconds])
         overdue, oldest = cursor.fetchone()
-    result = Reconciliation(released, overdue, float(oldest) if oldest is not None else None)
+    abandoned = gauges.abandoned_events(alias) if overdue else None
+    result = Reconciliation(
+        released,
+        overdue,
+        float(oldest) if oldest is not None else None,
+        abandoned.count if abandoned is not None else 0,
+    )
     if released:
         logger.warning("outbox: released %d expired relay claim(s)", released)
-    if overdue:
+    if abandoned is not None and abandoned.count:
+        for warning in gauges.abandoned_warnings(abandoned):
+            logger.warning("outbox: %s", warning)
+    elif overdue:
         logger.warning(
-            "outbox: %d event(s) unprocessed for more than %.0fs (oldest %.0fs); is a relay "
-            "running, or is an aggregate held back by a dead event?",
+            "outbox: %d event(s) unprocessed for more than %.0fs (oldest %.0fs), none of them "
+            "abandoned: they are failing (retried with back-off), dead, or held back behind a "
+            "dead or failing event of their aggregate",
             overdue,
             outbox.overdue_seconds,
             result.oldest_overdue_seconds or 0,

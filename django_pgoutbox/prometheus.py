@@ -97,6 +97,12 @@ class DatabaseCollector(Collector):
             value=gauges.outbox_dead,
         )
         yield GaugeMetricFamily(
+            "pgoutbox_outbox_events_abandoned",
+            "Outbox events due for over OUTBOX['OVERDUE_SECONDS'] that no relay has claimed "
+            "(heading their aggregate: neither failing nor held back).",
+            value=gauges.outbox_abandoned,
+        )
+        yield GaugeMetricFamily(
             "pgoutbox_outbox_lag_seconds",
             "High-watermark lag: age of the oldest available, unprojected event.",
             value=gauges.outbox_lag,

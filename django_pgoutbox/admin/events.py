@@ -14,7 +14,7 @@ from django.utils.functional import cached_property
 from django_pgoutbox import control, scheduler
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.common import ReadOnlyAdmin, json_preview
-from django_pgoutbox.admin.filters import EventStateFilter, EventTypeFilter
+from django_pgoutbox.admin.filters import DeadForFilter, EventStateFilter, EventTypeFilter
 from django_pgoutbox.models import (
     OutboxEvent,
     ScheduleCursor,
@@ -36,7 +36,7 @@ class OutboxEventAdmin(ReadOnlyAdmin):
         "last_error_code",
         "dead_at",
     )
-    list_filter = (EventStateFilter, EventTypeFilter)
+    list_filter = (EventStateFilter, DeadForFilter, EventTypeFilter)
     search_fields = ("id",)
     search_help_text = "An event id."
     ordering = ("-id",)

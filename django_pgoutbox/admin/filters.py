@@ -5,16 +5,19 @@ descent each), never ``SELECT DISTINCT`` over rows."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from django.contrib import admin
 from django.db import connections
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
 from django_pgoutbox import outbox, queries
 from django_pgoutbox.admin.common import SAMPLE
 from django_pgoutbox.conf import get_settings
+from django_pgoutbox.event_states import EVENT_STATES
 from django_pgoutbox.models import (
     JobStatus,
 )
@@ -135,19 +138,44 @@ class StatusFilter(admin.SimpleListFilter):
 
 
 class EventStateFilter(admin.SimpleListFilter):
+    """An event's state: pending (waiting: due, backing off or held back), failing (a relay
+    tried and failed; retried with back-off), held back (behind an earlier unprocessed event of
+    its aggregate), abandoned (no relay has touched it for ``OUTBOX["OVERDUE_SECONDS"]``),
+    dead, processed."""
+
     title = "state"
     parameter_name = "state"
-    STATES: ClassVar[dict[str, Q]] = {
-        "pending": Q(processed_at__isnull=True, dead_at__isnull=True),
-        "processed": Q(processed_at__isnull=False),
-        "dead": Q(processed_at__isnull=True, dead_at__isnull=False),
-    }
+    STATES = EVENT_STATES
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(state, state) for state in self.STATES]
+        return [(state, state.replace("_", " ")) for state in self.STATES]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if not self.value():
             return queryset
         state = self.STATES.get(str(self.value()))
-        return queryset.none() if state is None else queryset.filter(state)
+        return queryset.none() if state is None else queryset.filter(state())
+
+
+class DeadForFilter(admin.SimpleListFilter):
+    """Dead for at least so long: the dead letters old enough to re-drive in bulk once the
+    cause is mended (the newer ones may still fail for it)."""
+
+    title = "dead for"
+    parameter_name = "dead_for"
+    AGES: ClassVar[dict[str, tuple[str, timedelta]]] = {
+        "1h": ("over an hour", timedelta(hours=1)),
+        "1d": ("over a day", timedelta(days=1)),
+        "7d": ("over a week", timedelta(days=7)),
+    }
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(value, label) for value, (label, _) in self.AGES.items()]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if not self.value():
+            return queryset
+        age = self.AGES.get(str(self.value()))
+        if age is None:
+            return queryset.none()
+        return queryset.filter(dead_at__lte=timezone.now() - age[1])

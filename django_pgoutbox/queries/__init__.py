@@ -72,6 +72,7 @@ from django_pgoutbox.queries.limits import (
     fair_claim,
 )
 from django_pgoutbox.queries.monitoring import (
+    ABANDONED_EVENTS,
     ADVANCE_SCHEDULE_CURSOR,
     AUTOVACUUM_ON,
     DATABASE_NOW,
@@ -116,6 +117,7 @@ from django_pgoutbox.queries.outbox import (
 from django_pgoutbox.queries.params import binary
 
 __all__ = [
+    "ABANDONED_EVENTS",
     "ACCEPT_MESSAGE",
     "ADVANCE_SCHEDULE_CURSOR",
     "AUTOVACUUM_ON",

@@ -228,11 +228,53 @@ ESTIMATE_UNREGISTERED_JOBS = {
     for status, sql in ESTIMATE_QUEUE_JOBS.items()
 }
 
+
+def _abandoned(prefix: str) -> str:
+    """The count of abandoned events and the seconds the longest of them has waited untouched,
+    among the first ``prefix`` (an SQL expression) unprocessed events, dead ones included.
+
+    Abandoned: heading its aggregate (nothing earlier of it waits: an aggregate's earlier events
+    are among the first ones too), not dead, due for longer than ``overdue`` seconds and claimed
+    by no relay for as long. Named parameter: overdue seconds float.
+    """
+    return f"""
+        SELECT count(*) AS n,
+               max(extract(epoch FROM now() - greatest(available_at, claimed_at)))::float8 AS age
+        FROM (
+            SELECT available_at, claimed_at, dead_at,
+                   row_number() OVER (
+                       PARTITION BY aggregate_type, aggregate_id ORDER BY occurred_at, id
+                   ) AS place
+            FROM (
+                SELECT aggregate_type, aggregate_id, occurred_at, id, available_at, claimed_at,
+                       dead_at
+                FROM outbox_events WHERE processed_at IS NULL
+                ORDER BY occurred_at, id
+                LIMIT {prefix}
+            ) waiting
+        ) heads
+        WHERE place = 1 AND dead_at IS NULL
+          AND available_at < now() - make_interval(secs => %(overdue)s)
+          AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => %(overdue)s))
+    """
+
+
+#: How many unprocessed events ``OUTBOX_AND_SERVER_GAUGES`` counts: ``limit``, and the dead ones
+#: while they are fewer.
+_WAITING_COUNTED = "%(limit)s + CASE WHEN dead.n < %(limit)s THEN dead.n ELSE 0 END"
+
+#: Abandoned events (see ``_abandoned``) among the first ``limit`` unprocessed ones, and the
+#: seconds the longest of them has waited untouched (NULL if none); for the health report and
+#: the outbox's reconciliation. Named parameters: limit int, overdue seconds float.
+ABANDONED_EVENTS = _abandoned("%(limit)s")
+
+
 #: The outbox's backlog, the age of the oldest open transaction of this database (the xmin
 #: horizon that holds back vacuum of the queue tables), and the fraction of the NOTIFY queue in
 #: use.
 #:
-#: Named parameters: limit int (counts stop there).
+#: Named parameters: limit int (counts stop there), overdue seconds float
+#: (``OUTBOX["OVERDUE_SECONDS"]``).
 #:
 #: Columns: dead events (up to ``limit``); unprocessed events, dead ones included (up to
 #: ``limit`` + the dead ones, while those are under the limit); the seconds since the oldest
@@ -243,8 +285,10 @@ ESTIMATE_UNREGISTERED_JOBS = {
 #: index as of the last ``VACUUM`` or ``ANALYZE``, scaled to the index's size now as the planner
 #: scales a table's; the planner, taking ``processed_at IS NULL`` and ``dead_at IS NOT NULL`` for
 #: independent, would halve them; NULL before the first ``ANALYZE``); the oldest transaction's
-#: age; the NOTIFY queue's usage.
-OUTBOX_AND_SERVER_GAUGES = """
+#: age; the NOTIFY queue's usage; abandoned events (among the unprocessed ones counted: a lower
+#: bound where those reached their limit) and the seconds the longest abandoned one has waited
+#: untouched (NULL if none).
+OUTBOX_AND_SERVER_GAUGES = f"""
 SELECT counts.dead, counts.unprocessed, counts.lag,
        CASE WHEN counts.lag IS NULL THEN (
            SELECT extract(epoch FROM now() - occurred_at)::float8 FROM outbox_events
@@ -260,9 +304,11 @@ SELECT counts.dead, counts.unprocessed, counts.lag,
                  FROM pg_stat_activity
                  WHERE xact_start IS NOT NULL AND backend_type = 'client backend'
                    AND datname = current_database()), 0),
-       pg_notification_queue_usage()
+       pg_notification_queue_usage(),
+       counts.abandoned, counts.abandoned_age
 FROM (
     SELECT dead.n AS dead,
+           abandoned.n AS abandoned, abandoned.age AS abandoned_age,
            (SELECT count(*) FROM (
                 SELECT 1 FROM outbox_events WHERE processed_at IS NULL
                 ORDER BY occurred_at, id
@@ -282,6 +328,7 @@ FROM (
             WHERE processed_at IS NULL AND dead_at IS NOT NULL ORDER BY occurred_at LIMIT %(limit)s
         ) counted
     ) dead
+    CROSS JOIN LATERAL ({_abandoned(_WAITING_COUNTED)}) abandoned
 ) counts
 """
 

@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
-from django_pgoutbox import enqueue, metrics, publish
+from django_pgoutbox import enqueue, gauges, metrics, publish
+from django_pgoutbox.event_states import EVENT_STATES
+from django_pgoutbox.health import health_report
 from django_pgoutbox.models import Job, JobStatus, OutboxEvent
 from django_pgoutbox.worker import Worker
 from testproject.testjobs.models import Projection
-from tests.processes import other_backends, wait_for
+from tests.processes import holds_for, other_backends, scaled, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -126,3 +128,38 @@ def test_lost_listener_reconnects_and_polls_everything(settings: Any) -> None:
     finally:
         worker.stop()
         thread.join(timeout=30)
+
+
+def test_a_running_relay_abandons_nothing_beside_a_failing_event(
+    start_worker: Any, settings: Any
+) -> None:
+    """A poison subscriber fails its event again and again; an event of the same aggregate
+    waits behind it; innocents of other aggregates go through. While the relay runs, nothing is
+    abandoned (the failing event is failing, the one behind it held back). Killed, the next
+    event it would have taken is abandoned once OVERDUE_SECONDS pass, and health says so."""
+    overdue = scaled(3.0)
+    settings.PGOUTBOX = {**settings.PGOUTBOX, "OUTBOX": {"OVERDUE_SECONDS": overdue}}
+    poisoned = uuid.uuid4()
+    poison = publish("poison.raise", aggregate_type="test", aggregate_id=poisoned, payload={})
+    behind = publish("tests.projected", aggregate_type="test", aggregate_id=poisoned, payload={})
+    bulk_publish([uuid.uuid4() for _ in range(5)], 2)
+    relay = start_worker("--roles", "relay", OUTBOX={"OVERDUE_SECONDS": overdue, "BATCH_SIZE": 4})
+    wait_for(lambda: Projection.objects.count() == 10)
+    wait_for(lambda: poison.pk in chosen("failing") | chosen("dead"))
+    assert behind.pk in chosen("held_back")
+
+    def nothing_abandoned() -> bool:
+        """No event abandoned while the relay runs."""
+        return gauges.abandoned_events().count == 0 and not chosen("abandoned")
+
+    holds_for(nothing_abandoned, 1.5 * 3.0)
+    relay.kill()
+    late = publish("tests.projected", aggregate_type="test", aggregate_id=uuid.uuid4(), payload={})
+    wait_for(lambda: late.pk in chosen("abandoned"), timeout=3 * 3.0)
+    assert gauges.abandoned_events().count >= 1
+    warnings = health_report(require=["relay"]).warnings
+    assert [w for w in warnings if "no relay has claimed" in w], warnings
+
+
+def chosen(state: str) -> set[uuid.UUID]:
+    return set(OutboxEvent.objects.filter(EVENT_STATES[state]()).values_list("pk", flat=True))

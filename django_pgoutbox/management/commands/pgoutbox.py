@@ -7,6 +7,9 @@ pgoutbox deadletters list [--queue Q] [--job-type T] [--code C] [--limit N]
 pgoutbox deadletters show ID
 pgoutbox deadletters retry ID... | --all [filters]    back to pending, fresh budget
 pgoutbox deadletters discard ID... | --all [filters]  cancelled: never run again
+pgoutbox events list [--state dead|failing|held_back|abandoned] [--event-type T] [--limit N]
+pgoutbox events redrive ID... | --all [--event-type T] [--dead-for AGE] [--yes]
+pgoutbox events discard ID... | --all [--event-type T] [--dead-for AGE] [--yes]
 pgoutbox schedules                   every schedule with its last and next slot
 pgoutbox run-schedule NAME           enqueue a schedule's job now
 pgoutbox recover-leases              return expired leases to their queue (or dead letters)
@@ -23,10 +26,12 @@ import sys
 import time
 import uuid
 from dataclasses import asdict
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
+from django.utils import timezone
 
 from django_pgoutbox import control, maintenance, scheduler
 from django_pgoutbox import gauges as db_gauges
@@ -70,12 +75,45 @@ def _limit(value: str) -> int:
     return number
 
 
-def _uuid(value: str) -> uuid.UUID:
+def _uuid(value: str, what: str = "a job id") -> uuid.UUID:
     try:
         return uuid.UUID(value)
     except ValueError:
-        raise CommandError(f"{value!r} is not a job id (a UUID)") from None
+        raise CommandError(f"{value!r} is not {what} (a UUID)") from None
 
+
+#: ``events redrive --dead-for``: a number of seconds, or one with a unit.
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _age(value: str) -> float:
+    text = value.strip().lower()
+    unit = _UNITS.get(text[-1:]) if text else None
+    try:
+        number = float(text[:-1] if unit else text) * (unit or 1)
+    except ValueError:
+        shown = value if len(value) < 30 else "…"
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is not an age: seconds, or a number with s, m, h or d (90m, 7d)"
+        ) from None
+    if not math.isfinite(number) or not 0 <= number <= 100 * 365 * 86400:
+        raise argparse.ArgumentTypeError(f"must be from 0 seconds to 100 years, not {value!r}")
+    return number
+
+
+#: ``events list``: the error is cut (the admin shows it whole).
+EVENT_COLUMNS = [
+    table.Column("id"),
+    table.Column("event type"),
+    table.Column("aggregate"),
+    table.Column("attempts", ">"),
+    table.Column("occurred (UTC)"),
+    table.Column("dead since (UTC)"),
+    table.Column("error", max_width=60),
+]
+
+#: ``events list --state``: the admin's states but pending and processed.
+LISTED_EVENT_STATES = ("dead", "failing", "held_back", "abandoned")
 
 #: ``deadletters list``: the error summary is cut (``deadletters show ID`` prints it whole).
 DEAD_LETTER_COLUMNS = [
@@ -144,6 +182,34 @@ class Command(BaseCommand):
                 command.add_argument(
                     "--all", action="store_true", help="Every dead job matching the filters."
                 )
+        events = sub.add_parser(
+            "events", help="List outbox events by state; re-drive or discard dead ones."
+        )
+        event_actions = events.add_subparsers(dest="events_action", required=True, metavar="ACTION")
+        listed = event_actions.add_parser("list", help="Events of one state, oldest first.")
+        listed.add_argument("--state", choices=LISTED_EVENT_STATES, default="dead")
+        listed.add_argument("--event-type")
+        listed.add_argument("--limit", type=_limit, default=50, help=f"At most {MAX_LIST_LIMIT:,}.")
+        for name, text in (
+            ("redrive", "Make dead events claimable again, with a fresh attempt budget."),
+            ("discard", "Mark dead events processed without projecting them."),
+        ):
+            command = event_actions.add_parser(name, help=text)
+            command.add_argument("ids", nargs="*", metavar="ID")
+            command.add_argument(
+                "--all", action="store_true", help="Every dead event matching the filters."
+            )
+            command.add_argument("--event-type")
+            command.add_argument(
+                "--dead-for",
+                type=_age,
+                metavar="AGE",
+                help="Only events dead for at least AGE (seconds, or 90m, 12h, 7d): those whose "
+                "cause was mended since.",
+            )
+            command.add_argument(
+                "--yes", action="store_true", help="Do not ask before acting on --all."
+            )
         show = dead_actions.add_parser("show", help="One dead job in full.")
         show.add_argument("id")
         cancel = sub.add_parser(
@@ -176,6 +242,8 @@ class Command(BaseCommand):
                 sys.exit(1)
         elif action == "deadletters":
             self._deadletters(using, options)
+        elif action == "events":
+            self._events(using, options)
         elif action == "cancel":
             ids = [_uuid(value) for value in options["ids"]]
             states = control.cancel_jobs(ids, using=using, by="pgoutbox cancel")
@@ -205,7 +273,8 @@ class Command(BaseCommand):
             reconciliation = maintenance.reconcile_outbox(using=using)
             self.stdout.write(
                 f"Released {reconciliation.released_claims} expired claim(s); "
-                f"{reconciliation.overdue_events} overdue event(s)."
+                f"{reconciliation.overdue_events} overdue event(s), "
+                f"{reconciliation.abandoned_events} of them abandoned."
             )
 
     def _stats(self, using: str, *, as_json: bool, watch: float | None) -> None:
@@ -253,7 +322,8 @@ class Command(BaseCommand):
             self.stdout.write(line)
         self.stdout.write(
             f"\noutbox: {_shown(gauges, 'outbox_pending')} pending, "
-            f"{_shown(gauges, 'outbox_dead')} dead, lag {_shown(gauges, 'outbox_lag', '.1f')}s\n"
+            f"{_shown(gauges, 'outbox_dead')} dead, {_shown(gauges, 'outbox_abandoned')} "
+            f"abandoned, lag {_shown(gauges, 'outbox_lag', '.1f')}s\n"
             f"oldest open transaction: {gauges.oldest_transaction_age:.1f}s; "
             f"NOTIFY queue {gauges.notification_queue_usage:.1%} full"
         )
@@ -333,6 +403,70 @@ class Command(BaseCommand):
         done = perform(ids, using=using)
         verb = "Retried" if action == "retry" else "Discarded"
         self.stdout.write(f"{verb} {done} dead job(s).")
+
+    def _events(self, using: str, options: dict[str, Any]) -> None:
+        from django_pgoutbox.event_states import EVENT_STATES
+        from django_pgoutbox.models import OutboxEvent
+
+        action = options["events_action"]
+        events = OutboxEvent.objects.using(using)
+        if options.get("event_type"):
+            events = events.filter(event_type=options["event_type"])
+        if action == "list":
+            state = options["state"]
+            rows = [
+                (
+                    event.id,
+                    event.event_type,
+                    f"{event.aggregate_type}:{event.aggregate_id}",
+                    event.attempts,
+                    f"{event.occurred_at:%Y-%m-%d %H:%M:%S}",
+                    f"{event.dead_at:%Y-%m-%d %H:%M:%S}" if event.dead_at else "",
+                    event.last_error or "",
+                )
+                for event in events.filter(EVENT_STATES[state]()).order_by("occurred_at", "id")[
+                    : options["limit"]
+                ]
+            ]
+            if not rows:
+                self.stdout.write(f"No {state.replace('_', ' ')} events.")
+                return
+            for line in table.render(EVENT_COLUMNS, rows):
+                self.stdout.write(line)
+            return
+        dead = events.filter(EVENT_STATES["dead"]())
+        if options["dead_for"] is not None:
+            dead = dead.filter(dead_at__lte=timezone.now() - timedelta(seconds=options["dead_for"]))
+        if options["ids"]:
+            if options["all"]:
+                raise CommandError(f"events {action}: give event ids or --all, not both")
+            ids = [_uuid(value, "an event id") for value in options["ids"]]
+        elif options["all"]:
+            ids = list(dead.values_list("pk", flat=True))
+            if not ids:
+                self.stdout.write("No dead events match.")
+                return
+            verb = "Re-drive" if action == "redrive" else "Discard"
+            self._confirm(f"{verb} {len(ids):,} dead event(s)?", options["yes"])
+        else:
+            raise CommandError(f"events {action}: give event ids, or --all with filters")
+        perform = (
+            control.redrive_dead_events if action == "redrive" else control.discard_dead_events
+        )
+        done = perform(ids, using=using)
+        verb = "Re-drove" if action == "redrive" else "Discarded"
+        self.stdout.write(f"{verb} {done} dead event(s).")
+
+    def _confirm(self, question: str, yes: bool) -> None:
+        """Ask ``question`` on the terminal, unless ``--yes`` answered it; with no terminal to
+        ask on, refuse: a script says ``--yes``."""
+        if yes:
+            return
+        if not sys.stdin.isatty():
+            raise CommandError(f"{question} Add --yes to confirm: no terminal to ask on.")
+        answer = input(f"{question} [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            raise CommandError("Nothing done.", returncode=1)
 
     def _schedules(self, using: str) -> None:
         schedules, problems = load_schedules()
