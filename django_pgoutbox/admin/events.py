@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import uuid
+from contextvars import ContextVar
 from typing import Any
 
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from django.utils.functional import cached_property
 
 from django_pgoutbox import control, scheduler
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
@@ -20,6 +20,11 @@ from django_pgoutbox.models import (
     ScheduleCursor,
 )
 from django_pgoutbox.schedules import Schedule, load_schedules
+
+#: The schedules of the changelist being rendered (``ScheduleAdmin.changelist_view``).
+_PAGE_SCHEDULES: ContextVar[dict[str, Schedule] | None] = ContextVar(
+    "pgoutbox_page_schedules", default=None
+)
 
 
 @admin.register(OutboxEvent)
@@ -120,9 +125,25 @@ class ScheduleAdmin(ReadOnlyAdmin):
     ordering = ("name",)
     sortable_by = ("name", "last_slot_at")  # one row per schedule: a small table
 
-    @cached_property
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The page, rendered with the schedules loaded once for it (not once per cell, nor
+        once for the life of the process: the admin is one object that every request shares)."""
+        token = _PAGE_SCHEDULES.set(load_schedules()[0])
+        try:
+            response = super().changelist_view(request, extra_context)
+            render = getattr(response, "render", None)
+            if render is not None:
+                render()
+            return response
+        finally:
+            _PAGE_SCHEDULES.reset(token)
+
+    @property
     def _schedules(self) -> dict[str, Schedule]:
-        return load_schedules()[0]
+        loaded = _PAGE_SCHEDULES.get()
+        return loaded if loaded is not None else load_schedules()[0]
 
     @admin.display(description="job")
     def job(self, obj: ScheduleCursor) -> str:
