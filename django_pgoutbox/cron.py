@@ -43,7 +43,12 @@ class CronError(ValueError):
 
 
 def parse_zone(name: object) -> ZoneInfo:
-    """The IANA time zone ``name`` (``"Europe/Berlin"``); CronError if there is none."""
+    """The IANA time zone ``name`` (``"Europe/Berlin"``, or a ``ZoneInfo`` of the database,
+    or ``datetime.UTC``); CronError if there is none."""
+    if isinstance(name, ZoneInfo) and name.key:
+        name = name.key  # made from the database, so a name it has
+    elif name is UTC:
+        name = "UTC"
     if not isinstance(name, str) or not name:
         raise CronError(f"must be an IANA time zone name such as 'Europe/Berlin', not {name!r}")
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from typing import Any
 
 from django_pgoutbox.conf import MAX_DELAY_CEILING, get_settings
@@ -136,7 +136,7 @@ def schedule(
     cron: str | None = None,
     *,
     every: float | timedelta | None = None,
-    tz: str | None = None,
+    tz: str | tzinfo | None = None,
     name: str | None = None,
     queue: str | None = None,
     payload: Mapping[str, Any] | None = None,

@@ -226,7 +226,7 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
 
     schedule_tz = top["SCHEDULE_TZ"]
     try:
-        parse_zone(schedule_tz)
+        schedule_tz = parse_zone(schedule_tz).key  # a ZoneInfo given is kept by its name
     except CronError as error:
         parser.problem(f"{SETTING_NAME}['SCHEDULE_TZ']", f"{error}.")
         schedule_tz = "UTC"

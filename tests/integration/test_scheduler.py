@@ -137,6 +137,28 @@ class TestDeclaring:
         assert schedules["berlin"].next_after(winter) == winter.replace(hour=7)
         assert schedules["default"].next_after(winter) == winter.replace(hour=13)
 
+    def test_a_tz_may_be_a_zoneinfo(self, settings: Any) -> None:
+        settings.PGOUTBOX = {
+            **settings.PGOUTBOX,
+            "SCHEDULE_TZ": ZoneInfo("America/New_York"),
+            "SCHEDULES": {
+                "berlin": {
+                    "JOB": "tests.noop",
+                    "CRON": "0 8 * * *",
+                    "TZ": ZoneInfo("Europe/Berlin"),
+                },
+                "utc": {"JOB": "tests.noop", "CRON": "0 8 * * *", "TZ": UTC},
+                "default": {"JOB": "tests.noop", "CRON": "0 8 * * *"},
+            },
+        }
+        schedules, problems = load_schedules()
+        assert problems == []
+        assert [schedules[name].spec for name in ("berlin", "utc", "default")] == [
+            "0 8 * * * (Europe/Berlin)",
+            "0 8 * * * (UTC)",
+            "0 8 * * * (America/New_York)",
+        ]
+
     def test_decorator(self, registry: None) -> None:
         @schedule(every=10, payload={"x": 1}, grace=timedelta(minutes=5))
         @job("tests.decorated")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from itertools import pairwise
 from zoneinfo import ZoneInfo
 
@@ -88,6 +88,14 @@ def test_bad_expressions_name_the_field(expression: str, message: str) -> None:
 def test_bad_zones_are_refused(name: object, message: str) -> None:
     with pytest.raises(CronError, match=re.escape(message)):
         parse_zone(name)
+
+
+def test_a_zone_object_is_taken_by_its_name() -> None:
+    """What a Django project has at hand: a ``ZoneInfo``, or ``datetime.UTC``."""
+    assert parse_zone(ZoneInfo("Europe/Berlin")) == ZoneInfo("Europe/Berlin")
+    assert parse_zone(UTC).key == "UTC"
+    with pytest.raises(CronError, match="must be an IANA time zone name"):
+        parse_zone(timezone(timedelta(hours=2)))  # an offset is no zone
 
 
 # -- time zones and the days the clocks change ----------------------------------------------------
