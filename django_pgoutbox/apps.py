@@ -25,7 +25,10 @@ class PgOutboxConfig(AppConfig):
         checks.register(pgoutbox_checks.check_server_version, checks.Tags.database)
         # Handlers and subscribers live in each app's jobs.py (or subscribers.py), as admin
         # classes live in admin.py.
-        from django_pgoutbox import maintenance  # noqa: F401 - registers the built-in jobs
+        from django_pgoutbox import (
+            maintenance,  # noqa: F401 - registers the built-in jobs
+            publishers,  # noqa: F401 - registers pgoutbox.publish
+        )
 
         autodiscover_modules("jobs")
         autodiscover_modules("subscribers")

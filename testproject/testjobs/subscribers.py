@@ -118,3 +118,22 @@ class _HostileClassError(Exception):
 @subscriber("hostile.unprintable_class")
 def hostile_unprintable_class(event: OutboxEvent) -> None:
     raise _HostileClassError("boom")
+
+
+# -- A webhook publisher, when a test gives a server to send to (tests/processes/
+# test_publisher_processes.py): events of type tests.webhook go out as pgoutbox.publish jobs.
+
+TEST_WEBHOOK_SECRET = "whsec_" + "c2VjcmV0LW9mLXRoaXJ0eS10d28tYnl0ZXMtLS0tLS0="
+
+if os.environ.get("PGOUTBOX_TEST_WEBHOOK_URL"):
+    from django_pgoutbox.publishers import WebhookPublisher, send_events
+
+    send_events(
+        WebhookPublisher(
+            "tests.hooks",
+            os.environ["PGOUTBOX_TEST_WEBHOOK_URL"],
+            secret=TEST_WEBHOOK_SECRET,
+            timeout=2.0,
+        ),
+        "tests.webhook",
+    )

@@ -1,0 +1,355 @@
+"""Publishers: what sends an outbox event to another system, as a job.
+
+A publisher has a ``name`` and a ``publish(event)`` that returns once the other side has the
+event, or raises what the retry policy reads: ``TransientError`` (retried with back-off),
+``RateLimited(retry_after)`` (retried after the other side's hint) or ``PermanentError`` (dead
+at once). ``send_events(publisher, *event_types)`` registers it and a subscriber that enqueues,
+in the relay's transaction, one ``pgoutbox.publish`` job per event (keyed by publisher and event,
+so that an event projected twice is sent by one job); the job reads the event and calls
+``publish``. So a publication retries, dead-letters and shows in the admin as any job does
+(docs/howto/webhooks-out.md).
+
+``WebhookPublisher`` posts an event as a CloudEvents 1.0 JSON body (structured mode), signed as
+the Standard Webhooks specification says (``webhook-id``, ``webhook-timestamp``,
+``webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">``), which receivers verify
+with a library of theirs or with ``verify_webhook``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import math
+import time
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from django_pgoutbox.errors import PermanentError, RateLimited, TransientError
+from django_pgoutbox.models import OutboxEvent
+from django_pgoutbox.registry import job
+
+#: The job that sends an event through a publisher.
+PUBLISH_JOB = "pgoutbox.publish"
+
+#: What of a refusal's body goes into the error (the rest is not read).
+BODY_SHOWN = 300
+#: Bytes of a response read at most: a body is read only to be shown.
+BODY_READ = 4096
+#: A secret shorter than this is refused: HMAC with a guessable key proves nothing.
+MIN_SECRET_BYTES = 16
+#: Timeouts above this are refused (a lease must outlast the send: see the how-to).
+MAX_TIMEOUT = 300.0
+
+
+class Publisher(Protocol):
+    """What sends an event to another system (see the module's docstring)."""
+
+    name: str
+
+    def publish(self, event: OutboxEvent) -> None: ...
+
+
+_publishers: dict[str, Publisher] = {}
+
+
+def register(publisher: Publisher) -> Publisher:
+    """Make ``publisher`` known by its name to the ``pgoutbox.publish`` job of this process."""
+    name = getattr(publisher, "name", None)
+    if (
+        type(name) is not str
+        or not name.strip()
+        or not name.isprintable()  # no NUL, control character or lone surrogate
+        or len(name.encode()) > 255
+    ):
+        shown = repr(name)[:100]
+        raise ValueError(f"a publisher's name must be printable text of 1 to 255 bytes: {shown}")
+    if not callable(getattr(publisher, "publish", None)):
+        raise ValueError(f"publisher {name!r} has no publish(event) method")
+    known = _publishers.get(name)
+    if known is not None and known is not publisher:
+        raise ValueError(f"a publisher named {name!r} is registered already")
+    _publishers[name] = publisher
+    return publisher
+
+
+def unregister(name: str) -> None:
+    """Forget a publisher (for tests)."""
+    _publishers.pop(name, None)
+
+
+def get_publisher(name: str) -> Publisher:
+    try:
+        return _publishers[name]
+    except KeyError:
+        raise PermanentError(
+            f"no publisher named {name!r} is registered in this process (send_events() at "
+            "import time, in a module every worker imports)",
+            code="unknown_publisher",
+        ) from None
+
+
+def send_events(
+    publisher: Publisher,
+    *event_types: str,
+    versions: tuple[int, ...] = (1,),
+    queue: str | None = None,
+    priority: int | None = None,
+) -> Publisher:
+    """Register ``publisher`` and send it every event of ``event_types`` (of the schema
+    ``versions`` it takes), each by a ``pgoutbox.publish`` job on ``queue`` (default: the
+    job's, ``"default"``).
+
+    The subscriber enqueues in the relay's transaction, so the job exists once the event is
+    processed, exactly once. Events are sent in parallel, so those of one aggregate may arrive
+    out of order, and a retried one after later ones: receivers order by the event's ``time``
+    (``occurred_at``) or dedupe by its ``id``.
+    """
+    from django_pgoutbox.enqueueing import enqueue
+    from django_pgoutbox.outbox import subscriber
+
+    register(publisher)
+    name = publisher.name
+
+    def send(event: OutboxEvent) -> None:
+        enqueue(
+            PUBLISH_JOB,
+            {"publisher": name, "event": str(event.id)},
+            queue=queue,
+            priority=priority,
+            idempotency_key=f"{name}:{event.id}",
+        )
+
+    send.__name__ = send.__qualname__ = f"send_to_{name}"
+    subscriber(*event_types, versions=versions, name=f"pgoutbox.publish:{name}")(send)
+    return publisher
+
+
+@job(PUBLISH_JOB, max_attempts=10)
+def publish_event(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """Send one event through one publisher (enqueued by ``send_events``)."""
+    publisher = get_publisher(str(payload.get("publisher")))
+    try:
+        event_id = uuid.UUID(str(payload.get("event")))
+    except ValueError:
+        raise PermanentError(f"not an event id: {payload.get('event')!r}") from None
+    event = OutboxEvent.objects.filter(pk=event_id).first()
+    if event is None:
+        raise PermanentError(
+            f"event {event_id} is gone (pruned by RETENTION['PROCESSED_EVENTS'] before it was "
+            "sent?)",
+            code="event_gone",
+        )
+    publisher.publish(event)
+    return {"publisher": publisher.name, "event": str(event_id)}
+
+
+# -- webhooks ----------------------------------------------------------------------------------
+
+
+def webhook_secret(secret: str | bytes) -> bytes:
+    """The key of a secret as Standard Webhooks writes it (``whsec_`` + base64) or raw."""
+    if isinstance(secret, str):
+        if secret.startswith("whsec_"):
+            try:
+                return base64.b64decode(secret[len("whsec_") :], validate=True)
+            except (binascii.Error, ValueError):
+                raise ValueError("secret: 'whsec_' must be followed by base64") from None
+        return secret.encode()
+    if isinstance(secret, bytes):
+        return secret
+    raise ValueError(f"secret must be str or bytes, not {type(secret).__name__}")
+
+
+def sign(key: bytes, message_id: str, timestamp: int, body: bytes) -> str:
+    """The ``webhook-signature`` value of Standard Webhooks: ``v1,`` + base64 HMAC-SHA256."""
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+
+
+class InvalidSignature(Exception):
+    """``verify_webhook``: the request is not the sender's, or too old or too new."""
+
+
+def verify_webhook(
+    secret: str | bytes,
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    tolerance: float = 300.0,
+    now: float | None = None,
+) -> None:
+    """Check a Standard Webhooks signature (what ``WebhookPublisher`` sends); raise
+    ``InvalidSignature`` unless one of the signatures is right and the timestamp is within
+    ``tolerance`` seconds of ``now``. ``headers`` is looked up in lower case."""
+    lower = {str(k).lower(): str(v) for k, v in headers.items()}
+    message_id = lower.get("webhook-id", "")
+    stamp = lower.get("webhook-timestamp", "")
+    if not message_id or not stamp.isascii() or not stamp.isdigit():
+        raise InvalidSignature("webhook-id or webhook-timestamp missing")
+    timestamp = int(stamp)
+    if abs((time.time() if now is None else now) - timestamp) > tolerance:
+        raise InvalidSignature(f"timestamp {timestamp} is outside the tolerance of {tolerance}s")
+    expected = sign(webhook_secret(secret), message_id, timestamp, body)
+    for given in lower.get("webhook-signature", "").split():
+        if hmac.compare_digest(given.encode(), expected.encode()):
+            return
+    raise InvalidSignature("no signature matches")
+
+
+def retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date); None if absent
+    or unreadable."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isascii() and text.isdigit():
+        return float(min(int(text[:12]), 10**11))
+    try:
+        when = parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+def refusal(status: int, headers: Mapping[str, str], shown: str) -> Exception | None:
+    """What a response of ``status`` means for the job (None: delivered).
+
+    2xx delivered; 429, and 503 with a ``Retry-After``, ``RateLimited`` with its hint; 408, 5xx
+    and 429 without a hint ``TransientError``; a redirect ``PermanentError`` (a signed body is not
+    sent on to another address: give the new URL); any other 4xx ``PermanentError`` (the request
+    will never be taken). Codes ``http_<status>``."""
+    if 200 <= status < 300:
+        return None
+    lower = {str(k).lower(): str(v) for k, v in headers.items()}
+    code = f"http_{status}"
+    said = f"HTTP {status}" + (f": {shown}" if shown else "")
+    hint = retry_after(lower.get("retry-after"))
+    if status == 429 or (status == 503 and hint is not None):
+        return RateLimited(hint, said, code=code)
+    if status == 408 or status >= 500:
+        return TransientError(said, code=code)
+    if 300 <= status < 400:
+        location = lower.get("location", "")[:200]
+        return PermanentError(
+            f"{said}; redirected to {location!r}: publish to that URL instead", code=code
+        )
+    return PermanentError(said, code=code)
+
+
+class WebhookPublisher:
+    """POST each event to ``url`` as CloudEvents JSON, signed with ``secret``.
+
+    ``source``: the CloudEvents ``source`` (default ``/<aggregate type>``); ``timeout``:
+    seconds to connect and, again, to wait for the answer; ``headers``: more headers to send
+    (an ``Authorization``, say). Needs ``urllib3`` (``pip install django-pgoutbox[webhooks]``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        *,
+        secret: str | bytes,
+        source: str | None = None,
+        timeout: float = 10.0,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        import urllib3
+
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"WebhookPublisher {name!r}: url must be an http(s) URL, not {url!r}")
+        key = webhook_secret(secret)
+        if len(key) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"WebhookPublisher {name!r}: secret must be at least {MIN_SECRET_BYTES} bytes "
+                f"(it has {len(key)}): a short key can be guessed"
+            )
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT)
+        ):
+            raise ValueError(
+                f"WebhookPublisher {name!r}: timeout must be seconds above 0 and at most "
+                f"{MAX_TIMEOUT:g}, not {timeout!r}"
+            )
+        self.name, self.url, self.source = name, url, source
+        self._key = key
+        self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
+        self._read_budget = timeout  # for the body, after the headers came
+        self._headers = dict(headers or {})
+        # One pool per publisher, kept: its connections are reused across jobs and threads.
+        self._pool = urllib3.PoolManager(retries=False, maxsize=8, block=False)
+
+    def __repr__(self) -> str:
+        return f"WebhookPublisher({self.name!r}, {self.url!r})"
+
+    def body(self, event: OutboxEvent) -> bytes:
+        return json.dumps(event.as_cloudevent(source=self.source), separators=(",", ":")).encode()
+
+    def publish(self, event: OutboxEvent) -> None:
+        import urllib3
+
+        body = self.body(event)
+        timestamp = int(time.time())
+        headers = {
+            **self._headers,
+            "Content-Type": "application/cloudevents+json",
+            "webhook-id": str(event.id),
+            "webhook-timestamp": str(timestamp),
+            "webhook-signature": sign(self._key, str(event.id), timestamp, body),
+        }
+        try:
+            response = self._pool.request(
+                "POST",
+                self.url,
+                body=body,
+                headers=headers,
+                timeout=self._timeout,
+                redirect=False,
+                preload_content=False,
+            )
+        except urllib3.exceptions.HTTPError as error:
+            # Connection refused or reset, a timeout, TLS: the other side may be back soon.
+            raise TransientError(
+                f"POST {self.url}: {type(error).__name__}: {error}"[:1000], code="http_unreachable"
+            ) from None
+        try:
+            raw, whole = self._head_of_body(response, time.monotonic() + self._read_budget)
+        finally:
+            if not whole:
+                response.close()  # a body left unread: the connection cannot be reused
+            response.release_conn()
+        shown = " ".join(raw[:BODY_SHOWN].decode("utf-8", "replace").split())
+        problem = refusal(response.status, response.headers, shown)
+        if problem is not None:
+            raise problem
+
+    @staticmethod
+    def _head_of_body(response: Any, deadline: float) -> tuple[bytes, bool]:
+        """The first ``BODY_READ`` bytes of the body, read until ``deadline`` at most (a body
+        that drips a byte at a time cannot hold the job), and whether that was all of it."""
+        import urllib3
+
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while size <= BODY_READ and time.monotonic() < deadline:
+                chunk = response.read1(1024, decode_content=False)  # one socket read at most
+                if not chunk:
+                    return b"".join(chunks), True
+                chunks.append(chunk)
+                size += len(chunk)
+        except urllib3.exceptions.HTTPError:
+            pass
+        return b"".join(chunks), False

@@ -1,0 +1,83 @@
+"""Events sent out by a webhook publisher, through a real relay and real workers: one job per
+event, a refused event dead on its own beside the innocent ones, a rate-limited one sent again
+after the server's Retry-After."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from django_pgoutbox import publish
+from django_pgoutbox.models import Job, JobStatus
+from django_pgoutbox.publishers import PUBLISH_JOB, verify_webhook
+from testproject.testjobs.subscribers import TEST_WEBHOOK_SECRET
+from tests.processes import wait_for
+from tests.webhook_server import Answer, Received, Server
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_refused_event_dies_alone_and_a_rate_limited_one_waits(start_worker: Any) -> None:
+    limited_once: set[str] = set()
+
+    def answer_for(got: Received) -> Answer:
+        data = json.loads(got.body)["data"]
+        if data.get("refuse"):
+            return Answer(422, body=b'{"error": "unknown customer"}')
+        if data.get("limit") and data["n"] not in limited_once:
+            limited_once.add(data["n"])
+            return Answer(429, {"Retry-After": "1"})
+        return Answer(204)
+
+    server = Server(answer_for)
+    try:
+        events = {
+            name: publish(
+                "tests.webhook",
+                aggregate_type="order",
+                aggregate_id=uuid.uuid4(),
+                payload={"n": name, **extra},
+            )
+            for name, extra in [
+                *((f"innocent-{i}", {}) for i in range(5)),
+                ("poison", {"refuse": True}),
+                ("limited", {"limit": True}),
+            ]
+        }
+        start_worker(
+            "--roles",
+            "relay,jobs",
+            "--concurrency",
+            "4",
+            env={"PGOUTBOX_TEST_WEBHOOK_URL": server.url},
+        )
+
+        def settled() -> Counter[str]:
+            jobs = Job.objects.filter(job_type=PUBLISH_JOB)
+            return Counter(jobs.values_list("status", flat=True))
+
+        wait_for(lambda: settled() == Counter({JobStatus.COMPLETED: 6, JobStatus.DEAD: 1}))
+        dead = Job.objects.get(job_type=PUBLISH_JOB, status=JobStatus.DEAD)
+        assert dead.payload == {"publisher": "tests.hooks", "event": str(events["poison"].id)}
+        assert dead.last_error_code == "http_422"
+        assert "unknown customer" in (dead.last_error_summary or "")
+        assert dead.attempts == 1  # a 4xx is never retried
+
+        by_event: dict[str, list[Received]] = {}
+        for got in server.received:
+            verify_webhook(TEST_WEBHOOK_SECRET, got.headers, got.body, tolerance=60)
+            by_event.setdefault(json.loads(got.body)["data"]["n"], []).append(got)
+        # Each innocent event sent once; the limited one twice, a Retry-After apart.
+        assert {name: len(sent) for name, sent in by_event.items()} == {
+            **{f"innocent-{i}": 1 for i in range(5)},
+            "poison": 1,
+            "limited": 2,
+        }
+        first, second = by_event["limited"]
+        assert second.at - first.at >= 0.9
+    finally:
+        server.close()
