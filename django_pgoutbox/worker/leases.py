@@ -158,7 +158,8 @@ class Upkeep:
         self.asked: list[RenewalRequest] = []
         self.check_cancel = False  # a cancellation was requested: renew now to learn of it
         self.renewing = self.recovering = False
-        #: The last statement answered was a renewal: the next turn writes and claims first.
+        #: The last statement answered was a renewal: the next turn with a lane free writes
+        #: and claims first (until the next renewal is sent).
         self.renewed_last = False
         self.next_renewal = now + self.lease_seconds * RENEW_FRACTION
         self.next_recovery = now
@@ -175,7 +176,7 @@ class Upkeep:
     def renew(self, now: float, keys: list[Key]) -> Renew:
         asked, self.asked = self.asked, []
         self.check_cancel = False
-        self.renewing = True
+        self.renewing, self.renewed_last = True, False
         self.next_renewal = now + self.lease_seconds * RENEW_FRACTION
         return Renew(keys, self.lease_seconds, self.worker_id, asked)
 

@@ -241,7 +241,9 @@ class QueueRunner:
             self._give_back(now, "UNCLAIM_JOBS", "shutdown" if self._stopping else "suspects")
         # Renewals first, but not twice in a row ahead of the outcomes and claims: handlers
         # that call ``ctx.renew_lease()`` again as soon as answered would else hold the lane.
-        renew_first, upkeep.renewed_last = not upkeep.renewed_last, False
+        # (``renewed_last`` holds until the next renewal is sent: a turn with no lane free, a
+        # lane backing off, does not use the outcomes' turn up.)
+        renew_first = not upkeep.renewed_last
         if renew_first:
             self._renew_if_due(now)
         if self._stopping:
@@ -340,6 +342,11 @@ class QueueRunner:
             self._upkeep.replied(request, failed=error is not None, now=now)
             if isinstance(request, Renew):
                 self._state.renewal_answered()
+                # The outcomes it held back go before the next renewal, even after a failure
+                # (which sends the renewal again first): else a renewal that keeps failing
+                # holds them back again every time, and their jobs never get written.
+                if self._state.outcomes:
+                    self._upkeep.renewed_last = True
         elif isinstance(request, GiveBack):
             request.answered(self.queue, result, error)
         if error is not None:

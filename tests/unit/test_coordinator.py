@@ -143,6 +143,38 @@ class TestRenewals:
         harness.step()
         assert harness.runner.snapshot().running == 1
 
+    @pytest.mark.parametrize("connections", [1, 2])
+    def test_a_renewal_that_keeps_failing_does_not_hold_an_outcome_back_forever(
+        self, connections: int
+    ) -> None:
+        """A renewal fails (a statement_timeout on a row another session keeps locked, say)
+        and goes again as soon as its lane is ready, first in its turn. The outcome it held
+        back must be written before the next renewal holds it back again: else, while the
+        renewals fail, the finished job is never recorded, and its lease expires into a
+        second run."""
+        harness = Harness(connections=connections, concurrency=2)
+        harness.start_up()
+        first, second = harness.claim([claim_row(), claim_row()])
+        harness.threads.begin(second)
+        harness.step(10.0)
+        assert harness.sent(Renew)
+        harness.threads.finish(first)
+        harness.step()
+        timeout = psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+        written = []
+        for _ in range(20):
+            for lane in harness.lanes:
+                for request in list(lane.sent):
+                    if isinstance(request, Renew):
+                        lane.reply(error=timeout)
+                    elif isinstance(request, RecordAndClaim):
+                        written += [o.job.id for o in request.batch]
+                        lane.reply()
+            harness.step(0.5)
+            if written:
+                break
+        assert written == [first.id], "the outcome waited behind every renewal that failed"
+
     def test_a_lost_lease_is_said_once(self, caplog: pytest.LogCaptureFixture) -> None:
         harness = Harness()
         harness.start_up()
