@@ -126,6 +126,12 @@ class Walk:
         }
         assert not renewed & set(keys), "a renewal beside the write of the same attempt"
         assert not renewed & given, "a renewal beside the give-back of the same attempt"
+        # Outcomes are held back only behind a renewal in flight, and only its own attempts'.
+        renewals = [r for lane in h.lanes for r in lane.sent if isinstance(r, Renew)]
+        if not renewals:
+            assert not state.renewing, "a renewal answered and still counted as in flight"
+            assert not state.held_back, "outcomes held back behind no renewal"
+        assert all(a.slot in state.renewing for _, a in state.held_back)
         for attempt in attempts:
             assert attempt.state in (QUEUED, HELD, FINISHED, WRITING)
         if self.stop_seen and runner._stopping:
@@ -173,6 +179,7 @@ class Walk:
         state = h.runner._state
         if not h.runner._giving_up:
             assert not state.outcomes
+            assert not state.held_back
             assert not state.to_unclaim
 
 
@@ -191,6 +198,53 @@ SETTINGS = [
 @pytest.mark.parametrize("seed", range(int(os.environ.get("PGOUTBOX_WALKS", "40"))))
 def test_random_walks_keep_the_books(settings: dict[str, object], seed: int) -> None:
     Walk(seed, poll_interval=1.0, **settings).run(300)
+
+
+class FailingRenewals(Walk):
+    """A walk in which every renewal fails (a statement_timeout on a row another session
+    keeps locked), while every other statement goes through."""
+
+    def answer_lane(self, index: int) -> None:
+        lane = self.harness.lanes[index]
+        if isinstance(lane.sent[0], Renew):
+            lane.reply(error=psycopg.errors.QueryCanceled("canceling statement: timeout"))
+        else:
+            super().answer_lane(index)
+
+    def drain(self) -> None:
+        """No handler returns any more: every outcome that came must be written, however
+        often the renewals fail."""
+        h = self.harness
+        for _ in range(400):
+            if h.runner._done:
+                return
+            for index, lane in enumerate(h.lanes):
+                if lane.sent:
+                    self.answer_lane(index)
+            h.step(0.3)
+            self.check()
+        state = h.runner._state
+        assert not state.outcomes, "outcomes never written"
+        assert not state.held_back, "outcomes held back for ever"
+
+
+@pytest.mark.parametrize(
+    "settings", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items())
+)
+@pytest.mark.parametrize("seed", range(int(os.environ.get("PGOUTBOX_WALKS", "40")) // 4))
+def test_renewals_that_keep_failing_hold_no_outcome_back_for_ever(
+    settings: dict[str, object], seed: int
+) -> None:
+    walk = FailingRenewals(seed, poll_interval=1.0, **settings)
+    h = walk.harness
+    h.step()
+    for _ in range(150):
+        if h.runner._done:
+            break
+        walk.act()
+        h.step()
+        walk.check()
+    walk.drain()
 
 
 def held_suspect(harness: Harness) -> Attempt:
