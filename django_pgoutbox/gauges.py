@@ -62,7 +62,7 @@ class DatabaseGauges:
     #: The outbox fields above that are estimates (``outbox_pending``, ``outbox_dead``), an
     #: upper bound (``outbox_lag``, when more than ``EXACT_COUNT`` dead or backing-off events
     #: come before the first available one) or a lower bound (``outbox_abandoned``, looked for
-    #: among as many events as ``outbox_pending`` counts).
+    #: among the first ``EXACT_COUNT`` waiting events, the dead ones stepped over).
     estimated: tuple[str, ...] = ()
 
 
@@ -430,8 +430,9 @@ class AbandonedEvents:
 
 
 def abandoned_events(using: str | None = None) -> AbandonedEvents:
-    """The abandoned events among the first ``EXACT_COUNT`` waiting ones: a read of at most
-    that many rows of the outbox's pending index, whatever the table holds."""
+    """The abandoned events among the first ``EXACT_COUNT`` waiting ones: a read of that many
+    rows of the outbox's claim index (and of the dead ones ahead of them), whatever else the
+    table holds."""
     from django_pgoutbox.models import Job
 
     alias = using or router.db_for_write(Job)
@@ -439,7 +440,7 @@ def abandoned_events(using: str | None = None) -> AbandonedEvents:
     with connections[alias].cursor() as cursor:
         cursor.execute(
             f"SELECT a.n, a.age, (SELECT count(*) FROM (SELECT 1 FROM outbox_events "
-            f"WHERE processed_at IS NULL LIMIT %(limit)s + 1) c) > %(limit)s "
+            f"WHERE processed_at IS NULL AND dead_at IS NULL LIMIT %(limit)s + 1) c) > %(limit)s "
             f"FROM ({queries.ABANDONED_EVENTS}) a",
             {"limit": EXACT_COUNT, "overdue": overdue},
         )

@@ -229,44 +229,37 @@ ESTIMATE_UNREGISTERED_JOBS = {
 }
 
 
-def _abandoned(prefix: str) -> str:
-    """The count of abandoned events and the seconds the longest of them has waited untouched,
-    among the first ``prefix`` (an SQL expression) unprocessed events, dead ones included.
-
-    Abandoned: heading its aggregate (nothing earlier of it waits: an aggregate's earlier events
-    are among the first ones too), not dead, due for longer than ``overdue`` seconds and claimed
-    by no relay for as long. Named parameter: overdue seconds float.
-    """
-    return f"""
+#: Abandoned events among the first ``limit`` waiting ones (unprocessed, not dead), and the
+#: seconds the longest of them has waited untouched (NULL if none).
+#:
+#: Abandoned: heading its aggregate (no unprocessed event of it, dead or not, comes first), not
+#: dead, due for longer than ``overdue`` seconds and claimed by no relay for as long. The dead
+#: events are stepped over, not counted among the first ``limit``: a thousand of them, left for
+#: an operator ahead of the rest, would else hide every abandoned event behind them. The head of
+#: each aggregate is one probe of ``outbox_aggregate_pending_idx``, as in CLAIM_EVENTS. For the
+#: gauges, the health report and the outbox's reconciliation. Named parameters: limit int,
+#: overdue seconds float.
+ABANDONED_EVENTS = """
         SELECT count(*) AS n,
                max(extract(epoch FROM now() - greatest(available_at, claimed_at)))::float8 AS age
         FROM (
-            SELECT available_at, claimed_at, dead_at,
-                   row_number() OVER (
-                       PARTITION BY aggregate_type, aggregate_id ORDER BY occurred_at, id
-                   ) AS place
-            FROM (
-                SELECT aggregate_type, aggregate_id, occurred_at, id, available_at, claimed_at,
-                       dead_at
-                FROM outbox_events WHERE processed_at IS NULL
-                ORDER BY occurred_at, id
-                LIMIT {prefix}
-            ) waiting
-        ) heads
-        WHERE place = 1 AND dead_at IS NULL
-          AND available_at < now() - make_interval(secs => %(overdue)s)
+            SELECT id, aggregate_type, aggregate_id, available_at, claimed_at
+            FROM outbox_events WHERE processed_at IS NULL AND dead_at IS NULL
+            ORDER BY occurred_at, id
+            LIMIT %(limit)s
+        ) waiting
+        WHERE available_at < now() - make_interval(secs => %(overdue)s)
           AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => %(overdue)s))
-    """
-
-
-#: How many unprocessed events ``OUTBOX_AND_SERVER_GAUGES`` counts: ``limit``, and the dead ones
-#: while they are fewer.
-_WAITING_COUNTED = "%(limit)s + CASE WHEN dead.n < %(limit)s THEN dead.n ELSE 0 END"
-
-#: Abandoned events (see ``_abandoned``) among the first ``limit`` unprocessed ones, and the
-#: seconds the longest of them has waited untouched (NULL if none); for the health report and
-#: the outbox's reconciliation. Named parameters: limit int, overdue seconds float.
-ABANDONED_EVENTS = _abandoned("%(limit)s")
+          AND id = (
+              SELECT head.id
+              FROM outbox_events AS head
+              WHERE head.aggregate_type = waiting.aggregate_type
+                AND head.aggregate_id = waiting.aggregate_id
+                AND head.processed_at IS NULL
+              ORDER BY head.occurred_at, head.id
+              LIMIT 1
+          )
+"""
 
 
 #: The outbox's backlog, the age of the oldest open transaction of this database (the xmin
@@ -285,8 +278,8 @@ ABANDONED_EVENTS = _abandoned("%(limit)s")
 #: index as of the last ``VACUUM`` or ``ANALYZE``, scaled to the index's size now as the planner
 #: scales a table's; the planner, taking ``processed_at IS NULL`` and ``dead_at IS NOT NULL`` for
 #: independent, would halve them; NULL before the first ``ANALYZE``); the oldest transaction's
-#: age; the NOTIFY queue's usage; abandoned events (among the unprocessed ones counted: a lower
-#: bound where those reached their limit) and the seconds the longest abandoned one has waited
+#: age; the NOTIFY queue's usage; abandoned events (among the first ``limit`` waiting ones: a
+#: lower bound where more wait) and the seconds the longest abandoned one has waited
 #: untouched (NULL if none).
 OUTBOX_AND_SERVER_GAUGES = f"""
 SELECT counts.dead, counts.unprocessed, counts.lag,
@@ -328,7 +321,7 @@ FROM (
             WHERE processed_at IS NULL AND dead_at IS NOT NULL ORDER BY occurred_at LIMIT %(limit)s
         ) counted
     ) dead
-    CROSS JOIN LATERAL ({_abandoned(_WAITING_COUNTED)}) abandoned
+    CROSS JOIN LATERAL ({ABANDONED_EVENTS}) abandoned
 ) counts
 """
 

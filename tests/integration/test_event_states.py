@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.utils import timezone
 
 from django_pgoutbox import gauges, publish
@@ -137,6 +138,29 @@ class TestStates:
         out = io.StringIO()
         call_command("pgoutbox", "events", "list", "--event-type", "none.such", stdout=out)
         assert out.getvalue().strip() == "No dead events."
+
+
+class TestManyDeadAhead:
+    def test_abandoned_events_behind_many_dead_ones_are_reported(self) -> None:
+        """More dead events than the gauges look at (``EXACT_COUNT``) came first, left for an
+        operator; then the relay stopped. The abandoned events behind the dead ones are
+        abandoned all the same: the gauges, the health report and the reconciliation must not
+        say none are (it said "none of them abandoned: failing, dead or held back")."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO outbox_events (id, aggregate_type, aggregate_id, event_type, "
+                "schema_version, payload, occurred_at, available_at, dead_at, attempts) "
+                "SELECT gen_random_uuid(), 'x', gen_random_uuid(), 'x.happened', 1, '{}', "
+                "now() - interval '2 days' + g * interval '1 ms', now() - interval '2 days', "
+                "now() - interval '1 day', 5 FROM generate_series(1, %s) g",
+                [gauges.EXACT_COUNT + 1],
+            )
+        abandoned = [event(uuid.uuid4(), **old(600)) for _ in range(3)]
+        assert chosen("abandoned") == ids(*abandoned)
+        assert gauges.database_gauges().outbox_abandoned == 3
+        assert gauges.abandoned_events().count == 3
+        assert [w for w in health_report(require=["jobs"]).warnings if "outbox event" in w]
+        assert reconcile_outbox().abandoned_events == 3
 
 
 class TestRedriveByAge:
