@@ -244,3 +244,15 @@ class TestRedriveByAge:
         assert chosen_by("1d") == ids(dead["week"])
         assert chosen_by("7d") == ids(dead["week"])
         assert chosen_by("1y") == set()
+
+    def test_the_admin_filter_dead_for_leaves_out_the_discarded(
+        self, admin_client: Any, dead: dict[str, OutboxEvent]
+    ) -> None:
+        """A discarded event keeps its ``dead_at`` but is processed: it is no dead letter to
+        re-drive. (The filter, reading ``dead_at`` over every event, was also a scan of the whole
+        table on each page load: through ``outbox_dead_idx`` it reads the dead ones only.)"""
+        call_command("pgoutbox", "events", "discard", str(dead["week"].pk), stdout=io.StringIO())
+        page = admin_client.get(f"{EVENTS}?dead_for=1h").content.decode()
+        assert {event.pk for event in dead.values() if f"{event.pk}/change/" in page} == ids(
+            dead["hours"]
+        )
