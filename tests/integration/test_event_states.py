@@ -224,6 +224,9 @@ class TestRedriveByAge:
             call_command("pgoutbox", "events", "redrive", str(dead["week"].pk), "--all")
         with pytest.raises(CommandError, match="give event ids, or --all"):
             call_command("pgoutbox", "events", "discard")
+        for args in (["list"], ["redrive", "--all"], ["discard", "--all", "--yes"]):
+            with pytest.raises(CommandError, match="event-type"):  # PostgreSQL text holds no NUL
+                call_command("pgoutbox", "events", *args, "--event-type", "x\x00")
         for bad in ("soon", "-1h", "nan", "1e300"):
             with pytest.raises(CommandError, match="dead-for"):
                 call_command("pgoutbox", "events", "redrive", "--all", "--dead-for", bad)

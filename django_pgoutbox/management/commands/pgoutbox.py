@@ -82,6 +82,13 @@ def _uuid(value: str, what: str = "a job id") -> uuid.UUID:
         raise CommandError(f"{value!r} is not {what} (a UUID)") from None
 
 
+def _text(value: str) -> str:
+    """A filter's text: PostgreSQL's text holds no NUL (the query would fail, a traceback)."""
+    if "\x00" in value:
+        raise argparse.ArgumentTypeError("a NUL byte matches nothing a database holds")
+    return value
+
+
 #: ``events redrive --dead-for``: a number of seconds, or one with a unit.
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -188,7 +195,7 @@ class Command(BaseCommand):
         event_actions = events.add_subparsers(dest="events_action", required=True, metavar="ACTION")
         listed = event_actions.add_parser("list", help="Events of one state, oldest first.")
         listed.add_argument("--state", choices=LISTED_EVENT_STATES, default="dead")
-        listed.add_argument("--event-type")
+        listed.add_argument("--event-type", type=_text)
         listed.add_argument("--limit", type=_limit, default=50, help=f"At most {MAX_LIST_LIMIT:,}.")
         for name, text in (
             ("redrive", "Make dead events claimable again, with a fresh attempt budget."),
@@ -199,7 +206,7 @@ class Command(BaseCommand):
             command.add_argument(
                 "--all", action="store_true", help="Every dead event matching the filters."
             )
-            command.add_argument("--event-type")
+            command.add_argument("--event-type", type=_text)
             command.add_argument(
                 "--dead-for",
                 type=_age,
