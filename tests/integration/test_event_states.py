@@ -140,6 +140,25 @@ class TestStates:
         assert out.getvalue().strip() == "No dead events."
 
 
+@pytest.mark.parametrize("use_tz", [True, False])
+def test_events_list_shows_utc_whatever_the_time_zone(settings: Any, use_tz: bool) -> None:
+    """The columns say UTC: with ``USE_TZ = False`` Django reads the database's times in
+    ``TIME_ZONE``, and those were shown as they came, nine hours off in Tokyo."""
+    settings.USE_TZ, settings.TIME_ZONE = use_tz, "Asia/Tokyo"
+    made = event(uuid.uuid4(), dead_at=0, attempts=5)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT to_char(occurred_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') "
+            "FROM outbox_events WHERE id = %s",
+            [made.pk],
+        )
+        (utc,) = cursor.fetchone()
+    out = io.StringIO()
+    call_command("pgoutbox", "events", "list", "--state", "dead", stdout=out)
+    (row,) = [line for line in out.getvalue().splitlines() if str(made.pk) in line]
+    assert utc in row
+
+
 class TestManyDeadAhead:
     def test_abandoned_events_behind_many_dead_ones_are_reported(self) -> None:
         """More dead events than the gauges look at (``EXACT_COUNT``) came first, left for an

@@ -26,7 +26,7 @@ import sys
 import time
 import uuid
 from dataclasses import asdict
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -106,6 +106,14 @@ def _age(value: str) -> float:
     if not math.isfinite(number) or not 0 <= number <= 100 * 365 * 86400:
         raise argparse.ArgumentTypeError(f"must be from 0 seconds to 100 years, not {value!r}")
     return number
+
+
+def _utc(value: datetime) -> str:
+    """A time as the columns headed "(UTC)" show it: with ``USE_TZ = False``, Django reads
+    times in ``TIME_ZONE``."""
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value)
+    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
 
 
 #: ``events list``: the error is cut (the admin shows it whole).
@@ -427,8 +435,8 @@ class Command(BaseCommand):
                     event.event_type,
                     f"{event.aggregate_type}:{event.aggregate_id}",
                     event.attempts,
-                    f"{event.occurred_at:%Y-%m-%d %H:%M:%S}",
-                    f"{event.dead_at:%Y-%m-%d %H:%M:%S}" if event.dead_at else "",
+                    _utc(event.occurred_at),
+                    _utc(event.dead_at) if event.dead_at else "",
                     event.last_error or "",
                 )
                 for event in events.filter(EVENT_STATES[state]()).order_by("occurred_at", "id")[
