@@ -284,6 +284,29 @@ class TestCommand:
         assert error.endswith("…")
         assert len(error) == 60
 
+    @pytest.mark.parametrize("use_tz", [True, False])
+    def test_list_shows_utc_whatever_the_time_zone(self, settings: Any, use_tz: bool) -> None:
+        """The column says UTC: with ``USE_TZ = False`` Django reads times in ``TIME_ZONE``."""
+        settings.USE_TZ, settings.TIME_ZONE = use_tz, "Asia/Tokyo"
+        job = dead_job(queue="webhooks")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT to_char(finished_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') "
+                "FROM jobs WHERE id = %s",
+                [job.pk],
+            )
+            (utc,) = cursor.fetchone()
+        out = StringIO()
+        call_command("pgoutbox", "deadletters", "list", stdout=out)
+        (row,) = [line for line in out.getvalue().splitlines() if str(job.pk) in line]
+        assert utc in row
+
+    @pytest.mark.parametrize("option", ["--queue", "--job-type", "--code"])
+    def test_a_nul_byte_in_a_filter_is_a_usage_error(self, option: str) -> None:
+        """It reached PostgreSQL, and the command died with a DataError traceback."""
+        with pytest.raises(CommandError, match="NUL"):
+            call_command("pgoutbox", "deadletters", "list", option, "x\x00y")
+
     def test_list_says_when_there_is_nothing(self) -> None:
         out = StringIO()
         call_command("pgoutbox", "deadletters", "list", stdout=out)

@@ -185,9 +185,9 @@ class Command(BaseCommand):
             ("discard", "Cancel dead jobs: they never run again."),
         ):
             command = dead_actions.add_parser(name, help=text)
-            command.add_argument("--queue")
-            command.add_argument("--job-type")
-            command.add_argument("--code", help="last_error_code")
+            command.add_argument("--queue", type=_text)
+            command.add_argument("--job-type", type=_text)
+            command.add_argument("--code", type=_text, help="last_error_code")
             if name == "list":
                 command.add_argument(
                     "--limit", type=_limit, default=50, help=f"At most {MAX_LIST_LIMIT:,}."
@@ -397,7 +397,7 @@ class Command(BaseCommand):
                     job.queue,
                     job.job_type,
                     job.last_error_code or "",
-                    f"{job.finished_at:%Y-%m-%d %H:%M:%S}" if job.finished_at else "",
+                    _utc(job.finished_at) if job.finished_at else "",
                     job.last_error_summary or "",
                 )
                 for job in dead[: options["limit"]]
