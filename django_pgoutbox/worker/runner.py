@@ -30,9 +30,10 @@ from django.db import connections
 from django_pgoutbox import metrics
 from django_pgoutbox.conf import QueueSettings, RetrySettings
 from django_pgoutbox.errors import LeaseLost
-from django_pgoutbox.worker import mailbox
+from django_pgoutbox.worker import deadlines, mailbox
 from django_pgoutbox.worker.attempt import HELD, LOST, QUEUED, Attempt, Key
 from django_pgoutbox.worker.claims import FLUSH_SIZE, Claims, RecordAndClaim
+from django_pgoutbox.worker.deadlines import STUCK_AFTER
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.handlers import AttemptRunner, Handlers, HandlerThreads
 from django_pgoutbox.worker.lanes import Lane, Lanes, Request, hand_off, waited_out
@@ -48,15 +49,11 @@ from django_pgoutbox.worker.leases import (
 from django_pgoutbox.worker.mailbox import Mailbox, Message
 from django_pgoutbox.worker.standby import Standby, StandbyLane
 from django_pgoutbox.worker.state import QueueState, RunnerSnapshot
-from django_pgoutbox.worker.suspects import GIVE_BACK, SUBMIT, AloneGate, Suspects
+from django_pgoutbox.worker.suspects import AloneGate, Suspects
 from django_pgoutbox.worker.timeouts import timed_out
 
 __all__ = ["AloneGate", "QueueRunner", "RunnerSnapshot"]
 logger = logging.getLogger("django_pgoutbox.worker")
-
-#: Past the grace period, a statement still in flight this long (seconds) is cancelled, and
-#: one still unanswered this long is abandoned.
-STUCK_AFTER = (1.0, 10.0)
 
 
 class QueueRunner:
@@ -229,7 +226,14 @@ class QueueRunner:
         if suspects.alone is not None:
             suspects.end_alone(now)
         if suspects.held is not None and not self._stopping:
-            self._start_alone(now)
+            suspects.turn(
+                state,
+                now,
+                self.lease_seconds,
+                can_send=self._free_lane(now) is not None,
+                submit=self._handlers.submit,
+                mark=lambda key: self._send_if_free(now, lambda: MarkAlone(key, self.worker_id)),
+            )
         if state.timed:
             for attempt in state.expired(now):
                 self._handlers.add_thread()  # in place of the one its handler still holds
@@ -268,36 +272,21 @@ class QueueRunner:
             self._send_if_free(now, lambda: upkeep.renew(now, state.renewable()))
 
     def _next_deadline(self) -> float:
-        """When the coordinator must look again if no message comes first. A deadline whose
-        work needs a lane counts only while one is free: else a lane's reply wakes it."""
-        now, state, suspects = self._clock(), self._state, self._suspects
-        deadlines = [now + self.settings.poll_interval]
-        if self._free_lane(now) is not None or self._standby.waiting:
-            # Only what a turn would act on: stopping (or ending a burst), the coordinator
-            # neither polls, recovers nor gathers, and those deadlines pass and stay past.
-            acting = not (self._stopping or self._exiting)
-            recovering = acting and not self._claims.overtaking(now)
-            deadlines += self._upkeep.deadlines(bool(state.attempts), recovering=recovering)
-            if acting:
-                deadlines += self._claims.deadlines()
-        if not (self._stopping or self._exiting):
-            # What frees a second lane, though none is free until then.
-            if (overtake := self._claims.overtake_deadline(now)) is not None:
-                deadlines.append(overtake)
-            if (slow := self._upkeep.slow_recovery_deadline(now)) is not None:
-                deadlines.append(slow)
-        deadlines += self._lanes.backing_off(now)
-        deadlines += [a.deadline for a in state.timed.values() if a.deadline is not None]
-        if suspects.held is not None and now < suspects.held_since + self.lease_seconds:
-            deadlines.append(suspects.held_since + self.lease_seconds)
-        if suspects.alone is not None:
-            deadlines.append(suspects.alone_until)
-        if self._stop_deadline is not None:
-            # Once past, what holds the release back (a statement in flight, a lane backing
-            # off) wakes the coordinator itself, or the end of its patience does.
-            ends = [self._stop_deadline + after for after in (0.0, *STUCK_AFTER)]
-            deadlines += [at for at in ends if at > now]
-        return min(deadlines)
+        """When to look again if no message comes first (``deadlines``)."""
+        now = self._clock()
+        return deadlines.next_deadline(
+            now,
+            self.settings.poll_interval,
+            lane_free=self._free_lane(now) is not None or self._standby.waiting,
+            ending=self._stopping or self._exiting,
+            claims=self._claims,
+            upkeep=self._upkeep,
+            lanes=self._lanes,
+            state=self._state,
+            suspects=self._suspects,
+            lease_seconds=self.lease_seconds,
+            stop_deadline=self._stop_deadline,
+        )
 
     # -- lanes ---------------------------------------------------------------------------------
 
@@ -356,7 +345,15 @@ class QueueRunner:
         elif isinstance(request, Renew):
             self._state.renewed(request, result)
         elif isinstance(request, MarkAlone):
-            self._on_marked(request, result, now)
+            self._suspects.answered(
+                request.key,
+                result,
+                now,
+                self.lease_seconds,
+                stopping=self._stopping,
+                state=self._state,
+                submit=self._handlers.submit,
+            )
 
     def _on_error(
         self, index: int, request: Request, error: BaseException, pause: float, now: float
@@ -402,9 +399,7 @@ class QueueRunner:
         if made is not None and self._standby.answered(made):
             self._claims.wanted = False  # every wake-up so far was answered by this claim
         if self.burst and self._claims.nothing_due(request):
-            self._exiting = not (
-                state.attempts or state.reserved or state.outcomes or state.held_back
-            )
+            self._exiting = not (state.unsettled or state.reserved)
         if not request.rows:
             return
         metrics.JOBS_CLAIMED.inc(len(request.rows), queue=self.queue)
@@ -461,32 +456,6 @@ class QueueRunner:
         keys = [attempt.key for attempt in given]
         self._lanes.send(index, GiveBack(statement, keys, self.worker_id, reason))
 
-    def _start_alone(self, now: float) -> None:
-        """The suspect held: see ``suspects``."""
-        suspects, state = self._suspects, self._state
-        attempt = suspects.held
-        step = suspects.next_step(state, now, self.lease_seconds, self._free_lane(now) is not None)
-        if attempt is None or step is None:
-            return
-        if step == SUBMIT:
-            attempt.state = QUEUED
-            self._handlers.submit(attempt)
-        elif step == GIVE_BACK:
-            state.forget(attempt)
-            state.to_unclaim.append(attempt)
-        elif self._send_if_free(now, lambda: MarkAlone(attempt.key, self.worker_id)):
-            suspects.marking = True
-
-    def _on_marked(self, request: MarkAlone, held: bool, now: float) -> None:
-        attempt = self._suspects.held
-        if attempt is None or attempt.key != request.key or self._stopping:
-            self._suspects.not_marked()  # stopping: the suspect held is given back unstarted
-        elif self._suspects.marked(attempt, held, now, self.lease_seconds):
-            attempt.state = QUEUED
-            self._handlers.submit(attempt)
-        else:
-            self._state.forget(attempt)
-
     # -- stopping ------------------------------------------------------------------------------
 
     def _stop_turn(self, now: float) -> None:
@@ -515,7 +484,7 @@ class QueueRunner:
             self._give_back(now, "RELEASE_JOBS", "grace")
             unfinished = any(attempt.state == QUEUED for attempt in state.attempts.values())
             self._released = len(state.attempts) < before or not unfinished
-        left = state.attempts or state.outcomes or state.held_back or state.to_unclaim
+        left = state.unsettled or state.to_unclaim
         if not self._lanes.busy() and (self._giving_up or not left):
             self._done = True
         elif now >= self._stop_deadline + STUCK_AFTER[0] and self._lanes.busy():

@@ -160,9 +160,7 @@ def idle(state: QueueState, claims: Claims, lanes: Lanes, *, holding: bool, now:
     """Whether a queue waits for work with nothing else to do (``holding``: a suspect of its
     own waits or runs alone): its first lane may then hold the next claim."""
     return not (
-        state.attempts
-        or state.outcomes
-        or state.held_back
+        state.unsettled
         or state.to_unclaim
         or state.reserved
         or claims.wanted

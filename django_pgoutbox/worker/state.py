@@ -290,6 +290,11 @@ class QueueState:
 
     # -- leases ------------------------------------------------------------------------------------
 
+    @property
+    def unsettled(self) -> bool:
+        """Whether attempts are held or outcomes wait to be written (held back ones too)."""
+        return bool(self.attempts or self.outcomes or self.held_back)
+
     def renewable(self) -> list[Key]:
         """The keys of a renewal sent now: every attempt held, but those whose outcome a
         statement in flight writes (it ends their leases); their outcomes, if they come before

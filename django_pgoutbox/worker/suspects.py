@@ -14,7 +14,7 @@ import logging
 import queue as queue_module
 from collections.abc import Callable
 
-from django_pgoutbox.worker.attempt import QUEUED, Attempt
+from django_pgoutbox.worker.attempt import QUEUED, Attempt, Key
 from django_pgoutbox.worker.state import QueueState
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -122,6 +122,53 @@ class Suspects:
         if not self.take_token():
             return None  # another queue's suspect runs alone; its queue wakes this one after
         return MARK
+
+    def turn(
+        self,
+        state: QueueState,
+        now: float,
+        lease_seconds: float,
+        *,
+        can_send: bool,
+        submit: Callable[[Attempt], None],
+        mark: Callable[[Key], bool],
+    ) -> None:
+        """The held suspect's turn: do what ``next_step`` says. ``submit`` hands an attempt to
+        the handler threads; ``mark`` sends MARK_ALONE of a key (False: no lane was free)."""
+        attempt = self.held
+        step = self.next_step(state, now, lease_seconds, can_send)
+        if attempt is None or step is None:
+            return
+        if step == SUBMIT:
+            attempt.state = QUEUED
+            submit(attempt)
+        elif step == GIVE_BACK:
+            state.forget(attempt)
+            state.to_unclaim.append(attempt)
+        elif mark(attempt.key):
+            self.marking = True
+
+    def answered(
+        self,
+        key: Key,
+        held: bool,
+        now: float,
+        lease_seconds: float,
+        *,
+        stopping: bool,
+        state: QueueState,
+        submit: Callable[[Attempt], None],
+    ) -> None:
+        """MARK_ALONE of ``key`` came back (``held``: the lease was still this worker's): the
+        suspect it marked starts, or is forgotten."""
+        attempt = self.held
+        if attempt is None or attempt.key != key or stopping:
+            self.not_marked()  # stopping: the suspect held is given back unstarted
+        elif self.marked(attempt, held, now, lease_seconds):
+            attempt.state = QUEUED
+            submit(attempt)
+        else:
+            state.forget(attempt)
 
     def marked(self, attempt: Attempt, held: bool, now: float, lease_seconds: float) -> bool:
         """MARK_ALONE of the suspect held came back: whether it starts (its lease was still
