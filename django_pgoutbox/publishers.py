@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import functools
 import hashlib
 import hmac
 import json
 import math
+import socket
+import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Protocol
@@ -290,6 +294,7 @@ class WebhookPublisher:
         self._headers = dict(headers or {})
         # One pool per publisher, kept: its connections are reused across jobs and threads.
         self._pool = urllib3.PoolManager(retries=False, maxsize=8, block=False)
+        self._pool.pool_classes_by_scheme = _pool_classes()
 
     def __repr__(self) -> str:
         return f"WebhookPublisher({self.name!r}, {self.url!r})"
@@ -343,8 +348,12 @@ class WebhookPublisher:
 
         chunks: list[bytes] = []
         size = 0
+        # Each read waits for the time left at most, not a whole read timeout more.
+        sock = getattr(response.connection, "answer_socket", None)
         try:
-            while size <= BODY_READ and time.monotonic() < deadline:
+            while size <= BODY_READ and (left := deadline - time.monotonic()) > 0:
+                if sock is not None:
+                    sock.settimeout(left)
                 chunk = response.read1(1024, decode_content=False)  # one socket read at most
                 if not chunk:
                     return b"".join(chunks), True
@@ -353,3 +362,80 @@ class WebhookPublisher:
         except urllib3.exceptions.HTTPError:
             pass
         return b"".join(chunks), False
+
+
+def _answer_within(connection: Any, getresponse: Callable[[], Any]) -> Any:
+    """``getresponse()``, given up (``TimeoutError``) once the status line and headers have not
+    all come within the connection's read timeout: a socket's timeout bounds each read, not a
+    head sent a byte at a time (64 KiB of status line, 100 header lines of 64 KiB each)."""
+    budget, sock = connection.timeout, connection.sock
+    connection.answer_socket = sock
+    if sock is None or isinstance(budget, bool) or not isinstance(budget, int | float):
+        return getresponse()
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        with contextlib.suppress(OSError):
+            # socket.socket's own: an SSLSocket's would drop its TLS state under the reader.
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+    timer = threading.Timer(budget, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        response = getresponse()
+    except Exception:
+        if expired.is_set():
+            raise TimeoutError(f"no whole answer within {budget:g}s") from None
+        raise
+    finally:
+        timer.cancel()
+        timer.join()
+    if expired.is_set():  # http.client takes a head cut off by the end of the stream as whole
+        raise TimeoutError(f"no whole answer within {budget:g}s")
+    return response
+
+
+@functools.cache
+def _pool_classes() -> dict[str, Any]:
+    """urllib3's connection pools, with connections that skip interim (1xx) answers and give up
+    on an answer whose head has not all come within the read timeout (``_answer_within``)."""
+    import http.client
+
+    from urllib3 import connectionpool
+    from urllib3.connection import HTTPConnection, HTTPSConnection
+
+    class FinalResponse(http.client.HTTPResponse):
+        """http.client skips a 100 Continue before the final answer, but returns any other 1xx
+        (102 Processing, 103 Early Hints) as the answer, and its final answer is then read as
+        the answer to the next request on the connection: each is skipped as a 100 is."""
+
+        def _read_status(self) -> tuple[str, int, str]:
+            version, status, reason = super()._read_status()  # type: ignore[misc]
+            if 100 < status < 200 and status != 101:  # 101: the protocol changed, not skipped
+                return version, http.client.CONTINUE, reason
+            return version, status, reason
+
+    class Connection(HTTPConnection):
+        response_class = FinalResponse
+        answer_socket: socket.socket | None = None
+
+        def getresponse(self) -> Any:
+            return _answer_within(self, super().getresponse)
+
+    class SecureConnection(HTTPSConnection):
+        response_class = FinalResponse
+        answer_socket: socket.socket | None = None
+
+        def getresponse(self) -> Any:
+            return _answer_within(self, super().getresponse)
+
+    # Named as urllib3's, which errors show: "HTTPConnectionPool(host=...): Read timed out."
+    class HTTPConnectionPool(connectionpool.HTTPConnectionPool):
+        ConnectionCls = Connection
+
+    class HTTPSConnectionPool(connectionpool.HTTPSConnectionPool):
+        ConnectionCls = SecureConnection
+
+    return {"http": HTTPConnectionPool, "https": HTTPSConnectionPool}

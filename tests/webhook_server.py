@@ -19,6 +19,8 @@ class Answer:
     delay: float = 0.0  # before the status line
     drip: float = 0.0  # between the bytes of the body, sent one at a time
     endless: bool = False  # a body that never ends
+    interim: tuple[int, ...] = ()  # informational (1xx) answers sent at once, before the delay
+    head_drip: float = 0.0  # between the bytes of the headers (the status line comes at once)
 
 
 @dataclass
@@ -56,8 +58,18 @@ class Server:
                         answer = answer_for(got)
                     else:
                         answer = outer.answers.pop(0) if outer.answers else Answer()
-                time.sleep(answer.delay)
                 try:
+                    for status in answer.interim:
+                        self.wfile.write(f"HTTP/1.1 {status} Informational\r\n\r\n".encode())
+                        self.wfile.flush()
+                    time.sleep(answer.delay)
+                    if answer.head_drip:
+                        self.wfile.write(f"HTTP/1.1 {answer.status} OK\r\n".encode())
+                        for byte in f"X-Pad: {'p' * 100}\r\n".encode():
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                            time.sleep(answer.head_drip)
+                        return  # never gets to the end of the headers
                     self.send_response(answer.status)
                     for name, value in answer.headers.items():
                         self.send_header(name, value)

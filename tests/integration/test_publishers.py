@@ -173,6 +173,43 @@ class TestWhatAnAnswerMeans:
         publisher(server.url, timeout=0.5).publish(event())  # delivered: the rest is not read
         assert time.monotonic() - started < 3.0
 
+    def test_a_head_that_drips_cannot_hold_the_job(self, server: Server) -> None:
+        """Headers sent a byte at a time, each within the read timeout: the answer's head must
+        still have come within the timeout, or the job would be held for hours (100 header
+        lines of 64 KiB); and a head cut off there is no answer, though its status line said
+        200."""
+        server.answers.append(Answer(head_drip=0.2))
+        started = time.monotonic()
+        with pytest.raises(TransientError, match=r"ReadTimeout|timed out") as raised:
+            publisher(server.url, timeout=0.5).publish(event())
+        assert raised.value.code == "http_unreachable"
+        assert time.monotonic() - started < 2.5
+
+    def test_a_body_is_read_for_the_timeout_at_most(self, server: Server) -> None:
+        """A byte shortly before each read timeout: the read that starts just before the
+        deadline must not wait a whole read timeout more."""
+        server.answers.append(Answer(500, body=b"z" * 100, drip=0.9))
+        started = time.monotonic()
+        with pytest.raises(TransientError, match="HTTP 500"):
+            publisher(server.url, timeout=1.0).publish(event())
+        assert time.monotonic() - started < 1.5
+
+    def test_an_interim_answer_is_not_the_answer(self, server: Server) -> None:
+        """A 103 Early Hints (or 102 Processing) comes before the final answer on the same
+        connection: it is skipped, so that neither is the event dead for a "103" nor does the
+        next event, sent on that connection, read the final answer of this one."""
+        server.answers += [
+            Answer(200, interim=(103,), delay=0.3),
+            Answer(500, body=b"refused", interim=(102, 103), delay=0.3),
+        ]
+        sending = publisher(server.url)
+        sending.publish(event())  # delivered: its final answer is a 200
+        with pytest.raises(TransientError) as raised:
+            sending.publish(event())
+        assert raised.value.code == "http_500"
+        assert "refused" in str(raised.value)
+        assert len(server.received) == 2
+
     def test_connections_are_kept_between_events(self, server: Server) -> None:
         sending = publisher(server.url)
         for _ in range(3):
