@@ -25,6 +25,7 @@ import hashlib
 import hmac
 import json
 import math
+import re
 import socket
 import threading
 import time
@@ -249,12 +250,44 @@ def refusal(status: int, headers: Mapping[str, str], shown: str) -> Exception | 
     return PermanentError(said, code=code)
 
 
+#: A header's name: an RFC 9110 token.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: Headers ``publish`` writes, or that frame the body: one given in ``headers=`` would be sent
+#: beside it (names differing in case are different keys) or would misframe the request.
+_OWN_HEADERS = frozenset(
+    {
+        "content-type",
+        "content-length",
+        "transfer-encoding",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+    }
+)
+
+
+def _header_problem(name: Any, value: Any) -> str | None:
+    """Why ``name: value`` cannot be one of a ``WebhookPublisher``'s ``headers``, or None."""
+    if not isinstance(name, str) or not _TOKEN.fullmatch(name):
+        return "a header's name is a token (letters, digits, !#$%&'*+-.^_`|~)"
+    if name.lower() in _OWN_HEADERS:
+        return "the publisher sends this header itself"
+    if not isinstance(value, str):
+        return f"a header's value is a str, not {type(value).__name__}"
+    if not all(ord(c) < 256 for c in value):
+        return "a header's value is latin-1 text"
+    if any((ord(c) < 32 and c != "\t") or ord(c) == 127 for c in value):
+        return "a header's value has no control characters (CR, LF, NUL, ...)"
+    return None
+
+
 class WebhookPublisher:
     """POST each event to ``url`` as CloudEvents JSON, signed with ``secret``.
 
     ``source``: the CloudEvents ``source`` (default ``/<aggregate type>``); ``timeout``:
     seconds to connect and, again, to wait for the answer; ``headers``: more headers to send
-    (an ``Authorization``, say). Needs ``urllib3`` (``pip install django-pgoutbox[webhooks]``).
+    (an ``Authorization``, say; not those it sends itself, nor ``Content-Length`` or
+    ``Transfer-Encoding``). Needs ``urllib3`` (``pip install django-pgoutbox[webhooks]``).
     """
 
     def __init__(
@@ -292,6 +325,10 @@ class WebhookPublisher:
         self._timeout = urllib3.Timeout(connect=timeout, read=timeout)
         self._read_budget = timeout  # for the body, after the headers came
         self._headers = dict(headers or {})
+        for header, value in self._headers.items():
+            problem = _header_problem(header, value)
+            if problem:
+                raise ValueError(f"WebhookPublisher {name!r}: headers: {header!r}: {problem}")
         # One pool per publisher, kept: its connections are reused across jobs and threads.
         self._pool = urllib3.PoolManager(retries=False, maxsize=8, block=False)
         self._pool.pool_classes_by_scheme = _pool_classes()

@@ -238,6 +238,28 @@ class TestConfiguration:
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             WebhookPublisher("shop", **arguments)
 
+    @pytest.mark.parametrize(
+        "headers",
+        [
+            {"X-A": "a\r\nX-Injected: 1"},  # refused by http.client at each send
+            {"X-A": "a\r\n X-Folded: 1"},  # obsolete line folding: sent, refused by servers
+            {"X-A": "a\x00b"},
+            {"X-A": "\u20ac"},  # not latin-1: UnicodeEncodeError at each send
+            {"X A": "1"},
+            {"": "1"},
+            {"X-A": 5},
+            # Sent beside the publisher's own: two signatures, two content types, a wrong length.
+            {"Webhook-Signature": "v1,forged"},
+            {"WEBHOOK-ID": "x"},
+            {"content-type": "text/plain"},
+            {"Content-Length": "3"},
+            {"Transfer-Encoding": "chunked"},
+        ],
+    )
+    def test_headers_it_cannot_send(self, headers: dict[str, Any]) -> None:
+        with pytest.raises(ValueError, match="headers"):
+            WebhookPublisher("shop", "https://x.example/h", secret=SECRET, headers=headers)
+
     @pytest.mark.parametrize("name", ["", "  ", "a\x00b", "\ud800", "x" * 256, None, 7])
     def test_a_name_it_cannot_keep(self, name: Any) -> None:
         sending = WebhookPublisher("shop", "https://x.example/h", secret=SECRET)
