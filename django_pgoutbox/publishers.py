@@ -193,11 +193,20 @@ def verify_webhook(
     """Check a Standard Webhooks signature (what ``WebhookPublisher`` sends); raise
     ``InvalidSignature`` unless one of the signatures is right and the timestamp is within
     ``tolerance`` seconds of ``now``. ``headers`` is looked up in lower case."""
+    if (
+        isinstance(tolerance, bool)
+        or not isinstance(tolerance, int | float)
+        or not (math.isfinite(tolerance) and tolerance >= 0)
+    ):
+        # NaN compares false with everything: it would accept any timestamp.
+        raise ValueError(f"tolerance must be a finite number of seconds >= 0, not {tolerance!r}")
     lower = {str(k).lower(): str(v) for k, v in headers.items()}
     message_id = lower.get("webhook-id", "")
     stamp = lower.get("webhook-timestamp", "")
     if not message_id or not stamp.isascii() or not stamp.isdigit():
         raise InvalidSignature("webhook-id or webhook-timestamp missing")
+    if len(stamp) > 15:  # beyond the year 30000; int() and float() fail on longer ones
+        raise InvalidSignature(f"timestamp {stamp[:20]}... is outside the tolerance")
     timestamp = int(stamp)
     if abs((time.time() if now is None else now) - timestamp) > tolerance:
         raise InvalidSignature(f"timestamp {timestamp} is outside the tolerance of {tolerance}s")

@@ -71,6 +71,26 @@ class TestWhatIsSent:
         with pytest.raises(InvalidSignature, match="outside the tolerance"):
             verify_webhook(SECRET, got.headers, got.body, now=time.time() + 301)
 
+    @pytest.mark.parametrize("stamp", ["9" * 400, "9" * 5000, "1" + "0" * 30])
+    def test_a_huge_timestamp_is_an_invalid_signature(self, stamp: str) -> None:
+        """What a hostile request can send: InvalidSignature (a 400), never an OverflowError
+        (a float cannot hold it) or a ValueError (int() refuses over 4,300 digits)."""
+        headers = {"webhook-id": "msg_1", "webhook-timestamp": stamp}
+        headers["webhook-signature"] = "v1,x"
+        with pytest.raises(InvalidSignature):
+            verify_webhook(SECRET, headers, b"{}")
+
+    @pytest.mark.parametrize("tolerance", [float("nan"), -1, "300", None])
+    def test_a_tolerance_that_would_accept_any_time_is_refused(self, tolerance: Any) -> None:
+        key = webhook_secret(SECRET)
+        headers = {
+            "webhook-id": "m",
+            "webhook-timestamp": "1",
+            "webhook-signature": sign(key, "m", 1, b""),
+        }
+        with pytest.raises(ValueError, match="tolerance"):
+            verify_webhook(SECRET, headers, b"", tolerance=tolerance)
+
     def test_the_signature_is_the_standard_webhooks_one(self) -> None:
         """The example of the Standard Webhooks specification, recomputed."""
         key = webhook_secret("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
