@@ -117,10 +117,24 @@ def send_events(
     (``occurred_at``) or dedupe by its ``id``.
     """
     from django_pgoutbox.enqueueing import enqueue
-    from django_pgoutbox.outbox import subscriber
+    from django_pgoutbox.outbox import subscribed_event_types, subscriber, subscribers_for
 
     register(publisher)
     name = publisher.name
+    # One subscriber per publisher: another call would replace it, and the event types of the
+    # first would silently no longer be sent. The same call again (a module imported twice) is
+    # harmless.
+    for earlier in {
+        s
+        for t in subscribed_event_types()
+        for s in subscribers_for(t)
+        if s.name == f"pgoutbox.publish:{name}"
+    }:
+        if set(earlier.event_types) != set(event_types) or earlier.versions != set(versions):
+            raise ValueError(
+                f"send_events() was called for publisher {name!r} already (event types "
+                f"{sorted(earlier.event_types)}): give all its event types in one call"
+            )
 
     def send(event: OutboxEvent) -> None:
         enqueue(

@@ -287,6 +287,26 @@ class TestConfiguration:
         with pytest.raises(ValueError, match="printable text of 1 to 255 bytes"):
             register(sending)
 
+    @pytest.mark.usefixtures("registry")
+    def test_send_events_twice_for_one_publisher(self) -> None:
+        """The second call replaced the first's subscriber (one name, pgoutbox.publish:<name>):
+        the first call's event types were no longer sent, and nothing said so."""
+        from django_pgoutbox.outbox import subscribers_for
+        from django_pgoutbox.publishers import send_events
+
+        sending = WebhookPublisher("twice-sent", "https://x.example/h", secret=SECRET)
+        try:
+            send_events(sending, "tests.first")
+            send_events(sending, "tests.first")  # the same call again (a module re-imported)
+            with pytest.raises(ValueError, match="in one call"):
+                send_events(sending, "tests.second")
+            assert [s.name for s in subscribers_for("tests.first")] == [
+                "pgoutbox.publish:twice-sent"
+            ]
+            assert subscribers_for("tests.second") == []
+        finally:
+            unregister("twice-sent")
+
     def test_two_publishers_of_one_name(self) -> None:
         first = WebhookPublisher("twice", "https://x.example/h", secret=SECRET)
         register(first)
