@@ -153,11 +153,18 @@ def send_events(
 @job(PUBLISH_JOB, max_attempts=10)
 def publish_event(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
     """Send one event through one publisher (enqueued by ``send_events``)."""
-    publisher = get_publisher(str(payload.get("publisher")))
+    if not isinstance(payload, dict) or not isinstance(payload.get("publisher"), str):
+        # Changed by hand: nothing keeps a payload a JSON object, nor its values strings.
+        raise PermanentError(
+            "the payload is not {'publisher': <name>, 'event': <event id>}: "
+            f"{str(payload)[:200]}",
+            code="invalid_payload",
+        )
+    publisher = get_publisher(payload["publisher"])
     try:
         event_id = uuid.UUID(str(payload.get("event")))
     except ValueError:
-        raise PermanentError(f"not an event id: {payload.get('event')!r}") from None
+        raise PermanentError(f"not an event id: {repr(payload.get('event'))[:200]}") from None
     event = OutboxEvent.objects.filter(pk=event_id).first()
     if event is None:
         raise PermanentError(

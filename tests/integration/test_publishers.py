@@ -287,6 +287,17 @@ class TestConfiguration:
         with pytest.raises(ValueError, match="printable text of 1 to 255 bytes"):
             register(sending)
 
+    @pytest.mark.parametrize(
+        "payload", [[], "shop", None, 7, ["publisher", "event"], {"publisher": 5, "event": "x"}]
+    )
+    def test_a_payload_that_is_not_an_object_is_dead_at_once(self, payload: Any) -> None:
+        """A job's payload changed by hand (no constraint keeps it an object): a PermanentError,
+        not an AttributeError retried as an unexpected error."""
+        from django_pgoutbox.publishers import publish_event
+
+        with pytest.raises(PermanentError, match="payload"):
+            publish_event(payload, None)  # type: ignore[arg-type]
+
     @pytest.mark.usefixtures("registry")
     def test_send_events_twice_for_one_publisher(self) -> None:
         """The second call replaced the first's subscriber (one name, pgoutbox.publish:<name>):
