@@ -119,9 +119,9 @@ def refusal(status: int, headers: Mapping[str, str], shown: str) -> Exception | 
     """What a response of ``status`` means for the job (None: delivered).
 
     2xx delivered; 429 (with or without a ``Retry-After``), and 503 with one, ``RateLimited``
-    with the hint (None: the policy's back-off); 408 and 5xx ``TransientError``; a redirect ``PermanentError`` (a signed body is not
-    sent on to another address: give the new URL); any other 4xx ``PermanentError`` (the request
-    will never be taken). Codes ``http_<status>``."""
+    with the hint (None: the policy's back-off); 408 and 5xx ``TransientError``; a redirect
+    ``PermanentError`` (a signed body is not sent on to another address: give the new URL); any
+    other 4xx ``PermanentError`` (the request will never be taken). Codes ``http_<status>``."""
     if 200 <= status < 300:
         return None
     lower = {str(k).lower(): str(v) for k, v in headers.items()}

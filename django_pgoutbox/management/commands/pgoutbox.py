@@ -19,14 +19,11 @@ pgoutbox reconcile-outbox            release expired relay claims, report overdu
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import sys
 import time
-import uuid
 from dataclasses import asdict
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -44,77 +41,11 @@ from django_pgoutbox.health import (
     parse_max_age,
     parse_roles,
 )
-from django_pgoutbox.management import table
+from django_pgoutbox.management import arguments, table
 from django_pgoutbox.models import Job
 from django_pgoutbox.schedules import load_schedules
 
-
-def _seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
-    if not math.isfinite(number) or not 0.1 <= number <= 86400:
-        raise argparse.ArgumentTypeError(f"must be from 0.1 to 86400 seconds, not {value!r}")
-    return number
-
-
-#: ``deadletters list --limit``'s ceiling: one page of a terminal or a script's batch.
-MAX_LIST_LIMIT = 10_000
-
-
-def _limit(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
-    if not 1 <= number <= MAX_LIST_LIMIT:
-        raise argparse.ArgumentTypeError(
-            f"must be from 1 to {MAX_LIST_LIMIT:,}, not {value if len(value) < 30 else '…'}"
-        )
-    return number
-
-
-def _uuid(value: str, what: str = "a job id") -> uuid.UUID:
-    try:
-        return uuid.UUID(value)
-    except ValueError:
-        raise CommandError(f"{value!r} is not {what} (a UUID)") from None
-
-
-def _text(value: str) -> str:
-    """A filter's text: PostgreSQL's text holds no NUL (the query would fail, a traceback)."""
-    if "\x00" in value:
-        raise argparse.ArgumentTypeError("a NUL byte matches nothing a database holds")
-    return value
-
-
-#: ``events redrive --dead-for``: a number of seconds, or one with a unit.
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def _age(value: str) -> float:
-    text = value.strip().lower()
-    unit = _UNITS.get(text[-1:]) if text else None
-    try:
-        number = float(text[:-1] if unit else text) * (unit or 1)
-    except ValueError:
-        shown = value if len(value) < 30 else "…"
-        raise argparse.ArgumentTypeError(
-            f"{shown!r} is not an age: seconds, or a number with s, m, h or d (90m, 7d)"
-        ) from None
-    if not math.isfinite(number) or not 0 <= number <= 100 * 365 * 86400:
-        raise argparse.ArgumentTypeError(f"must be from 0 seconds to 100 years, not {value!r}")
-    return number
-
-
-def _utc(value: datetime) -> str:
-    """A time as the columns headed "(UTC)" show it: with ``USE_TZ = False``, Django reads
-    times in ``TIME_ZONE``."""
-    if timezone.is_naive(value):
-        value = timezone.make_aware(value)
-    return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
-
+LIMIT_HELP = f"At most {arguments.MAX_LIST_LIMIT:,}."
 
 #: ``events list``: the error is cut (the admin shows it whole).
 EVENT_COLUMNS = [
@@ -159,7 +90,7 @@ class Command(BaseCommand):
         stats.add_argument("--json", action="store_true", help="One JSON object, for scripts.")
         stats.add_argument(
             "--watch",
-            type=_seconds,
+            type=arguments.seconds,
             metavar="SECONDS",
             help="Refresh every SECONDS (0.1 to 86400) until Ctrl-C.",
         )
@@ -185,12 +116,15 @@ class Command(BaseCommand):
             ("discard", "Cancel dead jobs: they never run again."),
         ):
             command = dead_actions.add_parser(name, help=text)
-            command.add_argument("--queue", type=_text)
-            command.add_argument("--job-type", type=_text)
-            command.add_argument("--code", type=_text, help="last_error_code")
+            command.add_argument("--queue", type=arguments.text)
+            command.add_argument("--job-type", type=arguments.text)
+            command.add_argument("--code", type=arguments.text, help="last_error_code")
             if name == "list":
                 command.add_argument(
-                    "--limit", type=_limit, default=50, help=f"At most {MAX_LIST_LIMIT:,}."
+                    "--limit",
+                    type=arguments.limit,
+                    default=50,
+                    help=f"At most {arguments.MAX_LIST_LIMIT:,}.",
                 )
             else:
                 command.add_argument("ids", nargs="*", metavar="ID")
@@ -203,8 +137,13 @@ class Command(BaseCommand):
         event_actions = events.add_subparsers(dest="events_action", required=True, metavar="ACTION")
         listed = event_actions.add_parser("list", help="Events of one state, oldest first.")
         listed.add_argument("--state", choices=LISTED_EVENT_STATES, default="dead")
-        listed.add_argument("--event-type", type=_text)
-        listed.add_argument("--limit", type=_limit, default=50, help=f"At most {MAX_LIST_LIMIT:,}.")
+        listed.add_argument("--event-type", type=arguments.text)
+        listed.add_argument(
+            "--limit",
+            type=arguments.limit,
+            default=50,
+            help=f"At most {arguments.MAX_LIST_LIMIT:,}.",
+        )
         for name, text in (
             ("redrive", "Make dead events claimable again, with a fresh attempt budget."),
             ("discard", "Mark dead events processed without projecting them."),
@@ -214,10 +153,10 @@ class Command(BaseCommand):
             command.add_argument(
                 "--all", action="store_true", help="Every dead event matching the filters."
             )
-            command.add_argument("--event-type", type=_text)
+            command.add_argument("--event-type", type=arguments.text)
             command.add_argument(
                 "--dead-for",
-                type=_age,
+                type=arguments.age,
                 metavar="AGE",
                 help="Only events dead for at least AGE (seconds, or 90m, 12h, 7d): those whose "
                 "cause was mended since.",
@@ -260,7 +199,7 @@ class Command(BaseCommand):
         elif action == "events":
             self._events(using, options)
         elif action == "cancel":
-            ids = [_uuid(value) for value in options["ids"]]
+            ids = [arguments.identifier(value) for value in options["ids"]]
             states = control.cancel_jobs(ids, using=using, by="pgoutbox cancel")
             for job_id in ids:
                 self.stdout.write(f"{job_id}: {states.get(job_id, 'not found')}")
@@ -361,7 +300,7 @@ class Command(BaseCommand):
         action = options["dead_action"]
         dead = DeadLetter.objects.using(using).order_by("-finished_at")
         if action == "show":
-            job = dead.filter(pk=_uuid(options["id"])).first()
+            job = dead.filter(pk=arguments.identifier(options["id"])).first()
             if job is None:
                 raise CommandError(f"no dead job {options['id']!r}")
             for field in (
@@ -397,7 +336,7 @@ class Command(BaseCommand):
                     job.queue,
                     job.job_type,
                     job.last_error_code or "",
-                    _utc(job.finished_at) if job.finished_at else "",
+                    arguments.utc(job.finished_at) if job.finished_at else "",
                     job.last_error_summary or "",
                 )
                 for job in dead[: options["limit"]]
@@ -409,7 +348,7 @@ class Command(BaseCommand):
                 self.stdout.write(line)
             return
         if options["ids"]:
-            ids = [_uuid(value) for value in options["ids"]]
+            ids = [arguments.identifier(value) for value in options["ids"]]
         elif options["all"]:
             ids = list(dead.values_list("pk", flat=True))
         else:
@@ -435,8 +374,8 @@ class Command(BaseCommand):
                     event.event_type,
                     f"{event.aggregate_type}:{event.aggregate_id}",
                     event.attempts,
-                    _utc(event.occurred_at),
-                    _utc(event.dead_at) if event.dead_at else "",
+                    arguments.utc(event.occurred_at),
+                    arguments.utc(event.dead_at) if event.dead_at else "",
                     event.last_error or "",
                 )
                 for event in events.filter(EVENT_STATES[state]()).order_by("occurred_at", "id")[
@@ -455,7 +394,7 @@ class Command(BaseCommand):
         if options["ids"]:
             if options["all"]:
                 raise CommandError(f"events {action}: give event ids or --all, not both")
-            ids = [_uuid(value, "an event id") for value in options["ids"]]
+            ids = [arguments.identifier(value, "an event id") for value in options["ids"]]
         elif options["all"]:
             ids = list(dead.values_list("pk", flat=True))
             if not ids:
