@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django_pgoutbox.queries.outbox import heads_its_aggregate
+
 # A process's heartbeat row, as HEARTBEAT and TAKE_WORKER_ID write it.
 _INSERT_HEARTBEAT = """INSERT INTO worker_heartbeats (worker_id, hostname, pid, roles, queues)
 VALUES (%(worker_id)s, %(hostname)s, %(pid)s, %(roles)s::jsonb, %(queues)s::jsonb)"""
@@ -239,7 +241,7 @@ ESTIMATE_UNREGISTERED_JOBS = {
 #: each aggregate is one probe of ``outbox_aggregate_pending_idx``, as in CLAIM_EVENTS. For the
 #: gauges, the health report and the outbox's reconciliation. Named parameters: limit int,
 #: overdue seconds float.
-ABANDONED_EVENTS = """
+ABANDONED_EVENTS = f"""
         SELECT count(*) AS n,
                max(extract(epoch FROM now() - greatest(available_at, claimed_at)))::float8 AS age
         FROM (
@@ -250,15 +252,7 @@ ABANDONED_EVENTS = """
         ) waiting
         WHERE available_at < now() - make_interval(secs => %(overdue)s)
           AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => %(overdue)s))
-          AND id = (
-              SELECT head.id
-              FROM outbox_events AS head
-              WHERE head.aggregate_type = waiting.aggregate_type
-                AND head.aggregate_id = waiting.aggregate_id
-                AND head.processed_at IS NULL
-              ORDER BY head.occurred_at, head.id
-              LIMIT 1
-          )
+          AND {heads_its_aggregate("waiting")}
 """
 
 

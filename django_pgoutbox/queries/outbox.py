@@ -39,6 +39,22 @@ CLAIM_EVENTS_PLAN = (
     " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
 )
 
+
+def heads_its_aggregate(alias: str) -> str:
+    """The condition that the event ``alias`` is the first unprocessed one of its aggregate, in
+    ``(occurred_at, id)`` order: the relay claims only such events (one probe of
+    ``outbox_aggregate_pending_idx``), and the gauges call an event abandoned by the same rule."""
+    return f"""{alias}.id = (
+          SELECT head.id
+          FROM outbox_events AS head
+          WHERE head.aggregate_type = {alias}.aggregate_type
+            AND head.aggregate_id = {alias}.aggregate_id
+            AND head.processed_at IS NULL
+          ORDER BY head.occurred_at, head.id
+          LIMIT 1
+      )"""
+
+
 #: Claim a bounded batch of events to project: the source text's claim, plus order.
 #:
 #: Named parameters: claim_seconds float, limit int, max_attempts int, relay_id text,
@@ -78,15 +94,7 @@ WITH candidates AS MATERIALIZED (
       AND e.dead_at IS NULL
       AND e.available_at <= now()
       AND (e.claimed_at IS NULL OR e.claimed_at < now() - make_interval(secs => %(claim_seconds)s))
-{past_the_mark}      AND e.id = (
-          SELECT head.id
-          FROM outbox_events AS head
-          WHERE head.aggregate_type = e.aggregate_type
-            AND head.aggregate_id = e.aggregate_id
-            AND head.processed_at IS NULL
-          ORDER BY head.occurred_at, head.id
-          LIMIT 1
-      )
+{past_the_mark}      AND {heads_its_aggregate}
     ORDER BY e.occurred_at, e.id
     FOR UPDATE SKIP LOCKED
     LIMIT %(limit)s
@@ -119,7 +127,7 @@ RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_typ
           o.claimed_at, c.reclaimed, c.spent
 """
 #: The full claim: _CLAIM_EVENTS from the start of ``outbox_claim_idx`` (its comment says all).
-CLAIM_EVENTS = _CLAIM_EVENTS.format(past_the_mark="")
+CLAIM_EVENTS = _CLAIM_EVENTS.format(past_the_mark="", heads_its_aggregate=heads_its_aggregate("e"))
 
 # -- the seek claim (issue 31) ---------------------------------------------------------------------
 #
@@ -145,7 +153,8 @@ CLAIM_EVENTS = _CLAIM_EVENTS.format(past_the_mark="")
 #: timestamptz, mark_id uuid. ``(occurred_at, id) >= (mark)`` is a bound of the scan of
 #: ``outbox_claim_idx``, which is ordered by that very key.
 SEEK_CLAIM_EVENTS = _CLAIM_EVENTS.format(
-    past_the_mark="      AND (e.occurred_at, e.id) >= (%(mark_occurred_at)s, %(mark_id)s)\n"
+    heads_its_aggregate=heads_its_aggregate("e"),
+    past_the_mark="      AND (e.occurred_at, e.id) >= (%(mark_occurred_at)s, %(mark_id)s)\n",
 )
 
 # LOCK_CLAIMED_EVENTS, MARK_EVENTS_PROCESSED and RECORD_EVENT_FAILURES take arrays of a batch's
