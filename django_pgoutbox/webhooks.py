@@ -256,11 +256,13 @@ class WebhookPublisher:
             raise TransientError(
                 f"POST {self.url}: {type(error).__name__}: {error}"[:1000], code="http_unreachable"
             ) from None
+        raw, whole = b"", False
         try:
             raw, whole = self._head_of_body(response, time.monotonic() + self._read_budget)
         finally:
-            if not whole:
-                response.close()  # a body left unread: the connection cannot be reused
+            # A body left unread, or a protocol switched to (101): the connection is not reused.
+            if not whole or response.status == 101:
+                response.close()
             response.release_conn()
         shown = " ".join(raw[:BODY_SHOWN].decode("utf-8", "replace").split())
         problem = refusal(response.status, response.headers, shown)
