@@ -90,6 +90,21 @@ def runworkers(*args: str, settings: dict[str, Any] | None = None) -> subprocess
     return subprocess.Popen(command, cwd=ROOT, env=env)
 
 
+def completed_outcomes(ids: list[Any], attempts: list[int]) -> dict[str, Any]:
+    """RECORD_OUTCOMES's parameters (but ``worker_id``) for attempts that all completed."""
+    n = len(ids)
+    return {
+        "ids": ids,
+        "attempts": attempts,
+        "statuses": ["completed"] * n,
+        "gives_back_attempt": [False] * n,
+        "delays": [0.0] * n,
+        "codes": [None] * n,
+        "summaries": [None] * n,
+        "results": [None] * n,
+    }
+
+
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]

@@ -43,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import setup_django
+from benchmarks.common import completed_outcomes, setup_django
 
 WORKER = "bench-horizon"
 
@@ -122,17 +122,7 @@ def drain(url: str, shared: Shared, args: argparse.Namespace, number: int) -> No
             if seek:
                 params |= policy.params()
             if batch:
-                n = len(batch)
-                params |= {
-                    "ids": [b[0] for b in batch],
-                    "attempts": [b[1] for b in batch],
-                    "statuses": ["completed"] * n,
-                    "gives_back_attempt": [False] * n,
-                    "delays": [0.0] * n,
-                    "codes": [None] * n,
-                    "summaries": [None] * n,
-                    "results": [None] * n,
-                }
+                params |= completed_outcomes([b[0] for b in batch], [b[1] for b in batch])
                 name = "RECORD_AND_SEEK_CLAIM" if seek else "RECORD_AND_CLAIM"
             else:
                 name = "SEEK_CLAIM_JOBS" if seek else "CLAIM_JOBS"
@@ -309,20 +299,12 @@ def explain(url: str, mark: Any, batch: list[tuple[Any, int]]) -> None:
     params: dict[str, Any] = {"queue": "default", "limit": 100, "worker_id": "x", "lease": 1.0}
     plans = [("CLAIM_JOBS", queries.CLAIM_JOBS, params)]
     if batch:
-        n = len(batch)
         plans.append(
             (
                 "RECORD_OUTCOMES",
                 queries.RECORD_OUTCOMES,
                 {
-                    "ids": [b[0] for b in batch],
-                    "attempts": [b[1] for b in batch],
-                    "statuses": ["completed"] * n,
-                    "gives_back_attempt": [False] * n,
-                    "delays": [0.0] * n,
-                    "codes": [None] * n,
-                    "summaries": [None] * n,
-                    "results": [None] * n,
+                    **completed_outcomes([b[0] for b in batch], [b[1] for b in batch]),
                     "worker_id": f"{WORKER}-0",
                 },
             )

@@ -19,7 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import pending_noops, setup_django
+from benchmarks.common import completed_outcomes, pending_noops, setup_django
 
 
 def main() -> None:
@@ -45,18 +45,7 @@ def main() -> None:
             def claimed() -> tuple[list[Any], list[Any], dict[str, Any]]:
                 rows = db.execute(sql["CLAIM_JOBS"], claim).fetchall()
                 ids = [row[0] for row in rows]
-                n = len(ids)
-                outcomes = {
-                    "ids": ids,
-                    "attempts": [row[3] for row in rows],
-                    "statuses": ["completed"] * n,
-                    "gives_back_attempt": [False] * n,
-                    "delays": [0.0] * n,
-                    "codes": [None] * n,
-                    "summaries": [None] * n,
-                    "results": [None] * n,
-                    "worker_id": "w",
-                }
+                outcomes = {**completed_outcomes(ids, [row[3] for row in rows]), "worker_id": "w"}
                 return ids, [row[3] for row in rows], outcomes
 
             def timed(name: str, values: list[Any] | dict[str, Any]) -> float:
