@@ -331,6 +331,13 @@ EVENTS_PROJECTED = counter(
     "Outbox events handled by the relay, by event type and outcome (processed, retrying, dead).",
     ["event_type", "outcome"],
 )
+DELIVERIES = counter(
+    "pgoutbox_outbox_deliveries_total",
+    "Subscribers' deliveries of outbox events that did not run with the event's batch, by "
+    "subscriber (registered names; 'unregistered' for the rest) and outcome: waiting (behind "
+    "an earlier delivery of the aggregate), retrying, dead, delivered.",
+    ["subscriber", "outcome"],
+)
 SCHEDULE_SLOTS = counter(
     "pgoutbox_schedule_slots_total",
     "Slots this process's scheduler enqueued, by schedule.",

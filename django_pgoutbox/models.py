@@ -339,6 +339,82 @@ class WorkerHeartbeat(models.Model):
         return self.worker_id
 
 
+class OutboxDelivery(models.Model):
+    """One subscriber's delivery of one event, for the subscribers that could not run with the
+    others when the relay projected it: one failed (it is retried on its own, with back-off, and
+    dead after ``OUTBOX["MAX_ATTEMPTS"]``), did not accept the event's schema version (dead at
+    once), or had an earlier delivery of the same aggregate still waiting (it waits behind it:
+    each subscriber sees an aggregate's events in order). An event whose subscribers all ran at
+    once has no row here. Written by the relay, in the transaction that marks the event
+    processed; deleted with the event (its foreign key cascades)."""
+
+    id = models.BigAutoField(primary_key=True)
+    event = models.ForeignKey(
+        OutboxEvent,
+        on_delete=models.DO_NOTHING,  # the database cascades (migration 0007)
+        db_constraint=False,
+        db_index=False,  # outbox_deliveries_uq leads with it
+        related_name="deliveries",
+    )
+    subscriber = models.TextField()
+    # The event's, copied: a subscriber's deliveries of one aggregate go in the event's order.
+    aggregate_type = models.TextField()
+    aggregate_id = models.UUIDField()
+    occurred_at = models.DateTimeField()
+    created_at = models.DateTimeField(db_default=TransactionNow())
+    available_at = models.DateTimeField(db_default=TransactionNow())
+    attempts = models.IntegerField(default=0, db_default=0)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.TextField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    dead_at = models.DateTimeField(null=True, blank=True)
+    last_error_code = models.TextField(null=True, blank=True)
+    last_error = models.TextField(null=True, blank=True)
+
+    class Meta:
+        db_table = "outbox_deliveries"
+        verbose_name = "outbox delivery"
+        verbose_name_plural = "outbox deliveries"
+        ordering: ClassVar[list[str]] = ["occurred_at", "event_id", "subscriber"]
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            models.UniqueConstraint(fields=["event", "subscriber"], name="outbox_deliveries_uq"),
+        ]
+        indexes: ClassVar[list[models.Index]] = [
+            # The delivery claim walks the due ones in the order they became due.
+            models.Index(
+                fields=["available_at", "id"],
+                name="outbox_deliveries_due_idx",
+                condition=models.Q(delivered_at__isnull=True, dead_at__isnull=True),
+            ),
+            # Order per aggregate and subscriber: which undelivered delivery comes first; and
+            # the relay's question at each claim, which subscribers wait on this aggregate.
+            models.Index(
+                fields=["aggregate_type", "aggregate_id", "subscriber", "occurred_at", "event"],
+                name="outbox_deliveries_order_idx",
+                condition=models.Q(delivered_at__isnull=True),
+            ),
+            # Per-subscriber gauges and the admin's lists.
+            models.Index(
+                fields=["subscriber", "created_at"],
+                name="outbox_deliveries_sub_idx",
+                condition=models.Q(delivered_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.subscriber} <- {self.event_id}"
+
+    @property
+    def state(self) -> str:
+        if self.delivered_at is not None:
+            return "delivered"
+        if self.dead_at is not None:
+            return "dead"
+        if self.last_error is not None:
+            return "failing"
+        return "waiting"
+
+
 class InboxMessage(models.Model):
     """A message received from another system (a webhook's delivery), recorded by
     ``accept_message()`` in the transaction that handles it, so that a redelivery is known as

@@ -5,6 +5,7 @@
 - ``limits``: the fair and limited claims (the queue's lock, its allowance, its tokens);
 - ``leases``: renewal, recovery of expired leases, suspects, giving jobs back;
 - ``outbox``: publishing a fact, and the relay's claim, fence and outcomes;
+- ``deliveries``: one subscriber's delivery of an event, when it could not run with the others;
 - ``inbox``: recording a received message once;
 - ``operations``: pruning, dead letters, cancellation;
 - ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks.
@@ -43,6 +44,16 @@ from django_pgoutbox.queries.claims import (
     RECORD_OUTCOMES,
     SEEK_CLAIM_JOBS,
     ClaimRow,
+)
+from django_pgoutbox.queries.deliveries import (
+    CLAIM_DELIVERIES,
+    DISCARD_DEAD_DELIVERIES,
+    LOCK_CLAIMED_DELIVERIES,
+    MARK_DELIVERED,
+    RECORD_DELIVERY_FAILURES,
+    REDRIVE_DEAD_DELIVERIES,
+    REPLAY_EVENTS,
+    WRITE_DELIVERIES,
 )
 from django_pgoutbox.queries.enqueue import (
     COPY_JOBS,
@@ -111,7 +122,6 @@ from django_pgoutbox.queries.outbox import (
     LOCK_CLAIMED_EVENTS,
     MARK_EVENTS_PROCESSED,
     PUBLISH_EVENT,
-    RECORD_EVENT_FAILURES,
     SEEK_CLAIM_EVENTS,
 )
 from django_pgoutbox.queries.params import binary
@@ -124,6 +134,7 @@ __all__ = [
     "CANCEL_DEAD_JOBS",
     "CANCEL_JOBS",
     "CLAIM_COLUMNS",
+    "CLAIM_DELIVERIES",
     "CLAIM_EVENTS",
     "CLAIM_EVENTS_PLAN",
     "CLAIM_JOBS",
@@ -132,6 +143,7 @@ __all__ = [
     "COPY_JOBS",
     "COPY_JOBS_NOW",
     "DATABASE_NOW",
+    "DISCARD_DEAD_DELIVERIES",
     "DISCARD_DEAD_EVENTS",
     "DISPATCHED",
     "ENQUEUE_JOB",
@@ -149,9 +161,11 @@ __all__ = [
     "HORIZON_HOLDER",
     "INBOX_SOURCES",
     "JOB_GAUGES",
+    "LOCK_CLAIMED_DELIVERIES",
     "LOCK_CLAIMED_EVENTS",
     "LOCK_WORKER_ID",
     "MARK_ALONE",
+    "MARK_DELIVERED",
     "MARK_EVENTS_PROCESSED",
     "ORGANIZATION_LIMITED_CLAIM",
     "OUTBOX_AND_SERVER_GAUGES",
@@ -164,13 +178,15 @@ __all__ = [
     "QUEUE_ALLOWANCE",
     "RECORD_AND_CLAIM",
     "RECORD_AND_SEEK_CLAIM",
-    "RECORD_EVENT_FAILURES",
+    "RECORD_DELIVERY_FAILURES",
     "RECORD_OUTCOMES",
     "RECOVER_EXPIRED_LEASES",
+    "REDRIVE_DEAD_DELIVERIES",
     "REDRIVE_DEAD_EVENTS",
     "RELEASE_EXPIRED_EVENT_CLAIMS",
     "RELEASE_JOBS",
     "RENEW_LEASES",
+    "REPLAY_EVENTS",
     "RETRY_DEAD_JOBS",
     "SCHEDULE_CURSOR",
     "SCHEDULE_LOCK",
@@ -183,6 +199,7 @@ __all__ = [
     "UNCLAIM_JOBS",
     "WAKE_QUEUES",
     "WORKER_HEARTBEATS",
+    "WRITE_DELIVERIES",
     "ClaimRow",
     "Dispatched",
     "binary",

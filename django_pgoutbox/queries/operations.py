@@ -25,7 +25,8 @@ PRUNE_HEARTBEATS = """
 DELETE FROM worker_heartbeats WHERE last_seen_at < now() - interval '1 day'
 """
 
-#: Delete up to ``limit`` processed events older than the retention.
+#: Delete up to ``limit`` processed events older than the retention, with their deliveries (the
+#: foreign key cascades); never one that a subscriber's delivery still waits for.
 #:
 #: Named parameters: age seconds float, limit int.
 PRUNE_EVENTS = """
@@ -35,6 +36,10 @@ WHERE id IN (
     FROM outbox_events
     WHERE processed_at IS NOT NULL
       AND processed_at < now() - make_interval(secs => %(age)s)
+      AND NOT EXISTS (
+          SELECT 1 FROM outbox_deliveries AS d
+          WHERE d.event_id = outbox_events.id AND d.delivered_at IS NULL
+      )
     LIMIT %(limit)s
 )
 """

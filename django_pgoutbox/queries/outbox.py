@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django_pgoutbox.queries.deliveries import waiting_subscribers
 from django_pgoutbox.queries.params import binary
 
 #: Write one fact in the caller's transaction, and say so at commit.
@@ -66,9 +67,10 @@ def heads_its_aggregate(alias: str) -> str:
 #: each aggregate is claimable, so that the events of one aggregate are projected one at a time,
 #: in ``(occurred_at, id)`` order, however many relays run.
 #:
-#: A claim counts no attempt (``attempts`` counts failures, recorded by RECORD_EVENT_FAILURES),
-#: except a claim *taken over*: an event whose last claim expired unfinished (only a projection
-#: or a recorded failure clears ``claimed_at``; RELEASE_EXPIRED_EVENT_CLAIMS keeps it) was held
+#: A claim counts no attempt (an event's ``attempts`` counts the relays that died under it: a
+#: subscriber's failure is its delivery's, in ``outbox_deliveries``), except a claim *taken
+#: over*: an event whose last claim expired unfinished (only a projection clears
+#: ``claimed_at``; RELEASE_EXPIRED_EVENT_CLAIMS keeps it) was held
 #: by a relay that died or stalled, perhaps because of that very event (a
 #: subscriber's ``os._exit()``, a crash in native code, the OOM killer). Such a *suspect* is
 #: counted here, in the claim, before any subscriber of it runs, with ``relay_crashed`` as its
@@ -76,7 +78,9 @@ def heads_its_aggregate(alias: str) -> str:
 #: per batch (``reclaimed`` says which), the one that has cost the fewest attempts: the relay
 #: projects it alone, so a relay that dies under it next time takes no other event down with it,
 #: and the events reclaimed beside it, untouched here, keep their count until their own turn.
-#: The ``claimed_at`` returned is the fencing token of the claim.
+#: The ``claimed_at`` returned is the fencing token of the claim. The last column names the
+#: subscribers with an undelivered delivery of the event's aggregate (``outbox_deliveries``):
+#: they do not run on it, their delivery of it waits behind the earlier one.
 #:
 #: Plan: ``outbox_claim_idx`` yields candidates in order, and the scan stops at ``LIMIT``; for each
 #: candidate, the head of its aggregate is one probe of ``outbox_aggregate_pending_idx``. A
@@ -124,10 +128,14 @@ FROM chosen AS c
 WHERE o.id = c.id
 RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_type,
           o.schema_version, o.payload::text, o.occurred_at, o.available_at, o.attempts,
-          o.claimed_at, c.reclaimed, c.spent
+          o.claimed_at, c.reclaimed, c.spent, {waiting_subscribers}
 """
 #: The full claim: _CLAIM_EVENTS from the start of ``outbox_claim_idx`` (its comment says all).
-CLAIM_EVENTS = _CLAIM_EVENTS.format(past_the_mark="", heads_its_aggregate=heads_its_aggregate("e"))
+CLAIM_EVENTS = _CLAIM_EVENTS.format(
+    past_the_mark="",
+    heads_its_aggregate=heads_its_aggregate("e"),
+    waiting_subscribers=waiting_subscribers("o"),
+)
 
 # -- the seek claim (issue 31) ---------------------------------------------------------------------
 #
@@ -154,10 +162,11 @@ CLAIM_EVENTS = _CLAIM_EVENTS.format(past_the_mark="", heads_its_aggregate=heads_
 #: ``outbox_claim_idx``, which is ordered by that very key.
 SEEK_CLAIM_EVENTS = _CLAIM_EVENTS.format(
     heads_its_aggregate=heads_its_aggregate("e"),
+    waiting_subscribers=waiting_subscribers("o"),
     past_the_mark="      AND (e.occurred_at, e.id) >= (%(mark_occurred_at)s, %(mark_id)s)\n",
 )
 
-# LOCK_CLAIMED_EVENTS, MARK_EVENTS_PROCESSED and RECORD_EVENT_FAILURES take arrays of a batch's
+# LOCK_CLAIMED_EVENTS and MARK_EVENTS_PROCESSED take arrays of a batch's
 # ids, sent in binary (``%b``, run with ``db.server_side_cursor``): quoting each UUID into the SQL
 # text was a large part of a batch (docs/benchmarks.md, "What profiling found", item 10).
 
@@ -197,32 +206,5 @@ MARK_EVENTS_PROCESSED = binary(
 UPDATE outbox_events
 SET processed_at = now(), claimed_at = NULL
 WHERE id = ANY(%s::uuid[])
-"""
-)
-
-#: Record failed projections: retry later (backoff) or dead.
-#:
-#: Named parameters: ids uuid[], dead boolean[], delays float8[] (seconds), codes text[],
-#: errors text[], counted boolean[]. Sent in binary.
-#:
-#: Counts the failure (``attempts`` counts failures only, see CLAIM_EVENTS), unless the claim
-#: counted this run already (``counted``: an event taken over, projected alone), so that a run
-#: that fails after a takeover is one attempt, not two. The claim is released so that the retry
-#: does not wait for the claim to expire.
-RECORD_EVENT_FAILURES = binary(
-    """
-UPDATE outbox_events AS o
-SET attempts = o.attempts + (NOT f.counted)::int,
-    available_at = CASE WHEN f.dead THEN o.available_at
-                        ELSE now() + make_interval(secs => f.delay) END,
-    dead_at = CASE WHEN f.dead THEN now() END,
-    claimed_at = NULL,
-    last_error_code = f.code,
-    last_error = f.error
-FROM unnest(
-    %(ids)s::uuid[], %(dead)s::boolean[], %(delays)s::float8[], %(codes)s::text[],
-    %(errors)s::text[], %(counted)s::boolean[]
-) AS f(id, dead, delay, code, error, counted)
-WHERE o.id = f.id
 """
 )

@@ -17,13 +17,18 @@ One loop, one thread, one database connection. Each turn:
 3. runs each event's subscribers (what they enqueue or write joins the transaction; the jobs
    they enqueue without an idempotency key are written together, in one statement) and marks
    the events processed. A subscriber that raises (anything but ``KeyboardInterrupt``:
-   ``SystemExit`` too), or a job of the batch that cannot be written, rolls back that event's
-   work only: the batch is first tried without savepoints (two round trips fewer per event);
-   if anything fails, that attempt is rolled back whole and the batch runs again with a
-   savepoint per event, each event's jobs written in it. The failing event is retried later
-   with backoff, or dead after ``MAX_ATTEMPTS`` failures;
-4. commits: the subscribers' jobs and the ``processed_at`` marks land together. A relay killed
-   at any line leaves each event either unprocessed with no jobs, or processed with its jobs.
+   ``SystemExit`` too), or whose jobs cannot be written, rolls back its own work only: the batch
+   is first tried without savepoints (two round trips fewer per subscriber); if anything fails,
+   that attempt is rolled back whole and the batch runs again with a savepoint per subscriber
+   of each event. The event is processed all the same, and the failing subscriber gets a
+   *delivery* of it (``outbox_deliveries``), retried on its own with back-off, dead after
+   ``MAX_ATTEMPTS``. A subscriber that does not accept the event's schema version gets a dead
+   delivery; one whose earlier delivery of the aggregate still waits, a delivery that waits
+   behind it (each subscriber sees an aggregate's events in order);
+4. commits: the subscribers' jobs, the deliveries and the ``processed_at`` marks land together.
+   A relay killed at any line leaves each event either unprocessed with no jobs, or processed
+   with the jobs of the subscribers that ran and a delivery for each of the others;
+5. between batches, claims and runs the deliveries that are due (``worker.deliveries``).
 
 The relay's own connection lost anywhere in a turn abandons the batch (rolled back, no failure
 recorded: ``attempts`` counts failures and takeovers, not claims); the loop reconnects after a
@@ -50,8 +55,16 @@ from django_pgoutbox.conf import OutboxSettings, RetrySettings
 from django_pgoutbox.db import ERROR_BACKOFF, ErrorKind, classify_error, server_side_cursor
 from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
 from django_pgoutbox.models import OutboxEvent, saved_instance
+from django_pgoutbox.outbox import Subscriber
 from django_pgoutbox.retry import summarize
 from django_pgoutbox.worker import subscribers
+from django_pgoutbox.worker.deliveries import (
+    ConnectionLost,
+    DeliveryRunner,
+    connection_lost,
+    metric_name,
+    write_deliveries,
+)
 from django_pgoutbox.worker.seek import SeekPolicy
 
 logger = logging.getLogger("django_pgoutbox.relay")
@@ -93,6 +106,10 @@ class EventSeekPolicy(SeekPolicy):
         return first if self.mark is None else max(self.mark, first)
 
 
+#: The code of a delivery whose subscriber closed the relay's connection.
+CLOSED = subscribers.CLOSED_RELAY_CONNECTION
+
+
 class _SubscriberFailed(Exception):
     """A subscriber raised while the batch ran without savepoints, or (``unwritable``) the
     jobs of the batch, written together, could not be written."""
@@ -100,10 +117,6 @@ class _SubscriberFailed(Exception):
     def __init__(self, *, unwritable: bool = False) -> None:
         super().__init__()
         self.unwritable = unwritable
-
-
-class _ConnectionLost(Exception):
-    """The relay's connection broke during a batch: the batch is abandoned, nothing recorded."""
 
 
 class Relay:
@@ -132,6 +145,12 @@ class Relay:
         #: finished them). Read and written by the loop's thread only.
         self._batch: list[OutboxEvent] = []
         self._suspects: set[uuid.UUID] = set()
+        #: Per claimed event, the subscribers whose earlier delivery of its aggregate waits
+        #: (the claim's last column): their delivery of it waits too, in order.
+        self._waiting: dict[uuid.UUID, frozenset[str]] = {}
+        #: The subscribers' deliveries of past events (``outbox_deliveries``): claimed and run
+        #: by this loop's thread too, between its batches of events.
+        self.deliveries = DeliveryRunner(settings, relay_id=relay_id, using=using, policy=policy)
         #: Where the next claim starts; and whether the last one was a seek (an empty seek
         #: says nothing of the events behind the mark: the full claim looks before sleeping).
         self.seek = EventSeekPolicy()
@@ -160,7 +179,7 @@ class Relay:
                     last_failure, repeats = "", 0
                 except Exception as error:
                     self._close_quietly()
-                    if isinstance(error, _ConnectionLost) or (
+                    if isinstance(error, ConnectionLost) or (
                         classify_error(error) is ErrorKind.CONNECTION
                     ):
                         logger.warning(
@@ -194,7 +213,9 @@ class Relay:
                     continue
                 if self.burst:
                     return
-                self._wake.wait(self.settings.poll_interval)
+                self._wake.wait(
+                    min(self.settings.poll_interval, self.deliveries.wait(time.monotonic()))
+                )
         finally:
             self._close_quietly()
             self.finished.set()
@@ -205,11 +226,6 @@ class Relay:
             connections[self.using].close()
         except Exception:
             logger.debug("relay: closing a broken connection failed", exc_info=True)
-
-    def _connection_lost(self) -> bool:
-        """Whether the relay's own connection broke (no round trip: psycopg's flags)."""
-        raw = connections[self.using].connection
-        return raw is None or bool(raw.closed) or bool(raw.broken)
 
     def run_once(self) -> int:
         """Claim and project one batch (what is left of the last one, if it failed); return
@@ -223,7 +239,11 @@ class Relay:
             self._project([suspect])
         self._batch = []
         self._suspects.clear()
-        return len(events)
+        self._waiting.clear()
+        done = len(events)
+        if self.burst or self.deliveries.due(time.monotonic()):
+            done += self.deliveries.run_once()
+        return done
 
     def _claim(self) -> list[OutboxEvent]:
         limit = self.settings.batch_size
@@ -259,12 +279,14 @@ class Relay:
             "claimed_at",
         ]
         events, taken = [], []
-        for *row, reclaimed, spent in rows:
+        for *row, reclaimed, spent, waiting in rows:
             values = dict(zip(names, row, strict=True))
             values["payload"] = json.loads(values["payload"])
             values["claimed_by"] = self.relay_id
             event = saved_instance(OutboxEvent, self.using, values)
             taken.append(event)
+            if waiting:
+                self._waiting[event.id] = frozenset(waiting)
             if spent:
                 self._crashed_out(event)
                 continue
@@ -305,28 +327,40 @@ class Relay:
                 self._project_passes(events)
                 break
             except subscribers.ClosedBySubscriber as closed:
-                # The batch's transaction died with the connection. That event's failure is
-                # recorded apart, and the rest of the batch projected again without it.
-                self._record_apart(closed.event, closed)
+                # The batch's transaction died with the connection. That event's deliveries are
+                # written apart, and the rest of the batch projected again without it.
+                self._record_apart(closed)
                 events = [e for e in events if e is not closed.event]
                 self._batch = [e for e in self._batch if e is not closed.event]
         metrics.BATCH_DB_DURATION.observe(time.perf_counter() - started, role="relay")
 
-    def _record_apart(self, event: OutboxEvent, error: BaseException) -> None:
-        """Record ``event``'s failure in a transaction of its own, if its claim is still held."""
-        failure = self._failure(event, error, subscribers.CLOSED_RELAY_CONNECTION)
+    def _record_apart(self, closed: subscribers.ClosedBySubscriber) -> None:
+        """In a transaction of its own, if its claim is still held: mark the event whose
+        subscriber closed the connection processed, with a failed delivery for that subscriber
+        and a waiting one for each other subscriber (nothing of theirs was kept either)."""
+        event = closed.event
+        plan = subscribers.plan(event, self._waiting.get(event.id, ()))
+        deliveries = list(plan.deliveries)
+        for projection in plan.runnable:
+            if projection.name == closed.subscriber:
+                deliveries.append(self._failed(event, projection.name, closed, CLOSED))
+            else:
+                deliveries.append(subscribers.waiting_delivery(event, projection.name))
         with transaction.atomic(using=self.using):
-            if self._lock([event]):
-                with server_side_cursor(self.using) as cursor:
-                    self._record_failures(cursor, [failure])
-        self._count([], [failure], {event.id: event.event_type})
+            if not self._lock([event]):
+                return
+            with server_side_cursor(self.using) as cursor:
+                cursor.execute(queries.MARK_EVENTS_PROCESSED, [[event.id]])
+                write_deliveries(cursor, deliveries)
+        self._count([event], deliveries)
 
     def _project_passes(self, events: Sequence[OutboxEvent]) -> None:
         unwritable = self._try_batch(events, isolate=False, flush_each=False)
         if unwritable is not None:
-            # Rolled back whole: nothing of the batch was written. Again, event by event; and
-            # when it was a job that cannot be written, with each event's jobs written in its
-            # own savepoint, so that the failing statement is that event's alone.
+            # Rolled back whole: nothing of the batch was written. Again, subscriber by
+            # subscriber, each in a savepoint; and when it was a job that cannot be written, with
+            # each subscriber's jobs written in its savepoint, so that the failing statement is
+            # that subscriber's alone.
             again = self._try_batch(events, isolate=True, flush_each=unwritable)
             if again is not None:
                 self._project_batch(events, isolate=True, flush_each=True)
@@ -345,8 +379,8 @@ class Relay:
     def _project_batch(
         self, events: Sequence[OutboxEvent], *, isolate: bool, flush_each: bool
     ) -> None:
-        processed: list[uuid.UUID] = []
-        failures: list[subscribers.Failure] = []
+        processed: list[OutboxEvent] = []
+        deliveries: list[subscribers.Delivery] = []
         with (
             transaction.atomic(using=self.using),
             deferred_enqueues(self.using) as jobs,
@@ -360,62 +394,45 @@ class Relay:
                         extra={"event_id": str(event.id), "event_type": event.event_type},
                     )
                     continue
-                if isolate:
-                    failure = self._project_one(event, jobs, flush=flush_each)
-                else:
-                    failure = subscribers.check_versions(event)
-                    if failure is None:
-                        try:
-                            subscribers.run_subscribers(event, self.using)
-                        except subscribers.SubscriberRaised as raised:
-                            if self._connection_lost():
-                                raise _ConnectionLost from raised.error
-                            raise _SubscriberFailed from raised.error
-                if failure is None:
-                    processed.append(event.id)
-                else:
-                    failures.append(failure)
+                plan = subscribers.plan(event, self._waiting.get(event.id, ()))
+                deliveries.extend(plan.deliveries)
+                for projection in plan.runnable:
+                    if isolate:
+                        failed = self._run_isolated(projection, event, jobs, flush=flush_each)
+                        if failed is not None:
+                            deliveries.append(failed)
+                        continue
+                    try:
+                        subscribers.run_one(projection, event, self.using)
+                    except subscribers.SubscriberRaised as raised:
+                        if connection_lost(self.using):
+                            raise ConnectionLost from raised.error
+                        raise _SubscriberFailed from raised.error
+                processed.append(event)
             if not flush_each:
                 try:
                     jobs.flush()  # the jobs the subscribers enqueued: one statement for the batch
                 except Exception as error:
-                    if classify_error(error) is ErrorKind.DATA and not self._connection_lost():
+                    if classify_error(error) is ErrorKind.DATA and not connection_lost(self.using):
                         raise _SubscriberFailed(unwritable=True) from error
                     raise
             with server_side_cursor(self.using) as cursor:
                 if processed:
-                    cursor.execute(queries.MARK_EVENTS_PROCESSED, [processed])
-                if failures:
-                    self._record_failures(cursor, failures)
+                    cursor.execute(queries.MARK_EVENTS_PROCESSED, [[e.id for e in processed]])
+                write_deliveries(cursor, deliveries)
         # Counted once committed: a batch abandoned (its connection lost) is projected again.
-        self._count(processed, failures, {event.id: event.event_type for event in events})
-
-    def _record_failures(self, cursor: Any, failures: Sequence[subscribers.Failure]) -> None:
-        cursor.execute(
-            queries.RECORD_EVENT_FAILURES,
-            {
-                "ids": [f.event_id for f in failures],
-                "dead": [f.dead for f in failures],
-                "delays": [f.delay for f in failures],
-                "codes": [f.code for f in failures],
-                "errors": [f.error for f in failures],
-                "counted": [f.event_id in self._suspects for f in failures],
-            },
-        )
+        self._count(processed, deliveries)
 
     def _count(
-        self,
-        processed: Sequence[uuid.UUID],
-        failures: Sequence[subscribers.Failure],
-        types: dict[uuid.UUID, str],
+        self, processed: Sequence[OutboxEvent], deliveries: Sequence[subscribers.Delivery]
     ) -> None:
-        for event_id in processed:
-            metrics.EVENTS_PROJECTED.inc(event_type=types[event_id], outcome="processed")
-        for failure in failures:
-            metrics.EVENTS_PROJECTED.inc(
-                event_type=types[failure.event_id],
-                outcome="dead" if failure.dead else "retrying",
-            )
+        for event in processed:
+            metrics.EVENTS_PROJECTED.inc(event_type=event.event_type, outcome="processed")
+        types = {event.id: event.event_type for event in processed}
+        for delivery in deliveries:
+            name = metric_name(delivery.subscriber, types[delivery.event_id])
+            metrics.DELIVERIES.inc(subscriber=name, outcome=delivery.outcome)
+        self.deliveries.expect(deliveries)
 
     def _lock(self, events: Sequence[OutboxEvent]) -> set[uuid.UUID]:
         with server_side_cursor(self.using) as cursor:
@@ -425,23 +442,20 @@ class Relay:
             )
             return {row[0] for row in cursor.fetchall()}
 
-    def _project_one(
-        self, event: OutboxEvent, jobs: DeferredEnqueues, *, flush: bool
-    ) -> subscribers.Failure | None:
-        """Project ``event`` in a savepoint (and, with ``flush``, write the jobs it enqueued
-        there); its failure, if any.
+    def _run_isolated(
+        self, projection: Subscriber, event: OutboxEvent, jobs: DeferredEnqueues, *, flush: bool
+    ) -> subscribers.Delivery | None:
+        """Run one subscriber on ``event`` in a savepoint (and, with ``flush``, write the jobs it
+        enqueued there); its failed delivery, if it failed.
 
-        What its subscribers raise, and a job of theirs that cannot be written (a data error),
-        are its failure. A broken connection is nobody's: ``_ConnectionLost`` abandons the batch.
-        Any other error of the relay's own statements leaves the turn.
+        What it raises, and a job of its that cannot be written (a data error), are its
+        failure. A broken connection is nobody's: ``ConnectionLost`` abandons the batch. Any
+        other error of the relay's own statements leaves the turn.
         """
-        refused = subscribers.check_versions(event)
-        if refused is not None:
-            return refused
         mark = jobs.mark()
         try:
-            with transaction.atomic(using=self.using):  # a savepoint: this event only
-                subscribers.run_subscribers(event, self.using)
+            with transaction.atomic(using=self.using):  # a savepoint: this subscriber only
+                subscribers.run_one(projection, event, self.using)
                 if flush:
                     jobs.flush()
         except Exception as error:
@@ -449,21 +463,24 @@ class Relay:
             if isinstance(error, subscribers.ClosedBySubscriber):
                 raise
             cause = error.error if isinstance(error, subscribers.SubscriberRaised) else error
-            if self._connection_lost():
-                raise _ConnectionLost from cause
+            if connection_lost(self.using):
+                raise ConnectionLost from cause
             if isinstance(error, subscribers.SubscriberRaised):
-                return self._failure(event, cause, subscribers.code_of(cause))
+                return self._failed(event, projection.name, cause, subscribers.code_of(cause))
             if classify_error(error) is ErrorKind.DATA:
-                return self._failure(event, error, subscribers.UNWRITABLE_JOB)
+                return self._failed(event, projection.name, error, subscribers.UNWRITABLE_JOB)
             raise
         return None
 
-    def _failure(self, event: OutboxEvent, error: BaseException, code: str) -> subscribers.Failure:
-        return subscribers.failure(
+    def _failed(
+        self, event: OutboxEvent, subscriber: str, error: BaseException, code: str
+    ) -> subscribers.Delivery:
+        return subscribers.failed(
             event,
+            subscriber,
             error,
             code,
-            suspect=event.id in self._suspects,
+            attempt=1,
             max_attempts=self.settings.max_attempts,
             policy=self.policy,
         )

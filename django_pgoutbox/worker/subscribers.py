@@ -1,19 +1,22 @@
-"""One event's projection through its subscribers: whether they accept its schema version,
-running them (what one raises, or a connection one closes, told apart from the relay's own
-statements), and the failure, logged, that the relay records when one fails."""
+"""One event's projection through its subscribers, one subscriber at a time: which of them run
+(``plan``: not one that refuses the event's schema version, nor one whose earlier delivery of the
+aggregate still waits), running one (what it raises, or a connection it closes, told apart from
+the relay's own statements), and the deliveries, logged, that the relay writes for those that did
+not run or failed (``outbox_deliveries``). The relay and its delivery runner share them."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
 
 from django.db import connections
 
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.models import OutboxEvent
-from django_pgoutbox.outbox import subscribers_for
+from django_pgoutbox.outbox import Subscriber, subscribers_for
 from django_pgoutbox.retry import Kind, bound, error_code, summarize
 
 logger = logging.getLogger("django_pgoutbox.relay")
@@ -24,18 +27,26 @@ UNWRITABLE_JOB = "unwritable_job"
 #: ``last_error_code`` of an event whose subscriber closed the relay's connection.
 CLOSED_RELAY_CONNECTION = "closed_relay_connection"
 
+#: ``last_error_code`` of a delivery whose event's schema version its subscriber does not accept.
+UNSUPPORTED_SCHEMA_VERSION = "unsupported_schema_version"
+
+#: ``last_error_code`` of a delivery whose subscriber no process here has registered (renamed,
+#: removed, or not deployed to this host yet): retried, then dead.
+UNKNOWN_SUBSCRIBER = "unknown_subscriber"
+
 
 class ClosedBySubscriber(Exception):
     """A subscriber closed the relay's connection (``connection.close()``,
-    ``close_old_connections()``): the batch's transaction is gone, through that event's fault."""
+    ``close_old_connections()``): the transaction is gone, through that subscriber's fault."""
 
-    def __init__(self, event: OutboxEvent) -> None:
+    def __init__(self, event: OutboxEvent, subscriber: str) -> None:
         super().__init__(
-            f"a subscriber of {event.event_type!r} closed the relay's database connection "
-            "inside the batch's transaction (connection.close(), close_old_connections()); "
-            "nothing the event's subscribers wrote was kept"
+            f"subscriber {subscriber!r} of {event.event_type!r} closed the relay's database "
+            "connection inside the relay's transaction (connection.close(), "
+            "close_old_connections()); nothing it wrote was kept"
         )
         self.event = event
+        self.subscriber = subscriber
 
 
 class SubscriberRaised(Exception):
@@ -48,77 +59,107 @@ class SubscriberRaised(Exception):
 
 
 @dataclass(frozen=True)
-class Failure:
-    """How one event's run failed: what RECORD_EVENT_FAILURES writes of it."""
+class Delivery:
+    """A subscriber of an event that did not run with the others: what WRITE_DELIVERIES writes
+    (``attempts`` 1 and an error for one that failed, 0 and none for one that waits)."""
 
     event_id: uuid.UUID
+    subscriber: str
+    attempts: int
     dead: bool
     delay: float
-    code: str
-    error: str
+    code: str | None
+    error: str | None
+
+    @property
+    def outcome(self) -> str:
+        """The metric's outcome: ``dead``, ``retrying`` or ``waiting``."""
+        if self.dead:
+            return "dead"
+        return "waiting" if self.error is None else "retrying"
 
 
-def check_versions(event: OutboxEvent) -> Failure | None:
-    """The failure, dead at once, of an event whose schema version one of its subscribers
-    does not accept; else None."""
-    refusing = [
-        s.name for s in subscribers_for(event.event_type) if event.schema_version not in s.versions
-    ]
-    if not refusing:
-        return None
+@dataclass
+class Plan:
+    """Which of an event's subscribers run now, and the deliveries of those that do not."""
+
+    runnable: list[Subscriber] = field(default_factory=list)
+    deliveries: list[Delivery] = field(default_factory=list)
+
+
+def plan(event: OutboxEvent, waiting: Collection[str]) -> Plan:
+    """``event``'s subscribers that run now; a dead delivery for each that refuses its schema
+    version, and a waiting one for each named in ``waiting`` (it has an undelivered delivery
+    of the same aggregate: each subscriber sees an aggregate's events in order)."""
+    result = Plan()
+    for projection in subscribers_for(event.event_type):
+        if projection.name in waiting:
+            result.deliveries.append(waiting_delivery(event, projection.name))
+        elif event.schema_version not in projection.versions:
+            result.deliveries.append(refused(event, projection.name))
+        else:
+            result.runnable.append(projection)
+    return result
+
+
+def waiting_delivery(event: OutboxEvent, subscriber: str) -> Delivery:
+    return Delivery(event.id, subscriber, 0, False, 0.0, None, None)
+
+
+def refused(event: OutboxEvent, subscriber: str) -> Delivery:
+    """The delivery, dead at once, of an event whose schema version ``subscriber`` does not
+    accept: never guessed at, never silently dropped."""
     message = (
         f"schema version {event.schema_version} of {event.event_type!r} is not accepted "
-        f"by {', '.join(refusing)}"
+        f"by {subscriber}"
     )
     logger.error(
-        "event %s: %s; dead-lettered",
+        "event %s: %s; its delivery to %s is dead",
         event.id,
         message,
+        subscriber,
         extra={"event_id": str(event.id), "event_type": event.event_type},
     )
-    return Failure(event.id, True, 0.0, "unsupported_schema_version", bound(message))
+    return Delivery(event.id, subscriber, 1, True, 0.0, UNSUPPORTED_SCHEMA_VERSION, bound(message))
 
 
-def run_subscribers(event: OutboxEvent, using: str) -> None:
-    """Run ``event``'s subscribers; whatever one raises (``KeyboardInterrupt`` aside) comes
+def run_one(projection: Subscriber, event: OutboxEvent, using: str) -> None:
+    """Run one subscriber on ``event``; whatever it raises (``KeyboardInterrupt`` aside) comes
     out as ``SubscriberRaised``, so that it is told apart from the relay's own statements, and a
-    connection closed by one of them as ``ClosedBySubscriber``."""
+    connection it closed as ``ClosedBySubscriber``."""
     wrapper = connections[using]
     try:
-        for projection in subscribers_for(event.event_type):
-            projection(event)
+        projection(event)
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # SystemExit too: a subscriber's, not the process's
         if wrapper.closed_in_transaction:
-            raise ClosedBySubscriber(event) from error
+            raise ClosedBySubscriber(event, projection.name) from error
         raise SubscriberRaised(error) from error
     # Set by Django's close() alone, never by a connection the server dropped.
     if wrapper.closed_in_transaction:
-        raise ClosedBySubscriber(event)
+        raise ClosedBySubscriber(event, projection.name)
 
 
-def failure(
+def failed(
     event: OutboxEvent,
+    subscriber: str,
     error: BaseException,
     code: str,
     *,
-    suspect: bool,
+    attempt: int,
     max_attempts: int,
     policy: RetrySettings,
-) -> Failure:
-    """The failure of ``event``'s run that ``error`` ended, logged (``suspect``: the event was
-    taken over, and its claim counted this run already)."""
-    # ``attempts`` counts the failures before this one, and, for an event taken over, this
-    # very run: the claim counted it before any subscriber ran (CLAIM_EVENTS).
-    attempt = event.attempts if suspect else event.attempts + 1
+) -> Delivery:
+    """The delivery of ``event`` to ``subscriber`` whose attempt number ``attempt`` ``error``
+    ended: retried with back-off, or dead once its attempts run out; logged."""
     summary = summarize(error)
     if code == UNWRITABLE_JOB:
         summary = bound(f"a job it enqueued cannot be written: {summary}")
     elif code == CLOSED_RELAY_CONNECTION:
         summary = bound(str(error))
-    # Whatever a subscriber raised, the event is retried until its attempts run out.
-    failed = failure_outcome(
+    # Whatever a subscriber raised, its delivery is retried until its attempts run out.
+    outcome = failure_outcome(
         error,
         attempt=attempt,
         max_attempts=max_attempts,
@@ -127,27 +168,36 @@ def failure(
         code=code,
         summary=summary,
     )
-    dead, delay = failed.dead, failed.delay
+    dead, delay = outcome.dead, outcome.delay
     arguments = (
         event.id,
         event.event_type,
+        subscriber,
         attempt,
         max_attempts,
         summary,
         "dead" if dead else f"retry in {delay:.1f}s",
     )
-    fields = {"event_id": str(event.id), "event_type": event.event_type, "attempt": attempt}
+    fields = {
+        "event_id": str(event.id),
+        "event_type": event.event_type,
+        "subscriber": subscriber,
+        "attempt": attempt,
+    }
     try:
         logger.error(
-            "event %s (%s) attempt %d/%d: %s -> %s", *arguments, exc_info=error, extra=fields
+            "event %s (%s) to %s, attempt %d/%d: %s -> %s",
+            *arguments,
+            exc_info=error,
+            extra=fields,
         )
     except BaseException:  # a traceback that cannot be formatted (its __class__ raises)
         logger.error(
-            "event %s (%s) attempt %d/%d: %s -> %s (its traceback could not be formatted)",
+            "event %s (%s) to %s, attempt %d/%d: %s -> %s (its traceback could not be formatted)",
             *arguments,
             extra=fields,
         )
-    return Failure(event.id, dead, delay, code, summary)
+    return Delivery(event.id, subscriber, attempt, dead, delay, code, summary)
 
 
 def code_of(error: BaseException) -> str:

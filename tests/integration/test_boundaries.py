@@ -26,7 +26,7 @@ from django_pgoutbox import EnqueueError, PublishError, enqueue, enqueue_many, j
 from django_pgoutbox.conf import parse_settings
 from django_pgoutbox.copy_rows import COPY_CHUNK_SIZE, COPY_MIN_ROWS
 from django_pgoutbox.errors import JobRegistrationError, SubscriberRegistrationError
-from django_pgoutbox.models import Job, JobStatus, OutboxEvent
+from django_pgoutbox.models import Job, JobStatus, OutboxDelivery, OutboxEvent
 from django_pgoutbox.outbox import subscriber
 from django_pgoutbox.schedules import load_schedules
 from django_pgoutbox.validation import (
@@ -620,7 +620,7 @@ class TestResults:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_subscriber_enqueuing_past_a_limit_fails_its_event_only(registry: None) -> None:
+def test_a_subscriber_enqueuing_past_a_limit_fails_its_delivery_only(registry: None) -> None:
     from django_pgoutbox.conf import get_settings
     from django_pgoutbox.worker.relay import Relay
 
@@ -648,8 +648,10 @@ def test_a_subscriber_enqueuing_past_a_limit_fails_its_event_only(registry: None
         conf = get_settings()
         Relay(conf.outbox, relay_id="r", using="default", policy=conf.retry, burst=True).run()
     assert Job.objects.count() == 3
-    stored = OutboxEvent.objects.get(pk=bad.pk)
+    stored = OutboxDelivery.objects.get(event_id=bad.pk)  # its subscriber's delivery alone
+    assert (stored.subscriber, stored.attempts) == (projection.name, 1)
     assert stored.dead_at is not None
     assert stored.last_error_code == "EnqueueError"
     assert "over the limit of 3,000 bytes" in (stored.last_error or "")
-    assert all(e.processed_at for e in OutboxEvent.objects.filter(pk__in=[g.pk for g in good]))
+    assert all(e.processed_at for e in OutboxEvent.objects.all())
+    assert not OutboxDelivery.objects.filter(event_id__in=[g.pk for g in good]).exists()

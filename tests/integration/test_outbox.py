@@ -16,12 +16,15 @@ from django.utils import timezone
 from django_pgoutbox import Event, PublishError, enqueue, publish, subscriber
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.copy_rows import COPY_MIN_ROWS
-from django_pgoutbox.models import Job, OutboxEvent
+from django_pgoutbox.models import Job, OutboxDelivery, OutboxEvent
 from django_pgoutbox.queries import CLAIM_EVENTS, CLAIM_EVENTS_PLAN, COPY_JOBS, SEEK_CLAIM_EVENTS
 from django_pgoutbox.worker.relay import Relay
 from testproject.demo.models import TrackingSession, complete_session
 from testproject.testjobs.models import Projection
 from tests.conftest import drain_notifications
+
+#: The name of ``testproject.testjobs.subscribers.project``, the subscriber of tests.projected.
+PROJECT = "testproject.testjobs.subscribers.project"
 
 
 def fact(aggregate: uuid.UUID | None = None, **payload: Any) -> OutboxEvent:
@@ -211,7 +214,14 @@ class TestRelay:
         jobs = Job.objects.filter(job_type="tests.noop")
         assert sorted(j.payload["event"] for j in jobs) == sorted(str(e.id) for e in events)
         assert not Projection.objects.filter(event_id=poison.id).exists()
-        assert OutboxEvent.objects.filter(processed_at__isnull=False).count() == len(events)
+        # Every event processed; the poison one's subscriber has a delivery of it, retrying.
+        assert OutboxEvent.objects.filter(processed_at__isnull=False).count() == len(events) + 1
+        failing = OutboxDelivery.objects.get()
+        assert (failing.event_id, failing.subscriber, failing.state) == (
+            poison.id,
+            PROJECT,
+            "failing",
+        )
 
     def test_demo_projection(self) -> None:
         session = TrackingSession.objects.create(organization_id=uuid.uuid4(), device="d9")
@@ -235,15 +245,16 @@ class TestRelay:
         other = fact(sequence=3)
         relay().run()
         poison.refresh_from_db()
-        assert poison.processed_at is None
-        assert (poison.attempts, poison.last_error_code) == (1, "ValueError")
-        assert "cannot project 2" in (poison.last_error or "")
-        assert poison.claimed_at is None
-        assert poison.available_at > timezone.now() + timedelta(seconds=100)  # 60 * 2**1
+        assert (poison.processed_at is not None, poison.attempts) == (True, 0)
+        failing = OutboxDelivery.objects.get(event_id=poison.id, subscriber=PROJECT)
+        assert (failing.attempts, failing.last_error_code) == (1, "ValueError")
+        assert "cannot project 2" in (failing.last_error or "")
+        assert failing.claimed_at is None
+        assert failing.available_at > timezone.now() + timedelta(seconds=100)  # 60 * 2**1
         assert set(Projection.objects.values_list("event_id", flat=True)) == {good.id, other.id}
         assert Job.objects.count() == 2  # nothing the poison event's subscriber did survives
 
-    def test_poison_event_dies_after_its_attempts_and_holds_back_its_aggregate(
+    def test_a_poison_delivery_dies_after_its_attempts_and_holds_back_its_aggregate(
         self, settings: Any
     ) -> None:
         settings.PGOUTBOX = {
@@ -257,23 +268,22 @@ class TestRelay:
         elsewhere = fact(sequence=1)
         for _ in range(5):
             relay().run()
-        poison.refresh_from_db()
-        later.refresh_from_db()
-        assert (poison.attempts, poison.last_error_code) == (3, "ValueError")
-        assert poison.dead_at is not None
-        assert later.processed_at is None  # held back: never projected out of order
-        assert later.attempts == 0
+        dead = OutboxDelivery.objects.get(event_id=poison.id)
+        waiting = OutboxDelivery.objects.get(event_id=later.id)
+        assert (dead.attempts, dead.last_error_code, dead.state) == (3, "ValueError", "dead")
+        # Held back: never delivered to this subscriber out of order.
+        assert (waiting.attempts, waiting.state, waiting.subscriber) == (0, "waiting", PROJECT)
         assert Projection.objects.get().event_id == elsewhere.id  # other aggregates go on
-        # An operator re-drives the dead event once the subscriber is fixed:
-        OutboxEvent.objects.filter(pk=poison.pk).update(
-            dead_at=None, attempts=0, payload={"sequence": 1}
-        )
+        # An operator re-drives the dead delivery once the subscriber is fixed:
+        OutboxEvent.objects.filter(pk=poison.pk).update(payload={"sequence": 1})
+        OutboxDelivery.objects.filter(pk=dead.pk).update(dead_at=None, attempts=0)
         relay().run()
         assert list(
             Projection.objects.filter(aggregate_id=aggregate)
             .order_by("id")
             .values_list("sequence", flat=True)
         ) == [1, 2]
+        assert OutboxDelivery.objects.filter(delivered_at__isnull=True).count() == 0
 
     def test_unsupported_schema_version_is_dead(self, registry: None) -> None:
         @subscriber("tests.versioned", versions=(2,))
@@ -291,10 +301,13 @@ class TestRelay:
         relay().run()
         old.refresh_from_db()
         new.refresh_from_db()
-        assert old.dead_at is not None
-        assert old.last_error_code == "unsupported_schema_version"
-        assert "schema version 1" in (old.last_error or "")
+        assert (old.processed_at is not None, old.dead_at) == (True, None)
+        refused = OutboxDelivery.objects.get(event_id=old.id, subscriber=v2_only.name)
+        assert refused.dead_at is not None
+        assert refused.last_error_code == "unsupported_schema_version"
+        assert "schema version 1" in (refused.last_error or "")
         assert new.processed_at is not None
+        assert not OutboxDelivery.objects.filter(event_id=new.id).exists()
         assert Job.objects.count() == 1
 
     def test_one_aggregate_is_projected_in_order_one_at_a_time(self) -> None:
@@ -375,8 +388,8 @@ class TestRelay:
         assert not Projection.objects.exists()
 
     def test_a_run_that_fails_after_a_takeover_is_one_attempt(self, settings: Any) -> None:
-        """The claim counted the takeover's run before its subscribers ran; the failure of that
-        same run is not counted again, so a relay killed while holding an event costs it no
+        """The claim counted the takeover's run before its subscriber ran; the failure of that
+        same run is not counted again, so a relay killed while holding a delivery costs it no
         more than the run that follows."""
         settings.PGOUTBOX = {
             **settings.PGOUTBOX,
@@ -384,13 +397,16 @@ class TestRelay:
             "OUTBOX": {"MAX_ATTEMPTS": 3},
         }
         event = fact(sequence=1, fail=True)
-        OutboxEvent.objects.filter(pk=event.pk).update(
-            claimed_at=timezone.now() - timedelta(hours=1), claimed_by="dead-relay", attempts=1
+        relay().run()  # fails: its delivery, attempt 1
+        OutboxDelivery.objects.filter(event_id=event.pk).update(
+            claimed_at=timezone.now() - timedelta(hours=1),
+            claimed_by="dead-relay",
+            available_at=timezone.now(),
         )
         assert relay().run_once() == 1
-        event.refresh_from_db()
-        assert (event.attempts, event.last_error_code) == (2, "ValueError")
-        assert (event.dead_at, event.claimed_at, event.processed_at) == (None, None, None)
+        failing = OutboxDelivery.objects.get(event_id=event.pk)
+        assert (failing.attempts, failing.last_error_code) == (2, "ValueError")
+        assert (failing.dead_at, failing.claimed_at, failing.delivered_at) == (None, None, None)
 
     def test_late_commit_is_still_projected(self) -> None:
         # Two connections and a barrier: the first transaction's event has the earlier

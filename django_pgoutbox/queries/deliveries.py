@@ -1,0 +1,216 @@
+"""Per-subscriber deliveries: the subscribers of an event that could not run with the others.
+
+An event whose subscribers all run at once, in the relay's batch, leaves no row in
+``outbox_deliveries`` (the fast path). When one of them fails, refuses the event's schema version,
+or has an earlier delivery of the same aggregate still waiting, the relay writes a delivery for
+that subscriber alone (WRITE_DELIVERIES) in the transaction that marks the event processed, and
+the others' work commits. Deliveries are then claimed (CLAIM_DELIVERIES), fenced
+(LOCK_CLAIMED_DELIVERIES) and finished (MARK_DELIVERED, RECORD_DELIVERY_FAILURES) like events:
+the first undelivered delivery of each (aggregate, subscriber) only, so that each subscriber sees
+an aggregate's events in order, and a dead one holds back that subscriber's later ones, never
+another subscriber's.
+"""
+
+from __future__ import annotations
+
+from django_pgoutbox.queries.params import binary
+
+
+#: Which subscribers have an undelivered delivery of the aggregate of ``{alias}``: a column of
+#: the relay's claims (text[], empty when none), one probe of ``outbox_deliveries_order_idx``.
+#: Such a subscriber does not run on the claimed event: its delivery waits behind the earlier one.
+def waiting_subscribers(alias: str) -> str:
+    return f"""ARRAY(
+           SELECT DISTINCT w.subscriber
+           FROM outbox_deliveries AS w
+           WHERE w.aggregate_type = {alias}.aggregate_type
+             AND w.aggregate_id = {alias}.aggregate_id
+             AND w.delivered_at IS NULL
+       )"""
+
+
+#: Write deliveries of projected events, in the relay's transaction that marks them processed.
+#:
+#: Named parameters (binary): ids uuid[] (events), subscribers text[], attempts int[], delays
+#: float8[] (seconds until due), dead boolean[], codes text[], errors text[] (NULL: a delivery
+#: waiting behind an earlier one, not failed).
+#:
+#: The aggregate and ``occurred_at`` are copied from the event: the order of a subscriber's
+#: deliveries. A delivery that exists already (an operator's replay) is left as it is.
+WRITE_DELIVERIES = binary(
+    """
+INSERT INTO outbox_deliveries (
+    event_id, subscriber, aggregate_type, aggregate_id, occurred_at, attempts, available_at,
+    dead_at, last_error_code, last_error
+)
+SELECT d.event_id, d.subscriber, e.aggregate_type, e.aggregate_id, e.occurred_at, d.attempts,
+       now() + make_interval(secs => d.delay), CASE WHEN d.dead THEN now() END, d.code, d.error
+FROM unnest(
+    %(ids)s::uuid[], %(subscribers)s::text[], %(attempts)s::int[], %(delays)s::float8[],
+    %(dead)s::boolean[], %(codes)s::text[], %(errors)s::text[]
+) AS d(event_id, subscriber, attempts, delay, dead, code, error)
+JOIN outbox_events AS e ON e.id = d.event_id
+ORDER BY e.occurred_at, e.id, d.subscriber
+ON CONFLICT (event_id, subscriber) DO NOTHING
+"""
+)
+
+#: Claim a bounded batch of due deliveries.
+#:
+#: Named parameters: claim_seconds float, limit int, max_attempts int, relay_id text,
+#: crashed_code text, summary text, dead_summary text: CLAIM_EVENTS's, with the same meaning.
+#:
+#: Due, not dead, not delivered, not claimed (or its claim expired), and the first undelivered
+#: delivery of its (aggregate, subscriber): a dead one holds back that subscriber's later
+#: deliveries of the aggregate. A delivery taken over (its claim expired unfinished: its relay
+#: died, perhaps because of it) is counted an attempt here and run alone, as CLAIM_EVENTS does
+#: with an event; at most one per claim. Returns the event's columns with each delivery.
+CLAIM_DELIVERIES = """
+WITH candidates AS MATERIALIZED (
+    SELECT d.id, d.claimed_at IS NOT NULL AS reclaimed, d.claimed_by AS holder, d.attempts,
+           d.available_at
+    FROM outbox_deliveries AS d
+    WHERE d.delivered_at IS NULL
+      AND d.dead_at IS NULL
+      AND d.available_at <= now()
+      AND (d.claimed_at IS NULL OR d.claimed_at < now() - make_interval(secs => %(claim_seconds)s))
+      AND d.id = (
+          SELECT head.id
+          FROM outbox_deliveries AS head
+          WHERE head.aggregate_type = d.aggregate_type
+            AND head.aggregate_id = d.aggregate_id
+            AND head.subscriber = d.subscriber
+            AND head.delivered_at IS NULL
+          ORDER BY head.occurred_at, head.event_id
+          LIMIT 1
+      )
+    ORDER BY d.available_at, d.id
+    FOR UPDATE SKIP LOCKED
+    LIMIT %(limit)s
+),
+chosen AS (
+    SELECT id, false AS reclaimed, false AS spent, NULL::text AS holder
+    FROM candidates
+    WHERE NOT reclaimed
+    UNION ALL
+    (SELECT id, true, attempts + 1 >= %(max_attempts)s, holder
+     FROM candidates
+     WHERE reclaimed
+     ORDER BY attempts, available_at, id
+     LIMIT 1)
+)
+UPDATE outbox_deliveries AS o
+SET claimed_at = CASE WHEN c.spent THEN NULL ELSE now() END,
+    claimed_by = %(relay_id)s,
+    attempts = o.attempts + c.reclaimed::int,
+    dead_at = CASE WHEN c.spent THEN now() END,
+    last_error_code = CASE WHEN c.reclaimed THEN %(crashed_code)s ELSE o.last_error_code END,
+    last_error = CASE WHEN c.reclaimed
+                      THEN CASE WHEN c.spent THEN %(dead_summary)s ELSE %(summary)s END
+                           || coalesce(' (last held by ' || left(c.holder, 200) || ')', '')
+                      ELSE o.last_error END
+FROM chosen AS c, outbox_events AS e
+WHERE o.id = c.id AND e.id = o.event_id
+RETURNING o.id, o.subscriber, o.attempts, o.claimed_at, c.reclaimed, c.spent,
+          e.id, e.organization_id, e.aggregate_type, e.aggregate_id, e.event_type,
+          e.schema_version, e.payload::text, e.occurred_at, e.available_at, e.attempts
+"""
+
+#: Lock the claimed deliveries this relay still holds: the fence, as LOCK_CLAIMED_EVENTS.
+#:
+#: Parameters (binary): ids bigint[], claimed_at timestamptz[], relay_id text.
+LOCK_CLAIMED_DELIVERIES = binary(
+    """
+SELECT o.id
+FROM unnest(%s::bigint[], %s::timestamptz[]) AS c(id, claimed_at)
+CROSS JOIN LATERAL (
+    SELECT d.id
+    FROM outbox_deliveries AS d
+    WHERE d.id = c.id
+      AND d.claimed_at = c.claimed_at
+      AND d.claimed_by = %s
+      AND d.delivered_at IS NULL
+    FOR UPDATE
+) AS o
+"""
+)
+
+#: Mark deliveries done, in the transaction that committed what their subscriber wrote.
+#:
+#: Parameters (binary): ids bigint[].
+MARK_DELIVERED = binary(
+    """
+UPDATE outbox_deliveries
+SET delivered_at = now(), claimed_at = NULL
+WHERE id = ANY(%s::bigint[])
+"""
+)
+
+#: Record failed deliveries: retry later (back-off) or dead.
+#:
+#: Named parameters (binary): ids bigint[], dead boolean[], delays float8[], codes text[],
+#: errors text[], counted boolean[].
+#:
+#: Counts the failure, unless the claim counted this run already (``counted``: a delivery taken
+#: over), and releases the claim, so that the retry does not wait for it to expire.
+RECORD_DELIVERY_FAILURES = binary(
+    """
+UPDATE outbox_deliveries AS o
+SET attempts = o.attempts + (NOT f.counted)::int,
+    available_at = CASE WHEN f.dead THEN o.available_at
+                        ELSE now() + make_interval(secs => f.delay) END,
+    dead_at = CASE WHEN f.dead THEN now() END,
+    claimed_at = NULL,
+    last_error_code = f.code,
+    last_error = f.error
+FROM unnest(
+    %(ids)s::bigint[], %(dead)s::boolean[], %(delays)s::float8[], %(codes)s::text[],
+    %(errors)s::text[], %(counted)s::boolean[]
+) AS f(id, dead, delay, code, error, counted)
+WHERE o.id = f.id
+"""
+)
+
+# -- operators -------------------------------------------------------------------------------------
+# Each takes ids bigint[] and touches only rows that are dead right now.
+
+#: Make dead deliveries due again, with a fresh attempt budget.
+REDRIVE_DEAD_DELIVERIES = """
+UPDATE outbox_deliveries
+SET dead_at = NULL, attempts = 0, available_at = now(), claimed_at = NULL, claimed_by = NULL
+WHERE id = ANY(%s::bigint[]) AND dead_at IS NOT NULL AND delivered_at IS NULL
+"""
+
+#: Give up on dead deliveries: marked delivered without running, so that their subscriber's
+#: later deliveries of the aggregate go on.
+DISCARD_DEAD_DELIVERIES = """
+UPDATE outbox_deliveries
+SET delivered_at = now(), claimed_at = NULL,
+    last_error = left('discarded by an operator; ' || coalesce(last_error, ''), 1000)
+WHERE id = ANY(%s::bigint[]) AND dead_at IS NOT NULL AND delivered_at IS NULL
+"""
+
+#: Give a subscriber the events it never saw: one waiting delivery per event of the given types
+#: that occurred at or after ``since`` and was processed without that subscriber (no delivery of
+#: it yet), in event order.
+#:
+#: Named parameters: subscriber text, event_types text[], since timestamptz, until timestamptz
+#: (NULL: no bound), limit int. Returns how many it wrote.
+REPLAY_EVENTS = """
+WITH written AS (
+    INSERT INTO outbox_deliveries (
+        event_id, subscriber, aggregate_type, aggregate_id, occurred_at, attempts
+    )
+    SELECT e.id, %(subscriber)s, e.aggregate_type, e.aggregate_id, e.occurred_at, 0
+    FROM outbox_events AS e
+    WHERE e.event_type = ANY(%(event_types)s::text[])
+      AND e.occurred_at >= %(since)s
+      AND (%(until)s::timestamptz IS NULL OR e.occurred_at < %(until)s::timestamptz)
+      AND e.processed_at IS NOT NULL
+    ORDER BY e.occurred_at, e.id
+    LIMIT %(limit)s
+    ON CONFLICT (event_id, subscriber) DO NOTHING
+    RETURNING 1
+)
+SELECT count(*) FROM written
+"""
