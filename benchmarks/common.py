@@ -45,7 +45,8 @@ def truncate(*tables: str) -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute(f"TRUNCATE {', '.join(tables)}")
+        # CASCADE: outbox_deliveries refers to outbox_events.
+        cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
 
 
 def pending_noops(jobs: int) -> None:

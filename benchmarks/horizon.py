@@ -348,7 +348,7 @@ def run(url: str, args: argparse.Namespace, claim: str) -> dict[str, Any]:
     shared = Shared()
     with connect(url) as conn:
         table = "outbox_events" if args.outbox else "jobs"
-        conn.execute(f"TRUNCATE {table}")
+        conn.execute(f"TRUNCATE {table} CASCADE")  # outbox_deliveries refers to outbox_events
         initial = args.jobs or args.backlog
         for start in range(0, initial, 100_000):
             insert(

@@ -10,7 +10,7 @@ from typing import Any
 from django.db import close_old_connections, connection
 
 from django_pgoutbox import enqueue, subscriber
-from django_pgoutbox.models import OutboxEvent
+from django_pgoutbox.models import OutboxDelivery, OutboxEvent
 from testproject.testjobs.models import Projection
 
 
@@ -44,6 +44,28 @@ def stamp(event: OutboxEvent) -> None:
 def to_job(event: OutboxEvent) -> None:
     """Project the event into one job, and nothing else: the outbox benchmark's projection."""
     enqueue("tests.noop", {"event": str(event.id)})
+
+
+# -- Three subscribers of one event type, one of them failing the events marked ``fail`` the first
+# time it sees them (no delivery of the event yet), then succeeding on the retry: the outbox
+# benchmark's per-subscriber case (benchmarks/outbox.py --three).
+
+
+@subscriber("tests.to_three", name="tests.three.first")
+def three_first(event: OutboxEvent) -> None:
+    enqueue("tests.noop", {"event": str(event.id), "by": "first"})
+
+
+@subscriber("tests.to_three", name="tests.three.second")
+def three_second(event: OutboxEvent) -> None:
+    enqueue("tests.noop", {"event": str(event.id), "by": "second"})
+
+
+@subscriber("tests.to_three", name="tests.three.flaky")
+def three_flaky(event: OutboxEvent) -> None:
+    enqueue("tests.noop", {"event": str(event.id), "by": "flaky"})
+    if event.payload.get("fail") and not OutboxDelivery.objects.filter(event=event).exists():
+        raise RuntimeError(f"flaky once for {event.id}")
 
 
 # -- Poison subscribers of the outbox relay (tests/processes/reliability/test_poison_relay.py) -----

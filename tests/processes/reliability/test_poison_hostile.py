@@ -155,7 +155,7 @@ def test_a_row_due_since_minus_infinity_fails_no_claim(start_worker: Any) -> Non
     assert not Job.objects.filter(status=JobStatus.LEASED).exists()
 
 
-def test_a_subscriber_exception_whose_traceback_cannot_be_formatted_fails_its_event_only(
+def test_a_subscriber_exception_whose_traceback_cannot_be_formatted_fails_its_delivery_only(
     start_worker: Any,
 ) -> None:
     """Logging its failure with its traceback raised in turn: the relay thread died and the

@@ -3,8 +3,10 @@
 Each case runs a real ``runworkers --roles relay`` process over one batch that holds the poison
 event beside innocent events of other aggregates (``tests.projected``: a projection row and one
 ``tests.noop`` job each). The relay must still run at the end; each innocent event is projected
-once, with its job enqueued once, and no failure counted against it; the poison event fails on
-its own, with a searchable ``last_error_code``, its ``attempts`` counting its real failures.
+once, with its job enqueued once, and no failure counted against it; the poison event's
+subscriber fails its delivery of it on its own (``outbox_deliveries``), with a searchable
+``last_error_code``, its ``attempts`` counting its real failures. A subscriber that kills the
+relay's process is the event's failure (``relay_crashed``): no one can tell which subscriber did.
 The subscribers are at the end of ``testproject/testjobs/subscribers.py``.
 
 transaction=True: the relay is another process and sees only committed rows.
@@ -22,7 +24,7 @@ import pytest
 from django.db import connection, transaction
 
 from django_pgoutbox import publish
-from django_pgoutbox.models import Job, OutboxEvent
+from django_pgoutbox.models import Job, OutboxDelivery, OutboxEvent
 from testproject.testjobs.models import Projection
 from tests.processes import WorkerProcess, holds_for, wait_for
 
@@ -70,7 +72,11 @@ def relay(start_worker: Any) -> WorkerProcess:
 
 
 def dead(event: OutboxEvent) -> bool:
-    return OutboxEvent.objects.filter(pk=event.pk, dead_at__isnull=False).exists()
+    """The event is dead (its relays kept dying), or its subscriber's delivery of it is."""
+    return (
+        OutboxEvent.objects.filter(pk=event.pk, dead_at__isnull=False).exists()
+        or OutboxDelivery.objects.filter(event_id=event.pk, dead_at__isnull=False).exists()
+    )
 
 
 def dead_or_exited(event: OutboxEvent, worker: WorkerProcess) -> Callable[[], bool]:
@@ -105,16 +111,27 @@ def assert_innocents_projected_once(
     assert all(jobs[str(event_id)] == 1 for event_id in ids), jobs
 
 
-def assert_dead(event: OutboxEvent, code: str) -> OutboxEvent:
-    """Dead after its own failures, one per attempt, and none of its jobs written."""
-    stored = OutboxEvent.objects.get(pk=event.pk)
-    assert (stored.processed_at, stored.claimed_at) == (None, None)
-    assert (stored.attempts, stored.last_error_code) == (MAX_ATTEMPTS, code), stored.last_error
+def assert_dead(event: OutboxEvent, code: str) -> OutboxEvent | OutboxDelivery:
+    """Dead after its own failures, one per attempt, and none of its jobs written: the event's
+    (poison) subscriber's delivery of it, the event processed; or, for ``relay_crashed``, the
+    event itself."""
     assert not Job.objects.filter(payload__event=str(event.pk)).exists()
-    return stored
+    stored = OutboxEvent.objects.get(pk=event.pk)
+    if code == "relay_crashed":
+        assert (stored.processed_at, stored.claimed_at) == (None, None)
+        assert (stored.attempts, stored.last_error_code) == (MAX_ATTEMPTS, code), stored.last_error
+        return stored
+    assert stored.processed_at is not None
+    assert (stored.attempts, stored.dead_at) == (0, None)
+    delivery = OutboxDelivery.objects.get(event_id=event.pk)
+    assert (delivery.state, delivery.claimed_at) == ("dead", None)
+    assert (delivery.attempts, delivery.last_error_code) == (MAX_ATTEMPTS, code), (
+        delivery.last_error
+    )
+    return delivery
 
 
-def test_a_subscriber_raising_system_exit_fails_its_event_only(start_worker: Any) -> None:
+def test_a_subscriber_raising_system_exit_fails_its_delivery_only(start_worker: Any) -> None:
     innocents, [poison] = publish_batch(("poison.exit", {}))
     worker = relay(start_worker)
     wait_until_dead(poison, worker)
@@ -122,7 +139,7 @@ def test_a_subscriber_raising_system_exit_fails_its_event_only(start_worker: Any
     assert "SystemExit" in (assert_dead(poison, "SystemExit").last_error or "")
 
 
-def test_a_job_dated_past_any_calendar_fails_the_event_that_enqueued_it(
+def test_a_job_dated_past_any_calendar_fails_the_delivery_that_enqueued_it(
     start_worker: Any,
 ) -> None:
     innocents, [poison] = publish_batch(("poison.far_run_at", {}))
@@ -132,7 +149,7 @@ def test_a_job_dated_past_any_calendar_fails_the_event_that_enqueued_it(
     assert "run_at" in (assert_dead(poison, "EnqueueError").last_error or "")
 
 
-def test_a_job_of_priority_2_to_the_40_fails_the_event_that_enqueued_it(
+def test_a_job_of_priority_2_to_the_40_fails_the_delivery_that_enqueued_it(
     start_worker: Any,
 ) -> None:
     innocents, [poison] = publish_batch(("poison.priority", {}))
@@ -173,7 +190,7 @@ def jobs_refusing_unwritable() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("jobs_refusing_unwritable")
-def test_a_job_refused_when_the_batch_is_written_fails_the_event_that_enqueued_it(
+def test_a_job_refused_when_the_batch_is_written_fails_the_delivery_that_enqueued_it(
     start_worker: Any,
 ) -> None:
     innocents, [poison] = publish_batch(("poison.unwritable", {}))
@@ -202,11 +219,12 @@ def test_the_relay_connection_lost_in_the_event_by_event_rerun_retries_the_batch
     assert_dead(raising, "ValueError")
 
 
-def test_a_subscriber_closing_the_relay_connection_fails_its_event_only(
+def test_a_subscriber_closing_the_relay_connection_fails_its_delivery_only(
     start_worker: Any,
 ) -> None:
-    """``close_old_connections()`` in a subscriber ends the batch's transaction: that event's
-    failure is recorded apart, and the rest of the batch is projected again without it."""
+    """``close_old_connections()`` in a subscriber ends the batch's transaction: that
+    subscriber's failed delivery is recorded apart, and the rest of the batch is projected again
+    without it; its retries, run by the relay's delivery runner, fail the same way."""
     innocents, [poison] = publish_batch(("poison.close_connection", {}))
     worker = relay(start_worker)
     wait_until_dead(poison, worker)
