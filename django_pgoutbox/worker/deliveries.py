@@ -129,8 +129,14 @@ class DeliveryRunner:
 
     ``_next`` is when the next claim is due (``time.monotonic()``): at once after a claim that
     took any (the next delivery of each aggregate and subscriber may have become first), or
-    when the relay wrote deliveries that are due; else after the relay's poll interval.
+    when the relay wrote deliveries that are due; else after the relay's poll interval. Never
+    sooner than ``SPACING`` times the last claim's duration after it (``_earliest``): a claim
+    reads every due delivery until it finds its batch, and deliveries waiting behind dead ones
+    are due but never first (100,000 behind 1,000 dead ones made a claim that found nothing take
+    0.9 s), so such a backlog costs the relay at most about a tenth of its time.
     """
+
+    SPACING = 10.0
 
     def __init__(
         self,
@@ -145,6 +151,7 @@ class DeliveryRunner:
         self.using = using
         self.policy = policy
         self._next = 0.0
+        self._earliest = 0.0
         #: The deliveries claimed and not yet run: a turn whose connection was lost runs them
         #: again, rather than leave them claimed until ``CLAIM_SECONDS``.
         self._batch: list[Claimed] = []
@@ -160,12 +167,15 @@ class DeliveryRunner:
         """The relay wrote ``deliveries``: claim when the first of them is due."""
         delays = [d.delay for d in deliveries if not d.dead]
         if delays:
-            self._next = min(self._next, time.monotonic() + min(delays))
+            soonest = max(time.monotonic() + min(delays), self._earliest)
+            self._next = min(self._next, soonest)
 
     def run_once(self) -> int:
         """Claim and run one batch of due deliveries (what is left of the last one, if it
         failed); return how many were claimed."""
+        started = time.monotonic()
         claimed = self._batch = self._batch or self._claim()
+        self._earliest = time.monotonic() + self.SPACING * (time.monotonic() - started)
         together = [c for c in claimed if not c.reclaimed]
         if together:
             self._deliver(together)
@@ -174,7 +184,7 @@ class DeliveryRunner:
             self._deliver([alone])
         self._batch = []
         now = time.monotonic()
-        self._next = now if claimed else now + self.settings.poll_interval
+        self._next = max(now if claimed else now + self.settings.poll_interval, self._earliest)
         return len(claimed)
 
     def _claim(self) -> list[Claimed]:

@@ -1,0 +1,71 @@
+"""When the relay's delivery runner claims: at once after a claim that took deliveries, after
+the poll interval after one that took none, and never sooner than ten times the last claim's
+duration after it, even when the relay writes deliveries that are due at once."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.worker import deliveries, subscribers
+from django_pgoutbox.worker.deliveries import DeliveryRunner
+
+
+def runner(monkeypatch: pytest.MonkeyPatch, *, claim_seconds: float) -> DeliveryRunner:
+    conf = get_settings()
+    made = DeliveryRunner(conf.outbox, relay_id="r", using="default", policy=conf.retry)
+
+    def claim() -> list[Any]:
+        time.sleep(claim_seconds)
+        return []
+
+    monkeypatch.setattr(made, "_claim", claim)
+    return made
+
+
+def waiting(delay: float = 0.0) -> subscribers.Delivery:
+    return subscribers.Delivery(uuid.uuid4(), "s", 1, False, delay, "ValueError", "boom")
+
+
+def test_the_first_claim_is_due_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert runner(monkeypatch, claim_seconds=0).due(time.monotonic())
+
+
+def test_an_empty_claim_waits_for_the_poll_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = runner(monkeypatch, claim_seconds=0)
+    assert made.run_once() == 0
+    wait = made.wait(time.monotonic())
+    assert 0.5 * made.settings.poll_interval < wait <= made.settings.poll_interval
+
+
+def test_deliveries_written_bring_the_claim_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = runner(monkeypatch, claim_seconds=0)
+    made.run_once()
+    made.expect([waiting(0.0)])
+    assert made.wait(time.monotonic()) < 0.05
+    made.run_once()
+    made.expect([subscribers.Delivery(uuid.uuid4(), "s", 1, True, 0.0, "x", "dead")])
+    assert made.wait(time.monotonic()) > 0.5 * made.settings.poll_interval  # dead: not due
+
+
+def test_a_slow_claim_spaces_the_next_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim that took 0.1 s: the next one not before 1 s after it, however due."""
+    made = runner(monkeypatch, claim_seconds=0.1)
+    made.settings = replace(made.settings, poll_interval=0.01)
+    made.run_once()
+    made.expect([waiting(0.0)])
+    assert made.wait(time.monotonic()) > 0.8
+    assert not made.due(time.monotonic())
+
+
+def test_a_claim_error_leaves_the_batch_to_run_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch whose delivery failed to run (its connection lost) is due again at once."""
+    made = runner(monkeypatch, claim_seconds=0)
+    made._batch = ["pending"]  # type: ignore[list-item]
+    assert made.due(time.monotonic() - 1000)
+    assert deliveries.DeliveryRunner.SPACING == 10.0
