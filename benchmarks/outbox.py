@@ -25,7 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import ROOT, percentile, runworkers, setup_django, truncate, write_results
 
 
-def throughput(events: int, aggregates: int, *, three: bool = False) -> dict[str, float]:
+def throughput(
+    events: int, aggregates: int, *, three: bool = False, failing: float = 1.0
+) -> dict[str, float]:
     from django.db import connection, transaction
 
     from django_pgoutbox import publish
@@ -39,7 +41,10 @@ def throughput(events: int, aggregates: int, *, three: bool = False) -> dict[str
                 "tests.to_three" if three else "tests.to_job",
                 aggregate_type="bench",
                 aggregate_id=ids[n % aggregates],
-                payload={"sequence": n // aggregates, "fail": three and n % 100 == 7},
+                payload={
+                    "sequence": n // aggregates,
+                    "fail": three and (n * failing) % 100 < failing,
+                },
             )
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE outbox_events")
@@ -70,7 +75,9 @@ def throughput(events: int, aggregates: int, *, three: bool = False) -> dict[str
         process.wait()
     assert Job.objects.count() == events * (3 if three else 1)
     if three:
-        assert OutboxDelivery.objects.count() == events // 100 + (events % 100 > 7)
+        assert OutboxDelivery.objects.count() == sum(
+            (n * failing) % 100 < failing for n in range(events)
+        )
     return {
         "events": events,
         "aggregates": aggregates,
@@ -126,10 +133,16 @@ def main() -> None:
         action="store_true",
         help="three subscribers per event, one failing 1%% of the events once (throughput only)",
     )
+    parser.add_argument(
+        "--failing",
+        type=float,
+        default=1.0,
+        help="with --three: the percentage of events the third subscriber fails once (1)",
+    )
     args = parser.parse_args()
     setup_django()
-    rate = throughput(args.events, args.aggregates, three=args.three)
-    subscribers = ", 3 subscribers, one failing 1% once" if args.three else ""
+    rate = throughput(args.events, args.aggregates, three=args.three, failing=args.failing)
+    subscribers = f", 3 subscribers, one failing {args.failing:g}% once" if args.three else ""
     print(
         f"{f'project {args.events} events ({args.aggregates} aggregates{subscribers})':<44}"
         f"{rate['events_per_second']:>10,.0f} events/s"

@@ -7,12 +7,13 @@ too, then raises while ``broken`` (a set of sequences) holds the event's sequenc
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -21,7 +22,7 @@ from django_pgoutbox.conf import get_settings
 from django_pgoutbox.maintenance import prune
 from django_pgoutbox.models import Job, OutboxDelivery, OutboxEvent
 from django_pgoutbox.outbox import unregister_subscriber
-from django_pgoutbox.worker.relay import Relay
+from django_pgoutbox.worker.relay import SEGMENT, SEGMENTED_SECONDS, Relay
 
 HEALTHY = "tests.deliveries.healthy"
 FLAKY = "tests.deliveries.flaky"
@@ -254,3 +255,54 @@ class TestPerSubscriber:
             events[2].id: "delivered",
         }
         assert sorted(jobs_by(FLAKY)) == sorted(str(events[n].id) for n in (0, 2))
+
+    def test_failures_in_one_segment_and_in_another_roll_back_only_theirs(
+        self, two_subscribers: None, settings: Any
+    ) -> None:
+        """The second pass runs the batch in segments of ``SEGMENT`` events: two failing events
+        in one segment and one in another, found one after the other, each fail their own
+        delivery, and everything else commits once, with one statement of jobs."""
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "RETRY": {"BASE_DELAY": 60, "JITTER": 0}}
+        count = 3 * SEGMENT
+        failing = {5, 6, 2 * SEGMENT + 1}
+        broken.update(failing)
+        with transaction.atomic():
+            events = [event(n) for n in range(count)]
+        with CaptureQueriesContext(connection) as captured:
+            assert relay().run_once() == count
+        savepoints = [q for q in captured.captured_queries if q["sql"].startswith("SAVEPOINT")]
+        # The second pass, a savepoint per segment run and per subscriber run alone: the first
+        # segment twice (1 + event 5's 2; then 1 + 2 + event 6's 2), the second once, the third
+        # twice (1; then 1 + its failing event's 2). Not one per subscriber of the batch (192).
+        assert len(savepoints) == (1 + 2) + (1 + 2 + 2) + 1 + 1 + (1 + 2)
+        assert all(e.processed_at for e in OutboxEvent.objects.all())
+        assert sorted(jobs_by(HEALTHY)) == sorted(str(e.id) for e in events)
+        assert sorted(jobs_by(FLAKY)) == sorted(
+            str(e.id) for n, e in enumerate(events) if n not in failing
+        )
+        assert set(OutboxDelivery.objects.values_list("event_id", "subscriber", "attempts")) == {
+            (events[n].id, FLAKY, 1) for n in failing
+        }
+
+    def test_after_a_failing_batch_the_next_ones_start_in_segments_for_a_while(
+        self, two_subscribers: None, settings: Any
+    ) -> None:
+        """While a subscriber keeps failing, a first pass without savepoints would fail nearly
+        every batch: for ``SEGMENTED_SECONDS`` after one did, batches start in segments."""
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "RETRY": {"BASE_DELAY": 60, "JITTER": 0}}
+        projecting = relay()
+        broken.add(1)
+        event(1)
+        assert projecting.run_once() == 1
+        assert projecting._segmented_until > time.monotonic() + SEGMENTED_SECONDS - 1
+        event(2)
+        with CaptureQueriesContext(connection) as captured:
+            assert projecting.run_once() == 1
+        sql = [q["sql"] for q in captured.captured_queries]
+        assert sum(q.startswith("SAVEPOINT") for q in sql) == 1  # one segment, run once
+        projecting._segmented_until = 0.0  # the while is over: the fast path again
+        event(3)
+        with CaptureQueriesContext(connection) as captured:
+            assert projecting.run_once() == 1
+        assert not any(q["sql"].startswith("SAVEPOINT") for q in captured.captured_queries)
+        assert sorted(n for (name, _, n) in seen if name == FLAKY) == [1, 1, 2, 3]
