@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -128,8 +129,9 @@ class DeliveryRunner:
     """Claims and runs due deliveries, when asked by the relay's loop (``run_once``).
 
     ``_next`` is when the next claim is due (``time.monotonic()``): at once after a claim that
-    took any (the next delivery of each aggregate and subscriber may have become first), or
-    when the relay wrote deliveries that are due; else after the relay's poll interval. Never
+    took any (the next delivery of each aggregate and subscriber may have become first); when
+    the first delivery known to be due comes due (``_retry_at``: one the relay wrote, or one
+    whose attempt failed here, after its back-off); else after the relay's poll interval. Never
     sooner than ``SPACING`` times the last claim's duration after it (``_earliest``): a claim
     reads every due delivery until it finds its batch, and deliveries waiting behind dead ones
     are due but never first (100,000 behind 1,000 dead ones made a claim that found nothing take
@@ -152,6 +154,7 @@ class DeliveryRunner:
         self.policy = policy
         self._next = 0.0
         self._earliest = 0.0
+        self._retry_at = math.inf
         #: The deliveries claimed and not yet run: a turn whose connection was lost runs them
         #: again, rather than leave them claimed until ``CLAIM_SECONDS``.
         self._batch: list[Claimed] = []
@@ -167,13 +170,15 @@ class DeliveryRunner:
         """The relay wrote ``deliveries``: claim when the first of them is due."""
         delays = [d.delay for d in deliveries if not d.dead]
         if delays:
-            soonest = max(time.monotonic() + min(delays), self._earliest)
-            self._next = min(self._next, soonest)
+            self._retry_at = min(self._retry_at, time.monotonic() + min(delays))
+            self._next = min(self._next, max(self._retry_at, self._earliest))
 
     def run_once(self) -> int:
         """Claim and run one batch of due deliveries (what is left of the last one, if it
         failed); return how many were claimed."""
         started = time.monotonic()
+        if self._retry_at <= started:
+            self._retry_at = math.inf  # this claim sees it
         claimed = self._batch = self._batch or self._claim()
         self._earliest = time.monotonic() + self.SPACING * (time.monotonic() - started)
         together = [c for c in claimed if not c.reclaimed]
@@ -184,7 +189,8 @@ class DeliveryRunner:
             self._deliver([alone])
         self._batch = []
         now = time.monotonic()
-        self._next = max(now if claimed else now + self.settings.poll_interval, self._earliest)
+        soonest = now if claimed else min(now + self.settings.poll_interval, self._retry_at)
+        self._next = max(soonest, self._earliest)
         return len(claimed)
 
     def _claim(self) -> list[Claimed]:
@@ -293,6 +299,7 @@ class DeliveryRunner:
         for finished in failed:
             item = finished.claimed
             self._count_one(item.subscriber, item.event.event_type, finished.outcome.outcome)
+        self.expect([finished.outcome for finished in failed])
 
     def _record(self, cursor: Any, failed: Sequence[Finished]) -> None:
         if not failed:
@@ -316,6 +323,7 @@ class DeliveryRunner:
                 with server_side_cursor(self.using) as cursor:
                     self._record(cursor, [Finished(item, outcome)])
         self._count_one(item.subscriber, item.event.event_type, outcome.outcome)
+        self.expect([outcome])
 
     def _lock(self, items: Sequence[Claimed]) -> set[int]:
         with server_side_cursor(self.using) as cursor:

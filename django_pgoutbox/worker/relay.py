@@ -377,7 +377,8 @@ class Relay:
            ``SEGMENT`` events, each in a savepoint, the failing event's subscribers each in a
            savepoint of its own (so only its failing subscriber's work is undone, and it gets a
            delivery). Another subscriber that raises there rolls back its segment only, which
-           runs again with that event's subscribers in savepoints too.
+           runs again with that event's subscribers in savepoints too; after a second failure
+           in one segment, with all of its events' subscribers in savepoints.
         3. If the jobs of the batch, written together at the end, could not be written (a data
            error), every subscriber again in a savepoint of its own, its jobs written there, so
            that the failing statement is that subscriber's alone.
@@ -447,7 +448,7 @@ class Relay:
         *,
         flush: bool,
     ) -> None:
-        start = 0
+        start, failed_before = 0, False
         while start < len(events):
             segment = events[start : start + SEGMENT]
             mark = jobs.mark()
@@ -459,13 +460,17 @@ class Relay:
                         self._run_event(event, jobs, done, alone=alone, flush=flush)
             except _SubscriberFailed as failed:
                 # Rolled back to the segment's start. Again, with that event's subscribers each
-                # in a savepoint: each turn adds a suspect, so this ends.
+                # in a savepoint; after a second failure in the segment, every event's: so a
+                # segment runs three times at most, however many of its events fail.
                 jobs.discard_from(mark)
                 suspects.add(failed.event_id)
+                if failed_before:
+                    suspects.update(event.id for event in segment)
+                failed_before = True
                 continue
             processed.extend(segment)
             deliveries.extend(done)
-            start += len(segment)
+            start, failed_before = start + len(segment), False
 
     def _run_event(
         self,

@@ -306,3 +306,22 @@ class TestPerSubscriber:
             assert projecting.run_once() == 1
         assert not any(q["sql"].startswith("SAVEPOINT") for q in captured.captured_queries)
         assert sorted(n for (name, _, n) in seen if name == FLAKY) == [1, 1, 2, 3]
+
+    def test_a_segment_failing_again_and_again_runs_three_times_at_most(
+        self, two_subscribers: None, settings: Any
+    ) -> None:
+        """Every event of the first segment fails: found one by one, that segment would run
+        ``SEGMENT`` times; after its second failure, all its events' subscribers run alone."""
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "RETRY": {"BASE_DELAY": 60, "JITTER": 0}}
+        broken.update(range(SEGMENT))
+        with transaction.atomic():
+            events = [event(n) for n in range(2 * SEGMENT)]
+        with CaptureQueriesContext(connection) as captured:
+            assert relay().run_once() == len(events)
+        savepoints = [q for q in captured.captured_queries if q["sql"].startswith("SAVEPOINT")]
+        # Pass 2: the first segment with event 0 alone (fails on event 1), with events 0 and 1
+        # alone (fails on event 2), then with every event alone; the second segment once.
+        assert len(savepoints) == (1 + 2) + (1 + 2 + 2) + (1 + 2 * SEGMENT) + 1
+        assert sorted(jobs_by(HEALTHY)) == sorted(str(e.id) for e in events)
+        assert sorted(jobs_by(FLAKY)) == sorted(str(e.id) for e in events[SEGMENT:])
+        assert OutboxDelivery.objects.filter(subscriber=FLAKY, attempts=1).count() == SEGMENT

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -69,3 +70,25 @@ def test_a_claim_error_leaves_the_batch_to_run_again(monkeypatch: pytest.MonkeyP
     made._batch = ["pending"]  # type: ignore[list-item]
     assert made.due(time.monotonic() - 1000)
     assert deliveries.DeliveryRunner.SPACING == 10.0
+
+
+def test_a_retry_due_before_the_poll_interval_is_not_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A delivery that failed here (or that the relay wrote) with a 0.3 s back-off, then a claim
+    that took others (due again at once) and one that found nothing: the next claim is due when
+    the retry is, not a poll interval later."""
+    made = runner(monkeypatch, claim_seconds=0)
+    made.settings = replace(made.settings, poll_interval=30.0)
+    made.expect([waiting(0.3)])
+    taken = SimpleNamespace(reclaimed=False)
+    monkeypatch.setattr(made, "_claim", lambda: [taken])  # a claim that took one
+    monkeypatch.setattr(made, "_deliver", lambda items: None)
+    made.run_once()
+    assert made.wait(time.monotonic()) < 0.01
+    monkeypatch.setattr(made, "_claim", list)  # nothing due yet
+    made.run_once()
+    assert 0.1 < made.wait(time.monotonic()) <= 0.3
+    time.sleep(made.wait(time.monotonic()))
+    made.run_once()  # it saw the retry: the poll interval again
+    assert made.wait(time.monotonic()) > 20
