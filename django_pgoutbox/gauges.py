@@ -1,14 +1,15 @@
-"""Database gauges: counts by state, oldest due age, outbox lag, the xmin horizon and the
-notification queue, read when asked at a cost that does not grow with the tables: each count
-reads a partial index of live rows and stops at ``EXACT_COUNT``, above which it is the planner's
-estimate (docs/observability.md). And who holds the xmin horizon (``horizon_holder``), with the
-warning the reports give when it has held it too long (``horizon_warnings``)."""
+"""Database gauges: counts by state, oldest due age, outbox lag, the subscribers' undelivered
+deliveries, the xmin horizon and the notification queue, read when asked at a cost that does not
+grow with the tables: each count reads a partial index of live rows and stops at ``EXACT_COUNT``,
+above which it is the planner's estimate (docs/observability.md), or (deliveries) a lower bound.
+And who holds the xmin horizon (``horizon_holder``), with the warning the reports give when it
+has held it too long (``horizon_warnings``)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections, router, transaction
@@ -28,6 +29,10 @@ MAX_PRIORITIES = 100
 #: Queues not configured (since removed from ``PGOUTBOX["QUEUES"]``, or written by hand) that
 #: the gauges count one by one, together as ``unregistered``; past them, that row is estimated.
 MAX_UNREGISTERED_QUEUES = 20
+#: Subscribers not registered (since renamed or removed, or written by hand) whose undelivered
+#: deliveries the gauges read one by one, together as ``unregistered``; past them, that row is a
+#: lower bound.
+MAX_UNREGISTERED_SUBSCRIBERS = 20
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,42 @@ class QueueGauges:
     #: The fields above that are estimates (each count over ``EXACT_COUNT``); the others are
     #: exact.
     estimated: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SubscriberGauges:
+    """One subscriber's undelivered deliveries (``outbox_deliveries``), by state."""
+
+    subscriber: str
+    #: Undelivered, not dead, never failed: written behind an earlier delivery of the aggregate
+    #: (or by a replay), or due to run.
+    waiting: int = 0
+    #: Undelivered, not dead, failed at least once: retried with back-off.
+    failing: int = 0
+    #: Gave up after ``OUTBOX["MAX_ATTEMPTS"]`` (or refused the schema version): each holds back
+    #: this subscriber's later deliveries of its aggregate until re-driven or discarded.
+    dead: int = 0
+    #: Seconds since the event of the oldest waiting or failing delivery occurred (0 when none):
+    #: how far behind this subscriber is.
+    lag: float = 0.0
+    #: Deliveries due for over ``OUTBOX["OVERDUE_SECONDS"]``, first undelivered one of their
+    #: (aggregate, subscriber), that no relay has claimed for as long; and the seconds the
+    #: longest of them has waited untouched (0 when none).
+    abandoned: int = 0
+    abandoned_age: float = 0.0
+    #: The fields above that are lower bounds: each subscriber's first ``EXACT_COUNT``
+    #: undelivered deliveries (oldest written first) are read, no more.
+    estimated: tuple[str, ...] = ()
+
+    @property
+    def undelivered(self) -> int:
+        return self.waiting + self.failing + self.dead
+
+
+#: The fields of ``SubscriberGauges`` that are summed, and those of which the largest is kept,
+#: where several subscribers are reported as one (``unregistered``).
+_DELIVERY_COUNTS = ("waiting", "failing", "dead", "abandoned")
+_DELIVERY_AGES = ("lag", "abandoned_age")
 
 
 @dataclass(frozen=True)
@@ -64,6 +105,9 @@ class DatabaseGauges:
     #: come before the first available one) or a lower bound (``outbox_abandoned``, looked for
     #: among the first ``EXACT_COUNT`` waiting events, the dead ones stepped over).
     estimated: tuple[str, ...] = ()
+    #: The subscribers' undelivered deliveries, by subscriber: every registered subscriber (with
+    #: zeros when it has none), then ``unregistered`` for the others' when they have any.
+    deliveries: dict[str, SubscriberGauges] = field(default_factory=dict)
 
 
 _STATUSES = ("pending", "scheduled", "leased", "retrying", "dead")
@@ -274,6 +318,7 @@ def database_gauges(using: str | None = None) -> DatabaseGauges:
             lag = lag_bound
         if dead >= limit or unprocessed >= limit + dead:
             outbox_estimated.append("outbox_abandoned")
+        deliveries = _read_deliveries(cursor)
         estimates.run(cursor)
         transaction.set_rollback(True, using=alias)
     order = (*_STATUSES, "oldest_pending_age")
@@ -302,6 +347,80 @@ def database_gauges(using: str | None = None) -> DatabaseGauges:
         outbox_abandoned=int(abandoned),
         outbox_abandoned_age=float(abandoned_age or 0.0),
         estimated=tuple(outbox_estimated),
+        deliveries=deliveries,
+    )
+
+
+def delivery_gauges(using: str | None = None) -> dict[str, SubscriberGauges]:
+    """The subscribers' undelivered deliveries alone (``DatabaseGauges.deliveries``): one
+    statement, ``queries.DELIVERY_GAUGES``, whatever the table holds."""
+    from django_pgoutbox.models import Job
+
+    alias = using or router.db_for_write(Job)
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(queries.GAUGES_PLAN)
+        deliveries = _read_deliveries(cursor)
+        transaction.set_rollback(True, using=alias)
+    return deliveries
+
+
+def _read_deliveries(cursor: Any) -> dict[str, SubscriberGauges]:
+    """DELIVERY_GAUGES, on the gauges' cursor (after GAUGES_PLAN): every registered subscriber,
+    then the others' deliveries together as ``unregistered``."""
+    from django_pgoutbox.outbox import subscriber_names
+
+    registered = subscriber_names()
+    limit = EXACT_COUNT + 1
+    cursor.execute(
+        queries.DELIVERY_GAUGES,
+        {
+            "subscribers": registered,
+            "limit": limit,
+            "overdue": get_settings().outbox.overdue_seconds,
+            "probes": len(registered) + MAX_UNREGISTERED_SUBSCRIBERS + 1,
+            "unregistered": MAX_UNREGISTERED_SUBSCRIBERS,
+        },
+    )
+    every = (*_DELIVERY_COUNTS, *_DELIVERY_AGES)
+    by_name: dict[str, SubscriberGauges] = {}
+    others: list[SubscriberGauges] = []
+    more = 0
+    rows = cursor.fetchall()
+    for name, is_registered, waiting, failing, dead, lag, abandoned, age, beyond in rows:
+        read = SubscriberGauges(
+            subscriber=name if is_registered else UNREGISTERED,
+            waiting=int(waiting),
+            failing=int(failing),
+            dead=int(dead),
+            lag=float(lag or 0.0),
+            abandoned=int(abandoned),
+            abandoned_age=float(age or 0.0),
+            # A read that reached its limit saw the first ones only.
+            estimated=every if waiting + failing + dead >= limit else (),
+        )
+        more = max(more, int(beyond))
+        if is_registered:
+            by_name[name] = read
+        else:
+            others.append(read)
+    if others or more > 0:
+        if more > 0:  # more such subscribers than read one by one
+            others.append(SubscriberGauges(UNREGISTERED, estimated=every))
+        if UNREGISTERED in by_name:  # a registered subscriber of that name
+            others.append(by_name[UNREGISTERED])
+        by_name[UNREGISTERED] = _summed(others)
+    return by_name
+
+
+def _summed(parts: list[SubscriberGauges]) -> SubscriberGauges:
+    """Several subscribers' deliveries as one ``unregistered`` row: counts added, the largest
+    ages kept."""
+    estimated = {name for part in parts for name in part.estimated}
+    return SubscriberGauges(
+        subscriber=UNREGISTERED,
+        **{name: sum(getattr(part, name) for part in parts) for name in _DELIVERY_COUNTS},
+        **{name: max(getattr(part, name) for part in parts) for name in _DELIVERY_AGES},
+        estimated=tuple(name for name in (*_DELIVERY_COUNTS, *_DELIVERY_AGES) if name in estimated),
     )
 
 
@@ -460,6 +579,35 @@ def abandoned_warnings(abandoned: AbandonedEvents) -> list[str]:
         "(runworkers' role relay), and keeping up? (docs/outbox.md, 'Failing, dead, held back, "
         "abandoned')"
     ]
+
+
+def delivery_warnings(deliveries: dict[str, SubscriberGauges]) -> list[str]:
+    """The warnings about the subscribers' deliveries: one per subscriber with dead deliveries,
+    one per subscriber with abandoned ones."""
+    overdue = get_settings().outbox.overdue_seconds
+    warnings = []
+    for name, gauges in deliveries.items():
+        who = (
+            "subscribers that no process here registers"
+            if name == UNREGISTERED
+            else f"subscriber {name!r}"
+        )
+        if gauges.dead:
+            many = "at least " if "dead" in gauges.estimated else ""
+            warnings.append(
+                f"{who}: {many}{gauges.dead} dead outbox delivery(ies): each holds back this "
+                "subscriber's later deliveries of its aggregate until an operator re-drives or "
+                "discards it (docs/outbox.md)"
+            )
+        if gauges.abandoned:
+            many = "at least " if "abandoned" in gauges.estimated else ""
+            warnings.append(
+                f"{who}: {many}{gauges.abandoned} outbox delivery(ies) due for over "
+                f"PGOUTBOX['OUTBOX']['OVERDUE_SECONDS'] ({overdue:g}s) that no relay has claimed "
+                f"(the oldest untouched for {gauges.abandoned_age:.0f}s): is a relay running "
+                "(runworkers' role relay), and keeping up? (docs/outbox.md)"
+            )
+    return warnings
 
 
 def horizon_warnings(holder: HorizonHolder | None) -> list[str]:

@@ -240,6 +240,12 @@ def subscribed_event_types() -> list[str]:
     return sorted(_subscribers)
 
 
+def subscriber_names() -> list[str]:
+    """The names of the registered subscribers, sorted: what the delivery gauges report by name
+    (any other name a delivery carries is counted as ``unregistered``)."""
+    return sorted({s.name for registered in _subscribers.values() for s in registered})
+
+
 def has_subscribers(event_type: str) -> bool:
     """Whether a ``@subscriber`` projects ``event_type``."""
     return event_type in _subscribers

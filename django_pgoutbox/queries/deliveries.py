@@ -46,6 +46,23 @@ def waiting_subscribers(alias: str) -> str:
        )"""
 
 
+def heads_its_subscriber_aggregate(alias: str) -> str:
+    """The condition that the delivery ``alias`` is the first undelivered one of its (aggregate,
+    subscriber), in ``(occurred_at, event_id)`` order: one probe of ``outbox_deliveries_order_idx``.
+    CLAIM_DELIVERIES claims only such deliveries (this text, with ``d``); the gauges call one
+    abandoned by the same rule."""
+    return f"""{alias}.id = (
+          SELECT head.id
+          FROM outbox_deliveries AS head
+          WHERE head.aggregate_type = {alias}.aggregate_type
+            AND head.aggregate_id = {alias}.aggregate_id
+            AND head.subscriber = {alias}.subscriber
+            AND head.delivered_at IS NULL
+          ORDER BY head.occurred_at, head.event_id
+          LIMIT 1
+      )"""
+
+
 #: Write deliveries of projected events, in the relay's transaction that marks them processed.
 #:
 #: Named parameters (binary): ids uuid[] (events), subscribers text[], attempts int[], delays
