@@ -2,17 +2,17 @@
 
 In-process metrics are recorded by the workers, the relay and the scheduler of this process and
 are cumulative for its life. Database gauges (counts by state, oldest pending age, outbox lag,
-the xmin horizon, the notification queue) are read from the database when asked
-(``django_pgoutbox.gauges``), by queries that only touch partial indexes of live rows, never a
-``COUNT(*)`` of the finished ones.
+the subscribers' undelivered deliveries, the xmin horizon, the notification queue) are read from
+the database when asked (``django_pgoutbox.gauges``), by queries that only touch partial indexes
+of live rows, never a ``COUNT(*)`` of the finished ones.
 
-Labels are only ever queue, job type, event type, schedule, outcome, status or role: never an
-organization id or a payload value. And a label's value is only ever a name the code or the
-settings declare (``label_value``): a configured queue, a registered job type, an event type with
-a subscriber; any other value that a row carries is ``unregistered``, and every value is cut to
-``MAX_LABEL_LENGTH`` characters, so that the number of series and the size of each stay bounded
-by the code, whatever the tables hold. ``django_pgoutbox.prometheus`` exposes all of it to
-Prometheus.
+Labels are only ever queue, job type, event type, subscriber, schedule, outcome, status, state or
+role: never an organization id or a payload value. And a label's value is only ever a name the
+code or the settings declare (``label_value``): a configured queue, a registered job type, an
+event type with a subscriber, a registered subscriber; any other value that a row carries is
+``unregistered``, and every value is cut to ``MAX_LABEL_LENGTH`` characters, so that the number of
+series and the size of each stay bounded by the code, whatever the tables hold.
+``django_pgoutbox.prometheus`` exposes all of it to Prometheus.
 """
 
 from __future__ import annotations
@@ -74,11 +74,18 @@ def _subscribed_event_type(value: str) -> bool:
     return has_subscribers(value)
 
 
+def _registered_subscriber(value: str) -> bool:
+    from django_pgoutbox.outbox import subscriber_names
+
+    return value in subscriber_names()
+
+
 #: The labels whose values come from rows, and what makes a value declared.
 _DECLARED: dict[str, Callable[[str], bool]] = {
     "queue": _configured_queue,
     "job_type": _registered_job_type,
     "event_type": _subscribed_event_type,
+    "subscriber": _registered_subscriber,
 }
 
 
@@ -90,8 +97,8 @@ def register_label_value(label: str, value: str) -> None:
 
 def label_value(label: str, value: object) -> str:
     """What a metric shows for ``value`` of its label ``label``: the value itself if the code
-    or the settings declare it (for ``queue``, ``job_type`` and ``event_type``, which rows
-    carry), else ``unregistered``; cut to ``MAX_LABEL_LENGTH`` characters.
+    or the settings declare it (for ``queue``, ``job_type``, ``event_type`` and ``subscriber``,
+    which rows carry), else ``unregistered``; cut to ``MAX_LABEL_LENGTH`` characters.
 
     Every metric of this module passes its label values through here.
     """

@@ -107,6 +107,7 @@ class DatabaseCollector(Collector):
             "High-watermark lag: age of the oldest available, unprojected event.",
             value=gauges.outbox_lag,
         )
+        yield from _delivery_families(gauges.deliveries)
         yield GaugeMetricFamily(
             "pgoutbox_oldest_transaction_age_seconds",
             "Age of the oldest open transaction of this database: the xmin horizon that "
@@ -118,6 +119,51 @@ class DatabaseCollector(Collector):
             "pg_notification_queue_usage(): the fraction of the NOTIFY queue in use.",
             value=gauges.notification_queue_usage,
         )
+
+
+#: The states of an undelivered delivery, as ``pgoutbox_outbox_deliveries`` labels them: each
+#: delivery is in one of them.
+DELIVERY_STATES = ("waiting", "failing", "dead")
+
+
+def _delivery_families(
+    deliveries: dict[str, db_gauges.SubscriberGauges],
+) -> Iterator[GaugeMetricFamily]:
+    """The subscribers' undelivered deliveries: registered subscribers by name (zeros when they
+    have none, so that their series go on), every other name as ``unregistered``."""
+    counts = GaugeMetricFamily(
+        "pgoutbox_outbox_deliveries_undelivered",
+        "Undelivered deliveries of outbox events, by subscriber and state: waiting (behind an "
+        "earlier delivery of the aggregate, or due), failing (retried with back-off), dead "
+        "(holds back the subscriber's later deliveries of its aggregate). Read up to "
+        f"{db_gauges.EXACT_COUNT} per subscriber: above, at least.",
+        labels=["subscriber", "state"],
+    )
+    abandoned = GaugeMetricFamily(
+        "pgoutbox_outbox_deliveries_abandoned",
+        "Deliveries due for over OUTBOX['OVERDUE_SECONDS'] that no relay has claimed, first "
+        "undelivered one of their aggregate for their subscriber (not dead, not held back).",
+        labels=["subscriber"],
+    )
+    lag = GaugeMetricFamily(
+        "pgoutbox_outbox_delivery_lag_seconds",
+        "Seconds since the event of the subscriber's oldest undelivered, not dead delivery "
+        "occurred (0 when none).",
+        labels=["subscriber"],
+    )
+    # Two registered names cut to the same label value would be one series, added up (never in
+    # practice: the cut keeps a digest of the whole).
+    by_label: dict[str, list[db_gauges.SubscriberGauges]] = {}
+    for name, each in deliveries.items():
+        by_label.setdefault(metrics.label_value("subscriber", name), []).append(each)
+    for label, parts in by_label.items():
+        for state in DELIVERY_STATES:
+            counts.add_metric([label, state], sum(getattr(part, state) for part in parts))
+        abandoned.add_metric([label], sum(part.abandoned for part in parts))
+        lag.add_metric([label], max(part.lag for part in parts))
+    yield counts
+    yield abandoned
+    yield lag
 
 
 def process_registry() -> CollectorRegistry:
