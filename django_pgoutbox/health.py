@@ -11,7 +11,10 @@ The report also says who holds the database's xmin horizon, with a warning past
 draining, only slower; restarting them would release nothing. And it counts the outbox events
 that no relay has touched for ``OUTBOX["OVERDUE_SECONDS"]`` though they are due (abandoned), with
 a warning: a relay that is alive but far behind leaves them too, and restarting it would not
-catch up sooner.
+catch up sooner. And, per subscriber, its undelivered deliveries of outbox events, with a
+warning for the dead ones (each holds back that subscriber's later deliveries of its aggregate,
+until an operator acts) and for the abandoned ones; warnings only: the other subscribers, and
+the workers, go on.
 """
 
 from __future__ import annotations
@@ -169,8 +172,12 @@ class HealthReport:
     horizon: gauges.HorizonHolder | None = None
     #: Outbox events that no relay has touched for ``OUTBOX["OVERDUE_SECONDS"]``, or None.
     abandoned_events: gauges.AbandonedEvents | None = None
+    #: The subscribers' undelivered deliveries, by subscriber (``gauges.SubscriberGauges``), or
+    #: None.
+    deliveries: dict[str, gauges.SubscriberGauges] | None = None
     #: What an operator should look at, which does not make the report unhealthy: the horizon
-    #: held past ``PGOUTBOX["HORIZON_WARNING_SECONDS"]``, abandoned outbox events.
+    #: held past ``PGOUTBOX["HORIZON_WARNING_SECONDS"]``, abandoned outbox events, dead and
+    #: abandoned deliveries.
     warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -182,6 +189,11 @@ class HealthReport:
             "horizon": None if self.horizon is None else asdict(self.horizon),
             "abandoned_events": (
                 None if self.abandoned_events is None else asdict(self.abandoned_events)
+            ),
+            "deliveries": (
+                None
+                if self.deliveries is None
+                else {name: asdict(each) for name, each in self.deliveries.items()}
             ),
             "warnings": self.warnings,
         }
@@ -234,6 +246,7 @@ def health_report(
     roles_ok = {role: role in seen for role in require}
     holder = gauges.horizon_holder(alias)
     abandoned = gauges.abandoned_events(alias)
+    deliveries = gauges.delivery_gauges(alias)
     return HealthReport(
         healthy=all(roles_ok.values()) and not stuck,
         roles=roles_ok,
@@ -241,5 +254,10 @@ def health_report(
         stuck_queues=sorted(stuck),
         horizon=holder,
         abandoned_events=abandoned,
-        warnings=gauges.horizon_warnings(holder) + gauges.abandoned_warnings(abandoned),
+        deliveries=deliveries,
+        warnings=(
+            gauges.horizon_warnings(holder)
+            + gauges.abandoned_warnings(abandoned)
+            + gauges.delivery_warnings(deliveries)
+        ),
     )
