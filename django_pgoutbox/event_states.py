@@ -6,6 +6,10 @@ back-off), *held back* (an earlier unprocessed event of its aggregate comes firs
 projects an aggregate's events in order), *abandoned* (due, heading its aggregate, and touched
 by no relay for ``OUTBOX["OVERDUE_SECONDS"]``: no relay runs, or none keeps up). The gauges count
 the abandoned ones with ``queries.ABANDONED_EVENTS``, the same rule.
+
+A processed event is *delivering* while a subscriber's delivery of it is undelivered (that
+subscriber failed, or waits behind an earlier delivery of the aggregate: ``outbox_deliveries``),
+and *processed* once none is.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from django_pgoutbox.conf import get_settings
-from django_pgoutbox.models import OutboxEvent
+from django_pgoutbox.models import OutboxDelivery, OutboxEvent
 
 
 def earlier_waiting() -> Exists:
@@ -31,6 +35,11 @@ def earlier_waiting() -> Exists:
         | Q(occurred_at=OuterRef("occurred_at"), id__lt=OuterRef("id"))
     )
     return Exists(earlier)
+
+
+def undelivered() -> Exists:
+    """A subscriber's undelivered delivery of the event (dead or not)."""
+    return Exists(OutboxDelivery.objects.filter(event=OuterRef("pk"), delivered_at__isnull=True))
 
 
 def _waiting() -> Q:
@@ -54,5 +63,6 @@ EVENT_STATES: dict[str, Callable[[], Q]] = {
     "held_back": lambda: _waiting() & Q(earlier_waiting()),
     "abandoned": _abandoned,
     "dead": lambda: Q(processed_at__isnull=True, dead_at__isnull=False),
-    "processed": lambda: Q(processed_at__isnull=False),
+    "delivering": lambda: Q(processed_at__isnull=False) & Q(undelivered()),
+    "processed": lambda: Q(processed_at__isnull=False) & ~Q(undelivered()),
 }

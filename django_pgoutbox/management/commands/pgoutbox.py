@@ -59,7 +59,7 @@ EVENT_COLUMNS = [
 ]
 
 #: ``events list --state``: the admin's states but pending and processed.
-LISTED_EVENT_STATES = ("dead", "failing", "held_back", "abandoned")
+LISTED_EVENT_STATES = ("dead", "failing", "held_back", "abandoned", "delivering")
 
 #: ``deadletters list``: the error summary is cut (``deadletters show ID`` prints it whole).
 DEAD_LETTER_COLUMNS = [
