@@ -31,7 +31,17 @@ from django_pgoutbox.worker.relay import Relay
 from tests.conftest import drain
 from tests.processes import holds_for, scaled, wait_for
 
-ALLOWED_LABELS = {"queue", "job_type", "outcome", "status", "role", "event_type", "schedule"}
+ALLOWED_LABELS = {
+    "queue",
+    "job_type",
+    "outcome",
+    "status",
+    "role",
+    "event_type",
+    "schedule",
+    "subscriber",
+    "state",
+}
 
 
 def gauges() -> db_gauges.DatabaseGauges:
