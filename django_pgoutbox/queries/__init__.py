@@ -47,6 +47,7 @@ from django_pgoutbox.queries.claims import (
 )
 from django_pgoutbox.queries.deliveries import (
     CLAIM_DELIVERIES,
+    DELIVERY_SUBSCRIBERS,
     DISCARD_DEAD_DELIVERIES,
     LOCK_CLAIMED_DELIVERIES,
     MARK_DELIVERED,
@@ -145,6 +146,7 @@ __all__ = [
     "COPY_JOBS_NOW",
     "DATABASE_NOW",
     "DELIVERY_GAUGES",
+    "DELIVERY_SUBSCRIBERS",
     "DISCARD_DEAD_DELIVERIES",
     "DISCARD_DEAD_EVENTS",
     "DISPATCHED",

@@ -226,25 +226,62 @@ WHERE id = ANY(%s::bigint[]) AND dead_at IS NOT NULL AND delivered_at IS NULL
 
 #: Give a subscriber the events it never saw: one waiting delivery per event of the given types
 #: that occurred at or after ``since`` and was processed without that subscriber (no delivery of
-#: it yet), in event order.
+#: it yet), in event order, at most ``limit`` events past ``(after_at, after_id)`` a statement.
+#: A discarded event (processed, its ``dead_at`` kept) is no fact that any subscriber saw: left
+#: out.
 #:
 #: Named parameters: subscriber text, event_types text[], since timestamptz, until timestamptz
-#: (NULL: no bound), limit int. Returns how many it wrote.
+#: (NULL: no bound), after_at timestamptz and after_id uuid (NULL: from ``since``; else the last
+#: row of the previous batch), limit int. Returns one row, (written, last occurred_at, last id),
+#: the last of the events read, whether written or not; no row when none was left to read.
+#:
+#: An event that has a delivery of that subscriber already (a replay that ran before, a failure)
+#: is read and left as it is: the keyset moves past it, so that a batch of such events does not
+#: stop the replay, nor does the next batch read the same events again.
 REPLAY_EVENTS = """
-WITH written AS (
+WITH chosen AS MATERIALIZED (
+    SELECT e.id, e.aggregate_type, e.aggregate_id, e.occurred_at
+    FROM outbox_events AS e
+    WHERE e.event_type = ANY(%(event_types)s::text[])
+      AND e.occurred_at >= %(since)s::timestamptz
+      AND (%(until)s::timestamptz IS NULL OR e.occurred_at < %(until)s::timestamptz)
+      AND (%(after_at)s::timestamptz IS NULL
+           OR (e.occurred_at, e.id) > (%(after_at)s::timestamptz, %(after_id)s::uuid))
+      AND e.processed_at IS NOT NULL
+      AND e.dead_at IS NULL
+    ORDER BY e.occurred_at, e.id
+    LIMIT %(limit)s
+),
+written AS (
     INSERT INTO outbox_deliveries (
         event_id, subscriber, aggregate_type, aggregate_id, occurred_at, attempts
     )
-    SELECT e.id, %(subscriber)s, e.aggregate_type, e.aggregate_id, e.occurred_at, 0
-    FROM outbox_events AS e
-    WHERE e.event_type = ANY(%(event_types)s::text[])
-      AND e.occurred_at >= %(since)s
-      AND (%(until)s::timestamptz IS NULL OR e.occurred_at < %(until)s::timestamptz)
-      AND e.processed_at IS NOT NULL
-    ORDER BY e.occurred_at, e.id
-    LIMIT %(limit)s
+    SELECT c.id, %(subscriber)s, c.aggregate_type, c.aggregate_id, c.occurred_at, 0
+    FROM chosen AS c
+    ORDER BY c.occurred_at, c.id
     ON CONFLICT (event_id, subscriber) DO NOTHING
     RETURNING 1
 )
-SELECT count(*) FROM written
+SELECT (SELECT count(*) FROM written), last.occurred_at, last.id
+FROM (SELECT occurred_at, id FROM chosen ORDER BY occurred_at DESC, id DESC LIMIT 1) AS last
+"""
+
+#: The subscribers that have undelivered deliveries, in order, at most ``%s`` of them: a loose
+#: scan of ``outbox_deliveries_sub_idx``, one index descent per subscriber (the admin's filter).
+DELIVERY_SUBSCRIBERS = """
+WITH RECURSIVE subscribers (subscriber) AS (
+    (SELECT subscriber FROM outbox_deliveries
+     WHERE delivered_at IS NULL
+     ORDER BY subscriber LIMIT 1)
+    UNION ALL
+    SELECT (
+        SELECT d.subscriber FROM outbox_deliveries AS d
+        WHERE d.delivered_at IS NULL AND d.subscriber > subscribers.subscriber
+        ORDER BY d.subscriber
+        LIMIT 1
+    )
+    FROM subscribers
+    WHERE subscribers.subscriber IS NOT NULL
+)
+SELECT subscriber FROM subscribers WHERE subscriber IS NOT NULL LIMIT %s
 """
