@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import math
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.core.management.base import CommandError
 from django.utils import timezone
+
+from django_pgoutbox.validation import FIRST_MOMENT, LAST_MOMENT
 
 
 def seconds(value: str) -> float:
@@ -45,6 +47,22 @@ def identifier(value: str, what: str = "a job id") -> uuid.UUID:
         raise CommandError(f"{value!r} is not {what} (a UUID)") from None
 
 
+#: The largest bigint: ids of ``bigserial`` columns (deliveries) are at most this.
+BIGINT_MAX = 2**63 - 1
+
+
+def row_number(value: str, what: str) -> int:
+    """A bigint id (a delivery's): a positive integer, written in decimal digits."""
+    digits = value.strip()
+    if not digits.isascii() or not digits.isdigit() or len(digits) > 19:
+        shown = value if len(value) < 30 else value[:27] + "..."
+        raise CommandError(f"{shown!r} is not {what} (a positive integer)")
+    number = int(digits)
+    if not 1 <= number <= BIGINT_MAX:
+        raise CommandError(f"{value!r} is not {what} (a positive integer)")
+    return number
+
+
 def text(value: str) -> str:
     """A filter's text: PostgreSQL's text holds no NUL (the query would fail, a traceback)."""
     if "\x00" in value:
@@ -69,6 +87,32 @@ def age(value: str) -> float:
     if not math.isfinite(number) or not 0 <= number <= 100 * 365 * 86400:
         raise argparse.ArgumentTypeError(f"must be from 0 seconds to 100 years, not {value!r}")
     return number
+
+
+def moment(value: str) -> datetime:
+    """A moment: an ISO 8601 date or time (``2026-12-01``, ``2026-12-01T08:30:00+01:00``), in UTC
+    unless it gives its offset, as the columns headed "(UTC)" show times; or an age with its
+    unit (``90m``, ``12h``, ``7d``: that long ago). A bare number is neither: refused."""
+    shown = value if len(value) < 40 else value[:37] + "..."
+    cleaned = value.strip()
+    if cleaned[-1:].lower() in _UNITS and cleaned[:-1].strip():
+        seconds_ago = age(cleaned)  # the usage error of an age: "-1d", "nand"
+        return datetime.now(UTC) - timedelta(seconds=seconds_ago)
+    try:
+        parsed = datetime.fromisoformat(cleaned)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is not a time: an ISO 8601 date or time (2026-12-01, "
+            "2026-12-01T08:30:00Z; UTC unless it gives its offset), or an age with its unit "
+            "(90m, 12h, 7d)"
+        ) from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    if not FIRST_MOMENT <= parsed <= LAST_MOMENT:
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is outside {FIRST_MOMENT.date()} to {LAST_MOMENT.date()} (UTC)"
+        )
+    return parsed
 
 
 def utc(value: datetime) -> str:

@@ -31,8 +31,8 @@ seen: list[tuple[str, int]] = []
 broken: set[int] = set()
 
 
-@pytest.fixture
-def two_subscribers(registry: None) -> None:
+def register_two() -> None:
+    """Register ``first`` and ``second``, forget what they saw (call under ``registry``)."""
     seen.clear()
     broken.clear()
 
@@ -45,6 +45,11 @@ def two_subscribers(registry: None) -> None:
     @subscriber(TYPE, name=SECOND)
     def second(event: OutboxEvent) -> None:
         seen.append((SECOND, event.payload["n"]))
+
+
+@pytest.fixture
+def two_subscribers(registry: None) -> None:
+    register_two()
 
 
 def add_late_subscriber() -> None:

@@ -63,6 +63,12 @@ def test_runworkers_rejects_bad_arguments(args: list[str], message: str) -> None
             "must be from 1 to 10,000",
         ),
         (["--database", "nope", "stats"], "--database 'nope' is not in DATABASES"),
+        (["deliveries", "redrive", "--all", "--dead-for", "\x00"], r"'\\x00' is not an age"),
+        (["deliveries", "discard", "--all", "--dead-for", "-5"], "100 years, not '-5'"),
+        (["deliveries", "list", "--limit", "0"], "must be from 1 to 10,000, not 0"),
+        (["deliveries", "list", "--subscriber", "a\x00"], "a NUL byte matches nothing"),
+        (["outbox", "replay", "--subscriber", "x", "--since", "soon"], "'soon' is not a time"),
+        (["outbox", "replay", "--since", "1d"], "arguments are required: --subscriber"),
     ],
 )
 def test_pgoutbox_rejects_bad_arguments(args: list[str], message: str) -> None:

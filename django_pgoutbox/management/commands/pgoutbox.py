@@ -10,6 +10,8 @@ pgoutbox deadletters discard ID... | --all [filters]  cancelled: never run again
 pgoutbox events list [--state dead|failing|held_back|abandoned] [--event-type T] [--limit N]
 pgoutbox events redrive ID... | --all [--event-type T] [--dead-for AGE] [--yes]
 pgoutbox events discard ID... | --all [--event-type T] [--dead-for AGE] [--yes]
+pgoutbox deliveries list|redrive|discard   a subscriber's deliveries, as events (deliveries.py)
+pgoutbox outbox replay --subscriber S --since WHEN [--until WHEN] [--yes]
 pgoutbox schedules                   every schedule with its last and next slot
 pgoutbox run-schedule NAME           enqueue a schedule's job now
 pgoutbox recover-leases              return expired leases to their queue (or dead letters)
@@ -41,7 +43,7 @@ from django_pgoutbox.health import (
     parse_max_age,
     parse_roles,
 )
-from django_pgoutbox.management import arguments, table
+from django_pgoutbox.management import arguments, deliveries, table
 from django_pgoutbox.models import Job
 from django_pgoutbox.schedules import load_schedules
 
@@ -164,6 +166,7 @@ class Command(BaseCommand):
             command.add_argument(
                 "--yes", action="store_true", help="Do not ask before acting on --all."
             )
+        deliveries.add_parsers(sub)
         show = dead_actions.add_parser("show", help="One dead job in full.")
         show.add_argument("id")
         cancel = sub.add_parser(
@@ -198,6 +201,10 @@ class Command(BaseCommand):
             self._deadletters(using, options)
         elif action == "events":
             self._events(using, options)
+        elif action == "deliveries":
+            deliveries.handle_deliveries(using, options, self.stdout.write, self._confirm)
+        elif action == "outbox":
+            deliveries.handle_outbox(using, options, self.stdout.write, self._confirm)
         elif action == "cancel":
             ids = [arguments.identifier(value) for value in options["ids"]]
             states = control.cancel_jobs(ids, using=using, by="pgoutbox cancel")
