@@ -23,6 +23,9 @@ MAX_DEPTH = 500
 #: 2704". An entry holds the indexed columns of its row, compressed only when they compress.
 BTREE_MAX_ENTRY_BYTES = 2704
 
+#: The largest bigint (a ``bigserial`` id: a delivery's).
+BIGINT_MAX = 2**63 - 1
+
 #: Job types, event types and aggregate types, in bytes of UTF-8. ``jobs_idempotency_uq`` holds
 #: the job type, ``outbox_aggregate_pending_idx`` the aggregate type; a name is a name, not data.
 MAX_NAME_BYTES = 255

@@ -3,8 +3,9 @@
 - Dead letters (jobs): filters by queue, job type and error code; search by id or idempotency
   key; pretty-printed payload; actions retry now, cancel and delete, each confirmed and logged.
 - Jobs: every job, with an action that cancels them (running ones are asked to stop).
-- Jobs, outbox events (with re-drive and discard for dead events), schedules (with "run now"),
-  inbox messages (filtered by source, searched by message id): read-only changelists.
+- Jobs, outbox events (with re-drive and discard for dead events, and each event's deliveries on
+  its page), outbox deliveries (with re-drive and discard for dead ones), schedules (with "run
+  now"), inbox messages (filtered by source, searched by message id): read-only changelists.
 - An overview page (``admin/pgoutbox/job/overview/``): per queue, counts by state, oldest due age
   and a link to its dead letters; outbox lag; who holds the xmin horizon (with its last query:
   the page is for those who may view jobs); schedules due.
@@ -31,6 +32,7 @@ Every page is bounded by what it reads, whatever its query string says:
 from __future__ import annotations
 
 from django_pgoutbox.admin.common import EstimatedCountPaginator
+from django_pgoutbox.admin.deliveries import OutboxDeliveryAdmin
 from django_pgoutbox.admin.events import OutboxEventAdmin, ScheduleAdmin
 from django_pgoutbox.admin.inbox import InboxMessageAdmin
 from django_pgoutbox.admin.jobs import DeadLetterAdmin, JobAdmin
@@ -40,6 +42,7 @@ __all__ = [
     "EstimatedCountPaginator",
     "InboxMessageAdmin",
     "JobAdmin",
+    "OutboxDeliveryAdmin",
     "OutboxEventAdmin",
     "ScheduleAdmin",
 ]

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django_pgoutbox import control, scheduler
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.common import ReadOnlyAdmin, json_preview
+from django_pgoutbox.admin.deliveries import DeliveryInline
 from django_pgoutbox.admin.filters import DeadForFilter, EventStateFilter, EventTypeFilter
 from django_pgoutbox.models import (
     OutboxEvent,
@@ -50,6 +51,7 @@ class OutboxEventAdmin(ReadOnlyAdmin):
     readonly_fields = ("pretty_payload",)
     exclude = ("payload",)
     actions = ("redrive", "discard")
+    inlines = (DeliveryInline,)
 
     @admin.display(description="payload")
     def pretty_payload(self, obj: OutboxEvent) -> str:

@@ -1,6 +1,7 @@
 """The changelists' filters: names the app knows (configured queues, registered job types,
-subscribers' event types, a bounded sample of dead letters, the inbox's sources read one index
-descent each), never ``SELECT DISTINCT`` over rows."""
+subscribers' event types and names, a bounded sample of dead letters, the inbox's sources and
+the subscribers of undelivered deliveries read one index descent each), never ``SELECT
+DISTINCT`` over rows."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from django.utils import timezone
 from django_pgoutbox import outbox, queries
 from django_pgoutbox.admin.common import SAMPLE
 from django_pgoutbox.conf import get_settings
+from django_pgoutbox.delivery_states import DELIVERY_STATES
 from django_pgoutbox.event_states import EVENT_STATES
 from django_pgoutbox.models import (
     JobStatus,
@@ -181,3 +183,55 @@ class DeadForFilter(admin.SimpleListFilter):
         # Dead ones only (a discarded event keeps its ``dead_at``): through ``outbox_dead_idx``,
         # not a scan of every event.
         return queryset.filter(EVENT_STATES["dead"](), dead_at__lte=timezone.now() - age[1])
+
+
+# -- deliveries ------------------------------------------------------------------------------
+
+
+def delivery_subscribers(alias: str) -> list[str]:
+    """The subscribers of undelivered deliveries, in order, at most ``MAX_SOURCES`` of them."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.DELIVERY_SUBSCRIBERS, [MAX_SOURCES])
+        return [name for (name,) in cursor.fetchall()]
+
+
+class SubscriberFilter(_NamesFilter):
+    """The subscribers this process registers, and those of undelivered deliveries (one that no
+    code registers any more among them), read one index descent each: at most ``MAX_SOURCES``."""
+
+    title = "subscriber"
+    parameter_name = field = "subscriber"
+
+    def names(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
+        registered = {
+            registered.name
+            for event_type in outbox.subscribed_event_types()
+            for registered in outbox.subscribers_for(event_type)
+        }
+        return registered | set(delivery_subscribers(model_admin.get_queryset(request).db))
+
+
+class DeliveryEventTypeFilter(EventTypeFilter):
+    """The event types that subscribers take, matched against the delivery's event."""
+
+    field = "event__event_type"
+
+
+class DeliveryStateFilter(EventStateFilter):
+    """A delivery's state: waiting (behind an earlier delivery of its aggregate to the same
+    subscriber, or replayed), failing (retried with back-off), dead, delivered."""
+
+    STATES = DELIVERY_STATES
+
+
+class DeliveryDeadForFilter(DeadForFilter):
+    """Dead deliveries, dead for at least so long (a discarded one keeps its ``dead_at``, and is
+    delivered: left out)."""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if not self.value():
+            return queryset
+        age = self.AGES.get(str(self.value()))
+        if age is None:
+            return queryset.none()
+        return queryset.filter(DELIVERY_STATES["dead"](), dead_at__lte=timezone.now() - age[1])

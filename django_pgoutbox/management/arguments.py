@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from django_pgoutbox.validation import FIRST_MOMENT, LAST_MOMENT
+from django_pgoutbox.validation import BIGINT_MAX, FIRST_MOMENT, LAST_MOMENT
 
 
 def seconds(value: str) -> float:
@@ -45,10 +45,6 @@ def identifier(value: str, what: str = "a job id") -> uuid.UUID:
         return uuid.UUID(value)
     except ValueError:
         raise CommandError(f"{value!r} is not {what} (a UUID)") from None
-
-
-#: The largest bigint: ids of ``bigserial`` columns (deliveries) are at most this.
-BIGINT_MAX = 2**63 - 1
 
 
 def row_number(value: str, what: str) -> int:

@@ -1,0 +1,189 @@
+"""The deliveries' page (a subscriber's delivery of an event, when it could not run with the
+others), and the list of an event's deliveries on the event's page."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import F, Model, QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from django_pgoutbox import control
+from django_pgoutbox.admin.bulk import Bulk, bulk_action
+from django_pgoutbox.admin.common import ReadOnlyAdmin
+from django_pgoutbox.admin.filters import (
+    DeliveryDeadForFilter,
+    DeliveryEventTypeFilter,
+    DeliveryStateFilter,
+    SubscriberFilter,
+)
+from django_pgoutbox.delivery_states import DELIVERY_STATES
+from django_pgoutbox.models import OutboxDelivery, OutboxEvent
+from django_pgoutbox.validation import BIGINT_MAX
+
+
+def _event_link(admin_site: admin.AdminSite, event_id: Any) -> str:
+    url = reverse(
+        f"{admin_site.name}:{OutboxEvent._meta.app_label}_{OutboxEvent._meta.model_name}_change",
+        args=[event_id],
+    )
+    return format_html('<a href="{}">{}</a>', url, event_id)
+
+
+@admin.register(OutboxDelivery)
+class OutboxDeliveryAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "event_link",
+        "event_type",
+        "subscriber",
+        "state",
+        "attempts",
+        "available_at",
+        "last_error_code",
+        "dead_at",
+    )
+    list_filter = (
+        DeliveryStateFilter,
+        DeliveryDeadForFilter,
+        SubscriberFilter,
+        DeliveryEventTypeFilter,
+    )
+    search_fields = ("id",)
+    search_help_text = "A delivery id, or an event id (its deliveries)."
+    ordering = ("-id",)  # newest first, straight from the primary key index
+    sortable_by = ("id",)
+    heavy_fields = ("last_error",)
+    readonly_fields = ("event_link", "state")
+    actions = ("redrive", "discard")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        """With the event's type, joined through the event's primary key (not its payload)."""
+        annotated: QuerySet[Any] = (
+            super().get_queryset(request).annotate(event_type=F("event__event_type"))
+        )
+        return annotated
+
+    @admin.display(description="event")
+    def event_link(self, obj: OutboxDelivery) -> str:
+        return _event_link(self.admin_site, obj.event_id)
+
+    @admin.display(description="event type")
+    def event_type(self, obj: OutboxDelivery) -> str:
+        return str(getattr(obj, "event_type", ""))
+
+    @admin.display(description="state")
+    def state(self, obj: OutboxDelivery) -> str:
+        return obj.state
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        """A delivery id through the primary key, or an event id through
+        ``outbox_deliveries_uq``: no ``LIKE`` over the deliveries."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if term.isascii() and term.isdigit() and len(term) <= 19 and int(term) <= BIGINT_MAX:
+            return queryset.filter(pk=int(term)), False
+        try:
+            return queryset.filter(event_id=uuid.UUID(term)), False
+        except ValueError:
+            return queryset.none(), False
+
+    def _dead(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The dead deliveries of the selection, without the event's join: the bulk action locks
+        the rows it reads (``FOR UPDATE``), and the events are not its to lock."""
+        selected = queryset.order_by().values("pk")
+        return (
+            OutboxDelivery._base_manager.using(queryset.db)
+            .filter(pk__in=selected)
+            .filter(DELIVERY_STATES["dead"]())
+            .defer(*self.heavy_fields)
+        )
+
+    def _dead_deliveries(self, **fields: Any) -> Bulk:
+        return Bulk(
+            noun=("dead delivery", "dead deliveries"),
+            left_out=("is not dead", "are not dead"),
+            gone=("was no longer dead", "were no longer dead"),
+            since="dead_at",
+            **fields,
+        )
+
+    @admin.action(description="Re-drive dead deliveries", permissions=["change"])
+    def redrive(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        alias = queryset.db
+        return bulk_action(
+            self,
+            request,
+            self._dead(queryset),
+            self._dead_deliveries(
+                name="redrive",
+                title="Re-drive dead deliveries",
+                explanation="These dead deliveries become due again with a fresh attempt budget: "
+                "the relay runs their subscriber on the event, then on that subscriber's later "
+                "deliveries of the same aggregate.",
+                verb="Re-drove",
+                infinitive="re-drive",
+                perform=lambda ids: control.redrive_dead_deliveries(ids, using=alias),
+            ),
+        )
+
+    @admin.action(description="Discard dead deliveries (mark delivered)", permissions=["change"])
+    def discard(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        alias = queryset.db
+        return bulk_action(
+            self,
+            request,
+            self._dead(queryset),
+            self._dead_deliveries(
+                name="discard",
+                title="Discard dead deliveries",
+                explanation="These dead deliveries are marked delivered without running their "
+                "subscriber, so that its later deliveries of the same aggregates go on.",
+                verb="Discarded",
+                infinitive="discard",
+                perform=lambda ids: control.discard_dead_deliveries(ids, using=alias),
+            ),
+        )
+
+
+class DeliveryInline(admin.TabularInline):  # type: ignore[type-arg]
+    """An event's deliveries, read-only, on the event's page: at most one per subscriber."""
+
+    model = OutboxDelivery
+    fields = (
+        "subscriber",
+        "state",
+        "attempts",
+        "available_at",
+        "dead_at",
+        "delivered_at",
+        "last_error_code",
+    )
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    verbose_name_plural = "deliveries (the subscribers that could not run with the others)"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).defer("last_error").order_by("subscriber")
+
+    @admin.display(description="state")
+    def state(self, obj: OutboxDelivery) -> str:
+        return obj.state
+
+    def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
+        return False
