@@ -25,3 +25,27 @@ class Projection(models.Model):
 
     def __str__(self) -> str:
         return f"{self.aggregate_id} #{self.sequence}"
+
+
+class DeliveryRecord(models.Model):
+    """One row per run of a subscriber of ``chaos.delivered`` (tests/processes/reliability/
+    test_delivery_chaos.py) that its transaction kept: written in the relay's transaction, so
+    the committed rows are the runs that took effect.
+
+    ``id`` orders the rows by commit per aggregate and subscriber (the next event's row is written
+    after the earlier one committed); ``recorded_at`` is the database's clock when it ran;
+    ``committed_at``, set by a deferred constraint trigger (migration 0002), its clock when the
+    transaction committed.
+    """
+
+    event_id = models.UUIDField(db_index=True)  # not unique: a duplicate run must show
+    aggregate_id = models.UUIDField()
+    sequence = models.IntegerField()
+    subscriber = models.TextField()
+    attempts = models.IntegerField()  # its delivery's attempts when it ran; 0 in the relay's batch
+    pid = models.IntegerField()
+    recorded_at = models.DateTimeField(db_default=models.Func(function="clock_timestamp"))
+    committed_at = models.DateTimeField(null=True)
+
+    def __str__(self) -> str:
+        return f"{self.subscriber} {self.aggregate_id} #{self.sequence}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from datetime import timedelta
@@ -11,7 +12,7 @@ from django.db import close_old_connections, connection
 
 from django_pgoutbox import enqueue, subscriber
 from django_pgoutbox.models import OutboxDelivery, OutboxEvent
-from testproject.testjobs.models import Projection
+from testproject.testjobs.models import DeliveryRecord, Projection
 
 
 @subscriber("tests.projected")
@@ -159,3 +160,63 @@ if os.environ.get("PGOUTBOX_TEST_WEBHOOK_URL"):
         ),
         "tests.webhook",
     )
+
+
+# -- Two subscribers of one event type, one of them flaky (tests/processes/reliability/
+# test_delivery_chaos.py). Each records its run in the relay's transaction (a DeliveryRecord):
+# the committed rows are the runs that took effect.
+
+CHAOS_HEALTHY = "chaos.healthy"
+CHAOS_FLAKY = "chaos.flaky"
+
+#: The flaky subscriber fails one run in FLAKY_ONE_IN of an event, for the first FLAKY_FAILURES
+#: attempts of its delivery at most: always delivered before OUTBOX["MAX_ATTEMPTS"] runs out.
+FLAKY_ONE_IN = 5
+FLAKY_FAILURES = 3
+
+
+def _record(event: OutboxEvent, subscriber: str, attempts: int) -> None:
+    DeliveryRecord.objects.create(
+        event_id=event.id,
+        aggregate_id=event.aggregate_id,
+        sequence=event.payload["sequence"],
+        subscriber=subscriber,
+        attempts=attempts,
+        pid=os.getpid(),
+    )
+
+
+def _delivery_attempts(event: OutboxEvent, subscriber: str) -> int:
+    """The attempts its delivery counts (failures, and relays that died under it); 0 in the
+    relay's batch, where it has none."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT attempts FROM outbox_deliveries WHERE event_id = %s AND subscriber = %s",
+            [event.id, subscriber],
+        )
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+def flaky_roll(event_id: object, attempts: int) -> int:
+    """A number in [0, 1000) drawn from the event and the attempt, the same in every process."""
+    digest = hashlib.sha256(f"{event_id}/{attempts}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") % 1000
+
+
+@subscriber("chaos.delivered", name=CHAOS_HEALTHY)
+def chaos_healthy(event: OutboxEvent) -> None:
+    _record(event, CHAOS_HEALTHY, 0)
+
+
+@subscriber("chaos.delivered", name=CHAOS_FLAKY)
+def chaos_flaky(event: OutboxEvent) -> None:
+    """Records its run, then, for one run in FLAKY_ONE_IN, raises: its record is rolled back
+    with it. Sleeps 10 ms in one run of ten."""
+    attempts = _delivery_attempts(event, CHAOS_FLAKY)
+    roll = flaky_roll(event.id, attempts)
+    if roll % 10 == 1:
+        time.sleep(0.01)
+    _record(event, CHAOS_FLAKY, attempts)
+    if attempts < FLAKY_FAILURES and roll < 1000 // FLAKY_ONE_IN:
+        raise RuntimeError(f"flaky: event {event.id}, attempt {attempts + 1}")
