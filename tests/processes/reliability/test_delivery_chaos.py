@@ -6,8 +6,9 @@ Two relay processes project a stream of ``chaos.delivered`` events (many aggrega
 relay's transaction (testproject/testjobs/subscribers.py): ``chaos.healthy`` always succeeds;
 ``chaos.flaky`` raises in about a fifth of its runs (drawn from the event and its delivery's
 attempts, so that it always succeeds before ``OUTBOX["MAX_ATTEMPTS"]``) and sleeps in some. While
-the stream runs, the test SIGKILLs one relay after another (inside a transaction when it can)
-and restarts it. Then the stream stops and everything must finish. It proves:
+the stream runs, the test SIGKILLs one relay after another (inside a transaction, or holding
+claimed deliveries, when it can) and restarts it, and now and then terminates the relays'
+connections. Then the stream stops and everything must finish. It proves:
 
 (a) every event processed, none dead;
 (b) per subscriber, each event's run committed exactly once: nothing lost, nothing twice, the
@@ -48,7 +49,7 @@ from django_pgoutbox import publish
 from django_pgoutbox.models import OutboxDelivery, OutboxEvent
 from testproject.testjobs.models import DeliveryRecord
 from testproject.testjobs.subscribers import CHAOS_FLAKY, CHAOS_HEALTHY
-from tests.processes import scaled, seed_or, wait_for
+from tests.processes import other_backends, scaled, seed_or, wait_for
 from tests.processes.reliability.checker import check
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -82,10 +83,10 @@ class Variant:
     rate: int
 
 
-#: 3,000 events over 25 s, an aggregate's every 0.5 s: well below what two relays project on a
+#: 2,500 events over 25 s, an aggregate's every 0.5 s: well below what two relays project on a
 #: two-core machine (with the test, a restart every few seconds, and other tests beside), so that
 #: the lag measured is the subscribers', not a backlog's.
-FAST = Variant(aggregates=60, sequences=50, rate=120)
+FAST = Variant(aggregates=50, sequences=50, rate=100)
 #: 24,000 events over 2 minutes and 40 s
 LONG_RUN = Variant(aggregates=200, sequences=120, rate=150)
 
@@ -131,7 +132,7 @@ def run_chaos(start_worker: Any, variant: Variant, seed: int) -> None:
         ).exists()
 
     published: list[uuid.UUID] = []
-    kills, mid_transaction, mid_deliveries = 0, 0, 0
+    kills, mid_transaction, mid_deliveries, terminated = 0, 0, 0, 0
     began = time.monotonic()
     next_kill = began + rng.uniform(*KILL_EVERY)
     while len(published) < len(stream):
@@ -150,7 +151,15 @@ def run_chaos(start_worker: Any, variant: Variant, seed: int) -> None:
                     for aggregate, sequence in chunk
                 ]
             published += ids
-        if now >= next_kill:
+        if now >= next_kill and (kills + terminated) % 4 == 3:
+            # Every fourth fault: the server ends every connection of the relays (the batch's,
+            # the listener's); they reconnect and go on with what they had claimed.
+            names = ", ".join(f"'{r.application_name}'" for r in relays)
+            terminated += other_backends(
+                f"application_name IN ({names})", count="pg_terminate_backend(pid)"
+            )
+            next_kill = time.monotonic() + rng.uniform(*KILL_EVERY)
+        elif now >= next_kill:
             victim = rng.randrange(RELAYS)
             # Every other time, while it holds claimed deliveries; else inside a transaction
             # (a batch of events or of deliveries): if it comes within 0.5 s.
@@ -229,7 +238,7 @@ def run_chaos(start_worker: Any, variant: Variant, seed: int) -> None:
         f"\nseed {seed}: {len(published)} events ({variant.aggregates} aggregates x "
         f"{variant.sequences}) published over {publishing:.1f} s, drained {drain:.1f} s later; "
         f"{kills} SIGKILLs + restarts ({mid_transaction} inside a transaction, {mid_deliveries} "
-        f"holding deliveries); "
+        f"holding deliveries); {terminated} relay connections terminated; "
         f"{reclaimed_events} events taken over from a killed relay\n"
         f"healthy: {verdicts[CHAOS_HEALTHY]}; flaky: {verdicts[CHAOS_FLAKY]}\n"
         f"flaky deliveries: {flaky.count()} ({failed} failed at least once, {waited} only waited "
@@ -247,6 +256,7 @@ def run_chaos(start_worker: Any, variant: Variant, seed: int) -> None:
     assert failed > 0.1 * len(published)
     assert waited > 0.02 * len(published)
     assert kills >= 5
+    assert terminated >= 2
     assert together.healthy_apart == 0, together
     assert together.flaky_apart == flaky.count(), together
     assert together.flaky_with_event == len(published) - flaky.count(), together
