@@ -214,6 +214,7 @@ class TestPerSubscriber:
         stale = relay(claim_seconds=0.001).deliveries
         claimed = stale._claim()
         assert [c.event.id for c in claimed] == [failing.id]
+        time.sleep(0.05)  # well past the stale claim's 1 ms
         taker = relay(claim_seconds=0.001).deliveries
         assert taker.run_once() == 1  # expired: taken over, delivered
         stale._deliver(claimed)  # the stale relay wakes up and runs it too: fenced off

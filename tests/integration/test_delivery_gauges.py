@@ -300,6 +300,24 @@ class TestHealth:
         call_command("pgoutbox", "stats", "--json", stdout=out)
         assert json.loads(out.getvalue())["deliveries"][ALPHA]["dead"] == 1
 
+    def test_stats_shows_a_line_per_subscriber_with_deliveries_not_done(
+        self, states: dict[str, OutboxDelivery]
+    ) -> None:
+        out = io.StringIO()
+        call_command("pgoutbox", "stats", stdout=out)
+        lines = out.getvalue().splitlines()
+        mine = [line for line in lines if line.startswith("deliveries ")]
+        assert len(mine) == 1, lines  # not BETA's: nothing pending
+        assert mine[0].startswith(
+            f"deliveries {ALPHA}: 3 waiting, 2 failing, 1 dead, 1 abandoned, lag "
+        ), mine
+        assert any(line.startswith("WARNING:") and ALPHA in line for line in lines), lines
+
+    def test_stats_says_when_no_delivery_is_pending(self, observed: None) -> None:
+        out = io.StringIO()
+        call_command("pgoutbox", "stats", stdout=out)
+        assert "deliveries: none pending" in out.getvalue().splitlines()
+
 
 class TestEventStates:
     def test_delivering_until_every_delivery_is_done(

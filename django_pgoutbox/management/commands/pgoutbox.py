@@ -7,7 +7,7 @@ pgoutbox deadletters list [--queue Q] [--job-type T] [--code C] [--limit N]
 pgoutbox deadletters show ID
 pgoutbox deadletters retry ID... | --all [filters]    back to pending, fresh budget
 pgoutbox deadletters discard ID... | --all [filters]  cancelled: never run again
-pgoutbox events list [--state dead|failing|held_back|abandoned] [--event-type T] [--limit N]
+pgoutbox events list [--state dead|failing|held_back|abandoned|delivering] [--event-type T]
 pgoutbox events redrive ID... | --all [--event-type T] [--dead-for AGE] [--yes]
 pgoutbox events discard ID... | --all [--event-type T] [--dead-for AGE] [--yes]
 pgoutbox deliveries list|redrive|discard   a subscriber's deliveries, as events (deliveries.py)
@@ -288,10 +288,28 @@ class Command(BaseCommand):
             f"oldest open transaction: {gauges.oldest_transaction_age:.1f}s; "
             f"NOTIFY queue {gauges.notification_queue_usage:.1%} full"
         )
+        self._deliveries(gauges)
         if any(queue.estimated for queue in gauges.queues.values()) or gauges.estimated:
             self.stdout.write(
                 f"~: an estimate (counts over {db_gauges.EXACT_COUNT:,}); see docs/observability.md"
             )
+
+    def _deliveries(self, gauges: db_gauges.DatabaseGauges) -> None:
+        """A line per subscriber with deliveries not done (or abandoned), and their warnings."""
+        pending = [
+            sub for sub in gauges.deliveries.values() if sub.undelivered or sub.abandoned
+        ]
+        if not pending:
+            self.stdout.write("deliveries: none pending")
+            return
+        for sub in pending:
+            self.stdout.write(
+                f"deliveries {sub.subscriber}: {_shown(sub, 'waiting')} waiting, "
+                f"{_shown(sub, 'failing')} failing, {_shown(sub, 'dead')} dead, "
+                f"{_shown(sub, 'abandoned')} abandoned, lag {_shown(sub, 'lag', '.1f')}s"
+            )
+        for warning in db_gauges.delivery_warnings(gauges.deliveries):
+            self.stdout.write(f"WARNING: {warning}")
 
     def _horizon(self, holder: db_gauges.HorizonHolder | None, warnings: list[str]) -> None:
         if holder is None:
