@@ -335,7 +335,8 @@ NOTIFICATION_FAILURES = counter(
 )
 EVENTS_PROJECTED = counter(
     "pgoutbox_events_projected_total",
-    "Outbox events handled by the relay, by event type and outcome (processed, retrying, dead).",
+    "Outbox events handled by the relay, by event type and outcome (processed; dead: its relays "
+    "kept dying under it).",
     ["event_type", "outcome"],
 )
 DELIVERIES = counter(
