@@ -22,15 +22,19 @@ def waiting_subscribers(alias: str) -> str:
     claimed event: its delivery of it waits behind the earlier one.
 
     A skip scan of ``outbox_deliveries_order_idx``: one probe per distinct subscriber, plus one.
-    So the fast path (no delivery at all) costs one empty probe per claimed event, and an
-    aggregate with ten thousand deliveries waiting behind a dead one costs as few probes as it
-    has waiting subscribers, not a read of all ten thousand (``SELECT DISTINCT`` would).
+    So an aggregate with ten thousand deliveries waiting behind a dead one costs as few probes as
+    it has waiting subscribers, not a read of all ten thousand (``SELECT DISTINCT`` would). An
+    ``EXISTS`` probe first: the fast path (no delivery at all) costs that one probe per claimed
+    event, without the recursive scan's set-up (a claim of 500 events over 20,000 took 14.6 ms
+    without the column, 16.1 with the scan alone, 15.0 with the probe first: medians of 15).
     """
     same = f"""w.aggregate_type = {alias}.aggregate_type
                   AND w.aggregate_id = {alias}.aggregate_id
                   AND w.delivered_at IS NULL"""
     order = "ORDER BY w.aggregate_type, w.aggregate_id, w.subscriber LIMIT 1"
-    return f"""ARRAY(
+    return f"""CASE WHEN EXISTS (
+           SELECT 1 FROM outbox_deliveries AS w WHERE {same}
+       ) THEN ARRAY(
            WITH RECURSIVE waiting(subscriber) AS (
                (SELECT w.subscriber FROM outbox_deliveries AS w
                 WHERE {same}
@@ -43,7 +47,7 @@ def waiting_subscribers(alias: str) -> str:
                WHERE waiting.subscriber IS NOT NULL
            )
            SELECT subscriber FROM waiting WHERE subscriber IS NOT NULL
-       )"""
+       ) ELSE '{{}}'::text[] END"""
 
 
 def heads_its_subscriber_aggregate(alias: str) -> str:
