@@ -13,7 +13,9 @@ from typing import Any, ClassVar, TypeVar
 
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
+from django.db.models import F
 from django.db.models.base import ModelState
+from django.db.models.fields.json import KeyTextTransform
 
 from django_pgoutbox.ids import uuid7
 
@@ -259,6 +261,24 @@ class Job(models.Model):
                 fields=["queue", "run_at"],
                 name="jobs_retrying_idx",
                 condition=models.Q(status=JobStatus.RETRYING),
+            ),
+            # An ordered publisher's job asks whether an earlier job of its publisher and
+            # aggregate is not done (queries.PUBLISH_AHEAD); only such jobs have entries.
+            models.Index(
+                KeyTextTransform("publisher", "payload"),
+                KeyTextTransform("aggregate", "payload"),
+                F("created_at"),
+                F("id"),
+                name="jobs_publish_order_idx",
+                condition=models.Q(
+                    job_type="pgoutbox.publish",
+                    status__in=[
+                        JobStatus.PENDING,
+                        JobStatus.RETRYING,
+                        JobStatus.LEASED,
+                        JobStatus.DEAD,
+                    ],
+                ),
             ),
         ]
 

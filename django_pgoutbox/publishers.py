@@ -8,6 +8,11 @@ in the relay's transaction, one ``pgoutbox.publish`` job per event (keyed by pub
 so that an event projected twice is sent by one job); the job reads the event and calls
 ``publish``. So a publication retries, dead-letters and shows in the admin as any job does
 (docs/howto/webhooks-out.md). ``WebhookPublisher`` (``django_pgoutbox.webhooks``) is one.
+
+Each publisher sends an aggregate's events in order (``ordered=True``, the default): the relay
+enqueues an aggregate's jobs in its events' order (a subscriber sees an aggregate's events in
+order), and a job whose publisher has an earlier job of the same aggregate not done yet, or dead,
+snoozes (``Snooze``: no attempt spent) until that one is done or cancelled.
 """
 
 from __future__ import annotations
@@ -15,7 +20,10 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol
 
-from django_pgoutbox.errors import PermanentError
+from django.db import connections
+
+from django_pgoutbox import queries
+from django_pgoutbox.errors import PermanentError, Snooze
 from django_pgoutbox.models import OutboxEvent
 from django_pgoutbox.registry import job
 from django_pgoutbox.webhooks import (
@@ -99,15 +107,18 @@ def send_events(
     versions: tuple[int, ...] = (1,),
     queue: str | None = None,
     priority: int | None = None,
+    ordered: bool = True,
 ) -> Publisher:
     """Register ``publisher`` and send it every event of ``event_types`` (of the schema
     ``versions`` it takes), each by a ``pgoutbox.publish`` job on ``queue`` (default: the
     job's, ``"default"``).
 
     The subscriber enqueues in the relay's transaction, so the job exists once the event is
-    processed, exactly once. Events are sent in parallel, so those of one aggregate may arrive
-    out of order, and a retried one after later ones: receivers order by the event's ``time``
-    (``occurred_at``) or dedupe by its ``id``.
+    processed, exactly once. With ``ordered`` (the default), an aggregate's events are sent one
+    at a time, in order: a job waits (snoozes) while an earlier job of its publisher and
+    aggregate is pending, retrying, running or dead, so a dead one holds back the later ones of
+    its aggregate until it is retried or cancelled. Without, events are sent in parallel, and
+    those of one aggregate may arrive out of order.
     """
     from django_pgoutbox.enqueueing import enqueue
     from django_pgoutbox.outbox import subscribed_event_types, subscriber, subscribers_for
@@ -130,9 +141,12 @@ def send_events(
             )
 
     def send(event: OutboxEvent) -> None:
+        payload = {"publisher": name, "event": str(event.id)}
+        if ordered:
+            payload["aggregate"] = f"{event.aggregate_type}/{event.aggregate_id}"
         enqueue(
             PUBLISH_JOB,
-            {"publisher": name, "event": str(event.id)},
+            payload,
             queue=queue,
             priority=priority,
             idempotency_key=f"{name}:{event.id}",
@@ -154,6 +168,9 @@ def publish_event(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
             code="invalid_payload",
         )
     publisher = get_publisher(payload["publisher"])
+    aggregate = payload.get("aggregate")
+    if isinstance(aggregate, str):
+        _wait_for_earlier(publisher.name, aggregate, ctx.job_id, ctx.using)
     try:
         event_id = uuid.UUID(str(payload.get("event")))
     except ValueError:
@@ -167,3 +184,18 @@ def publish_event(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
         )
     publisher.publish(event)
     return {"publisher": publisher.name, "event": str(event_id)}
+
+
+#: How long an ordered publisher's job snoozes behind an earlier one: half a second, growing
+#: with its own age (a quarter of it), at most a minute: a job behind one that is merely
+#: running goes soon after it, one behind a dead job does not wake a worker every half second.
+SNOOZE_FIRST, SNOOZE_MOST = 0.5, 60.0
+
+
+def _wait_for_earlier(publisher: str, aggregate: str, job_id: Any, using: str) -> None:
+    """Snooze if an earlier job of ``publisher`` and ``aggregate`` is not done yet."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries.PUBLISH_AHEAD, [publisher, aggregate, job_id])
+        row = cursor.fetchone()
+    if row is not None and row[0]:
+        raise Snooze(min(SNOOZE_MOST, SNOOZE_FIRST + max(0.0, float(row[1])) / 4))

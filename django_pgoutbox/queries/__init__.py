@@ -7,6 +7,7 @@
 - ``outbox``: publishing a fact, and the relay's claim, fence and outcomes;
 - ``deliveries``: one subscriber's delivery of an event, when it could not run with the others;
 - ``inbox``: recording a received message once;
+- ``publish``: an ordered publisher's job, waiting for the earlier ones of its aggregate;
 - ``operations``: pruning, dead letters, cancellation;
 - ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks.
 
@@ -127,6 +128,7 @@ from django_pgoutbox.queries.outbox import (
     SEEK_CLAIM_EVENTS,
 )
 from django_pgoutbox.queries.params import binary
+from django_pgoutbox.queries.publish import PUBLISH_AHEAD
 
 __all__ = [
     "ABANDONED_EVENTS",
@@ -178,6 +180,7 @@ __all__ = [
     "PRUNE_HEARTBEATS",
     "PRUNE_INBOX_MESSAGES",
     "PRUNE_JOBS",
+    "PUBLISH_AHEAD",
     "PUBLISH_EVENT",
     "QUEUE_ALLOWANCE",
     "RECORD_AND_CLAIM",

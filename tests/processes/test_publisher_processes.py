@@ -1,6 +1,7 @@
 """Events sent out by a webhook publisher, through a real relay and real workers: one job per
 event, a refused event dead on its own beside the innocent ones, a rate-limited one sent again
-after the server's Retry-After."""
+after the server's Retry-After; an aggregate's events sent in order, a failing one holding back
+the later ones of its aggregate only."""
 
 from __future__ import annotations
 
@@ -62,7 +63,11 @@ def test_a_refused_event_dies_alone_and_a_rate_limited_one_waits(start_worker: A
 
         wait_for(lambda: settled() == Counter({JobStatus.COMPLETED: 6, JobStatus.DEAD: 1}))
         dead = Job.objects.get(job_type=PUBLISH_JOB, status=JobStatus.DEAD)
-        assert dead.payload == {"publisher": "tests.hooks", "event": str(events["poison"].id)}
+        assert dead.payload == {
+            "publisher": "tests.hooks",
+            "event": str(events["poison"].id),
+            "aggregate": f"order/{events['poison'].aggregate_id}",
+        }
         assert dead.last_error_code == "http_422"
         assert "unknown customer" in (dead.last_error_summary or "")
         assert dead.attempts == 1  # a 4xx is never retried
@@ -79,5 +84,59 @@ def test_a_refused_event_dies_alone_and_a_rate_limited_one_waits(start_worker: A
         }
         first, second = by_event["limited"]
         assert second.at - first.at >= 0.9
+    finally:
+        server.close()
+
+
+def test_an_aggregates_events_are_sent_in_order_beside_a_failing_one(start_worker: Any) -> None:
+    """Six events of one aggregate and six of another, four workers: the server fails the
+    second event of the first aggregate twice (503, retried). No event of an aggregate is sent
+    before the one before it was answered 2xx; the other aggregate is not held back."""
+    failures: Counter[str] = Counter()
+    log: list[tuple[str, int, int]] = []  # (aggregate, n, status), in the order they came
+
+    def answer_for(got: Received) -> Answer:
+        data = json.loads(got.body)["data"]
+        status = 204
+        if data["n"] == 1 and data["aggregate"] == "a" and failures["a1"] < 2:
+            failures["a1"] += 1
+            status = 503
+        log.append((data["aggregate"], data["n"], status))
+        return Answer(status)
+
+    server = Server(answer_for)
+    try:
+        aggregates = {"a": uuid.uuid4(), "b": uuid.uuid4()}
+        for n in range(6):
+            for name, aggregate in aggregates.items():
+                publish(
+                    "tests.webhook",
+                    aggregate_type="order",
+                    aggregate_id=aggregate,
+                    payload={"n": n, "aggregate": name},
+                )
+        start_worker(
+            "--roles",
+            "relay,jobs",
+            "--concurrency",
+            "4",
+            RETRY={"BASE_DELAY": 0.2, "JITTER": 0},
+            env={"PGOUTBOX_TEST_WEBHOOK_URL": server.url},
+        )
+
+        def completed() -> int:
+            return Job.objects.filter(job_type=PUBLISH_JOB, status=JobStatus.COMPLETED).count()
+
+        wait_for(lambda: completed() == 12, timeout=60)
+        answered: dict[str, int] = {"a": -1, "b": -1}  # the last n answered 2xx, by aggregate
+        for name, n, status in log:
+            assert n == answered[name] + 1, (name, n, answered, log)
+            if 200 <= status < 300:
+                answered[name] = n
+        assert answered == {"a": 5, "b": 5}
+        assert failures["a1"] == 2
+        # The first aggregate's later events snoozed behind its failing one, spending nothing.
+        held = Job.objects.filter(job_type=PUBLISH_JOB, payload__n__gt=1)
+        assert set(held.values_list("attempts", flat=True)) <= {1}
     finally:
         server.close()

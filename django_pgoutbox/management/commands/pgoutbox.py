@@ -296,9 +296,7 @@ class Command(BaseCommand):
 
     def _deliveries(self, gauges: db_gauges.DatabaseGauges) -> None:
         """A line per subscriber with deliveries not done (or abandoned), and their warnings."""
-        pending = [
-            sub for sub in gauges.deliveries.values() if sub.undelivered or sub.abandoned
-        ]
+        pending = [sub for sub in gauges.deliveries.values() if sub.undelivered or sub.abandoned]
         if not pending:
             self.stdout.write("deliveries: none pending")
             return
