@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+import psycopg
 from django.db import connections
 
 from django_pgoutbox.conf import RetrySettings
@@ -33,6 +34,25 @@ UNSUPPORTED_SCHEMA_VERSION = "unsupported_schema_version"
 #: ``last_error_code`` of a delivery whose subscriber no process here has registered (renamed,
 #: removed, or not deployed to this host yet): retried, then dead.
 UNKNOWN_SUBSCRIBER = "unknown_subscriber"
+
+#: ``last_error_code`` of a delivery whose subscriber returned with the relay's transaction
+#: aborted (it caught a database error and went on).
+ABORTED_TRANSACTION = "aborted_transaction"
+
+
+class AbortedTransaction(Exception):
+    """A subscriber returned with the relay's transaction aborted: a statement of its failed,
+    and it caught the error instead of letting it out (or of running the statement in a
+    savepoint of its own). Every later statement of the transaction would fail; it is that
+    subscriber's failure, as if it had raised."""
+
+    def __init__(self, event: OutboxEvent, subscriber: str) -> None:
+        super().__init__(
+            f"subscriber {subscriber!r} of {event.event_type!r} returned with the relay's "
+            "transaction aborted: a statement of its failed and it caught the DatabaseError "
+            "(wrap a statement that may fail in transaction.atomic(), a savepoint, or let the "
+            "error out); nothing it wrote was kept"
+        )
 
 
 class ClosedBySubscriber(Exception):
@@ -139,6 +159,11 @@ def run_one(projection: Subscriber, event: OutboxEvent, using: str) -> None:
     # Set by Django's close() alone, never by a connection the server dropped.
     if wrapper.closed_in_transaction:
         raise ClosedBySubscriber(event, projection.name)
+    raw = wrapper.connection
+    if raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        # No round trip: psycopg knows the server's transaction status from its last answer.
+        aborted = AbortedTransaction(event, projection.name)
+        raise SubscriberRaised(aborted) from aborted
 
 
 def failed(
@@ -202,6 +227,8 @@ def failed(
 
 def code_of(error: BaseException) -> str:
     """``error_code(error)``, bounded; the class name when its ``code`` is not text."""
+    if type(error) is AbortedTransaction:
+        return ABORTED_TRANSACTION
     try:
         return bound(error_code(error), 200)
     except Exception:

@@ -1,0 +1,134 @@
+"""Per-subscriber delivery against hostile subscribers, names and races, on real rows.
+
+Two subscribers of ``tests.hostile``: ``healthy`` records every event it sees (a job each, so
+that what committed can be read back), and ``hostile`` does whatever ``behaviour`` says for the
+event's sequence.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, connection
+from django.utils import timezone
+
+from django_pgoutbox import enqueue, publish, subscriber
+from django_pgoutbox.conf import get_settings
+from django_pgoutbox.models import Job, OutboxDelivery, OutboxEvent
+from django_pgoutbox.worker.relay import Relay
+
+TYPE = "tests.hostile"
+HEALTHY = "tests.hostile.healthy"
+HOSTILE = "tests.hostile.hostile"
+
+#: What ``hostile`` does on the event of each sequence (nothing, for one not named).
+behaviour: dict[int, Callable[[OutboxEvent], None]] = {}
+
+
+def swallow_database_error(event: OutboxEvent) -> None:
+    """A query that fails, its error caught: the transaction is left aborted."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+    except DatabaseError:
+        pass
+
+
+def fail(event: OutboxEvent) -> None:
+    raise RuntimeError(f"hostile cannot take {event.payload['n']}")
+
+
+@pytest.fixture
+def two_subscribers(registry: None) -> None:
+    behaviour.clear()
+
+    @subscriber(TYPE, name=HEALTHY)
+    def healthy(event: OutboxEvent) -> None:
+        enqueue("tests.noop", {"by": HEALTHY, "event": str(event.id)})
+
+    @subscriber(TYPE, name=HOSTILE)
+    def hostile(event: OutboxEvent) -> None:
+        enqueue("tests.noop", {"by": HOSTILE, "event": str(event.id)})
+        run = behaviour.get(event.payload["n"])
+        if run is not None:
+            run(event)
+
+
+def event(n: int, aggregate: uuid.UUID | None = None) -> OutboxEvent:
+    return publish(
+        TYPE, aggregate_type="t", aggregate_id=aggregate or uuid.uuid4(), payload={"n": n}
+    )
+
+
+def relay(**outbox: Any) -> Relay:
+    conf = get_settings()
+    settings = conf.outbox
+    if outbox:
+        from dataclasses import replace
+
+        settings = replace(settings, **outbox)
+    return Relay(settings, relay_id="relay-h", using="default", policy=conf.retry, burst=True)
+
+
+def jobs_by(name: str) -> list[str]:
+    return sorted(Job.objects.filter(payload__by=name).values_list("payload__event", flat=True))
+
+
+def slow_retries(settings: Any) -> None:
+    settings.PGOUTBOX = {**settings.PGOUTBOX, "RETRY": {"BASE_DELAY": 60, "JITTER": 0}}
+
+
+@pytest.mark.django_db(transaction=True)
+class TestSwallowedDatabaseError:
+    """A subscriber that catches a ``DatabaseError`` and returns leaves the transaction aborted:
+    its failure, never the relay's."""
+
+    def test_in_the_batch(self, two_subscribers: None, settings: Any) -> None:
+        slow_retries(settings)
+        behaviour[1] = swallow_database_error
+        events = [event(n) for n in range(3)]
+        relay().run()  # the relay's turn must not fail (five times: the relay stops)
+        assert all(e.processed_at for e in OutboxEvent.objects.all())
+        assert jobs_by(HEALTHY) == sorted(str(e.id) for e in events)
+        assert jobs_by(HOSTILE) == sorted(str(events[n].id) for n in (0, 2))
+        failing = OutboxDelivery.objects.get()
+        assert (failing.event_id, failing.subscriber, failing.attempts) == (
+            events[1].id,
+            HOSTILE,
+            1,
+        )
+        assert (failing.state, failing.last_error_code) == ("failing", "aborted_transaction")
+        assert "caught the DatabaseError" in (failing.last_error or "")
+
+    def test_in_a_segment(self, two_subscribers: None, settings: Any) -> None:
+        """After a failing batch, the next ones start in segments: the same there."""
+        slow_retries(settings)
+        projecting = relay()
+        behaviour[1] = fail
+        event(1)
+        projecting.run_once()
+        behaviour[2] = swallow_database_error
+        events = [event(n) for n in (2, 3)]
+        projecting.run()
+        assert jobs_by(HOSTILE) == [str(events[1].id)]
+        assert OutboxDelivery.objects.get(event_id=events[0].id).last_error_code == (
+            "aborted_transaction"
+        )
+
+    def test_in_a_delivery(self, two_subscribers: None, settings: Any) -> None:
+        slow_retries(settings)
+        behaviour[1] = fail
+        failing = event(1)
+        relay().run()
+        assert OutboxDelivery.objects.get().attempts == 1
+        behaviour[1] = swallow_database_error
+        OutboxDelivery.objects.update(available_at=timezone.now())
+        relay().run()
+        delivery = OutboxDelivery.objects.get()
+        assert (delivery.state, delivery.attempts) == ("failing", 2)
+        assert delivery.last_error_code == "aborted_transaction"
+        assert jobs_by(HOSTILE) == []
+        assert jobs_by(HEALTHY) == [str(failing.id)]
