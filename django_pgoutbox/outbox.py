@@ -268,7 +268,9 @@ def subscriber(
     enqueues and the rows it writes commit together with that mark, or not at all, so each
     event is projected exactly once. Keep external side effects (HTTP, e-mail) out of it: enqueue
     a job for them. ``versions`` lists the schema versions it understands; an event of another
-    version is dead-lettered (``unsupported_schema_version``) rather than guessed at.
+    version is dead-lettered (``unsupported_schema_version``) rather than guessed at. ``name``
+    (default: the function's module and qualified name) is at most 255 bytes of UTF-8, without
+    NUL: each of its deliveries carries it.
     """
     if not event_types:
         raise SubscriberRegistrationError("@subscriber needs at least one event type")
@@ -296,8 +298,18 @@ def subscriber(
             f"not {versions!r}"
         )
 
+    if name is not None and not isinstance(name, str):
+        raise SubscriberRegistrationError(f"name must be a string, not {type(name).__name__}")
+
     def decorator(func: Callable[[OutboxEvent], Any]) -> Subscriber:
         subscriber_name = name or f"{func.__module__}.{func.__qualname__}"
+        try:
+            # Written in each of its deliveries, in three indexes: what PostgreSQL can store.
+            subscriber_name = check_text(subscriber_name, "name", PublishError, MAX_NAME_BYTES)
+        except PublishError as problem:
+            raise SubscriberRegistrationError(
+                f"subscriber {problem}: {subscriber_name[:100]!r}"
+            ) from None
         try:
             inspect.signature(func).bind(object())
         except TypeError:

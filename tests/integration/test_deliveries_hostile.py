@@ -7,6 +7,7 @@ event's sequence.
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,9 @@ from django.utils import timezone
 
 from django_pgoutbox import enqueue, publish, subscriber
 from django_pgoutbox.conf import get_settings
+from django_pgoutbox.errors import SubscriberRegistrationError
 from django_pgoutbox.models import Job, OutboxDelivery, OutboxEvent
+from django_pgoutbox.outbox import has_subscribers
 from django_pgoutbox.worker.relay import Relay
 
 TYPE = "tests.hostile"
@@ -132,3 +135,56 @@ class TestSwallowedDatabaseError:
         assert delivery.last_error_code == "aborted_transaction"
         assert jobs_by(HOSTILE) == []
         assert jobs_by(HEALTHY) == [str(failing.id)]
+
+
+@pytest.mark.django_db(transaction=True)
+class TestSubscriberNames:
+    """A subscriber's name is written in its deliveries (a text column, in three indexes): a
+    name PostgreSQL cannot store or index is refused when the subscriber is registered, not
+    found by the relay, whose every turn would then fail on that batch, forever (the index's
+    error names the row, so no two failures read the same and the relay never even stops)."""
+
+    @pytest.mark.parametrize(
+        "name",
+        [
+            "nul\x00name",
+            "lone \udc80 surrogate",
+            "x" * 256,
+            "é" * 128,  # 256 bytes of UTF-8
+            secrets.token_hex(3000),
+        ],
+        ids=["nul", "surrogate", "256-ascii", "256-bytes", "6000-random"],
+    )
+    def test_a_name_that_cannot_be_stored_is_refused(self, registry: None, name: str) -> None:
+        def project(event: OutboxEvent) -> None:
+            pass
+
+        with pytest.raises(SubscriberRegistrationError, match="name"):
+            subscriber(TYPE, name=name)(project)
+        assert not has_subscribers(TYPE)
+
+    def test_a_name_that_is_not_text_is_refused(self, registry: None) -> None:
+        def project(event: OutboxEvent) -> None:
+            pass
+
+        with pytest.raises(SubscriberRegistrationError, match="name"):
+            subscriber(TYPE, name=b"bytes")(project)  # type: ignore[arg-type]
+
+    def test_the_longest_name_fails_its_delivery_as_any_other(
+        self, registry: None, settings: Any
+    ) -> None:
+        slow_retries(settings)
+        longest = secrets.token_hex(127) + "x"  # 255 bytes, incompressible
+
+        @subscriber(TYPE, name=longest)
+        def project(event: OutboxEvent) -> None:
+            raise RuntimeError("no")
+
+        failing = event(1)
+        relay().run()
+        delivery = OutboxDelivery.objects.get()
+        assert (delivery.event_id, delivery.subscriber, delivery.state) == (
+            failing.id,
+            longest,
+            "failing",
+        )
