@@ -102,7 +102,8 @@ ON CONFLICT (event_id, subscriber) DO NOTHING
 #: delivery of its (aggregate, subscriber): a dead one holds back that subscriber's later
 #: deliveries of the aggregate. A delivery taken over (its claim expired unfinished: its relay
 #: died, perhaps because of it) is counted an attempt here and run alone, as CLAIM_EVENTS does
-#: with an event; at most one per claim. Returns the event's columns with each delivery.
+#: with an event; at most one per claim (``attempts`` stops at the largest 32-bit integer, as
+#: CLAIM_EVENTS's). Returns the event's columns with each delivery.
 CLAIM_DELIVERIES = """
 WITH candidates AS MATERIALIZED (
     SELECT d.id, d.claimed_at IS NOT NULL AS reclaimed, d.claimed_by AS holder, d.attempts,
@@ -131,7 +132,7 @@ chosen AS (
     FROM candidates
     WHERE NOT reclaimed
     UNION ALL
-    (SELECT id, true, attempts + 1 >= %(max_attempts)s, holder
+    (SELECT id, true, attempts >= %(max_attempts)s - 1, holder
      FROM candidates
      WHERE reclaimed
      ORDER BY attempts, available_at, id
@@ -140,7 +141,7 @@ chosen AS (
 UPDATE outbox_deliveries AS o
 SET claimed_at = CASE WHEN c.spent THEN NULL ELSE now() END,
     claimed_by = %(relay_id)s,
-    attempts = o.attempts + c.reclaimed::int,
+    attempts = o.attempts + (c.reclaimed AND o.attempts < 2147483647)::int,
     dead_at = CASE WHEN c.spent THEN now() END,
     last_error_code = CASE WHEN c.reclaimed THEN %(crashed_code)s ELSE o.last_error_code END,
     last_error = CASE WHEN c.reclaimed
@@ -190,11 +191,12 @@ WHERE id = ANY(%s::bigint[])
 #: errors text[], counted boolean[].
 #:
 #: Counts the failure, unless the claim counted this run already (``counted``: a delivery taken
-#: over), and releases the claim, so that the retry does not wait for it to expire.
+#: over), and releases the claim, so that the retry does not wait for it to expire. ``attempts``
+#: stops at the largest 32-bit integer (a row written by hand) rather than fail the statement.
 RECORD_DELIVERY_FAILURES = binary(
     """
 UPDATE outbox_deliveries AS o
-SET attempts = o.attempts + (NOT f.counted)::int,
+SET attempts = o.attempts + (NOT f.counted AND o.attempts < 2147483647)::int,
     available_at = CASE WHEN f.dead THEN o.available_at
                         ELSE now() + make_interval(secs => f.delay) END,
     dead_at = CASE WHEN f.dead THEN now() END,

@@ -74,7 +74,8 @@ def heads_its_aggregate(alias: str) -> str:
 #: by a relay that died or stalled, perhaps because of that very event (a
 #: subscriber's ``os._exit()``, a crash in native code, the OOM killer). Such a *suspect* is
 #: counted here, in the claim, before any subscriber of it runs, with ``relay_crashed`` as its
-#: last error, and dead once that count reaches ``MAX_ATTEMPTS``. At most one suspect is claimed
+#: last error, and dead once that count reaches ``MAX_ATTEMPTS`` (the count stops at the largest
+#: 32-bit integer: a row written so by hand fails no claim). At most one suspect is claimed
 #: per batch (``reclaimed`` says which), the one that has cost the fewest attempts: the relay
 #: projects it alone, so a relay that dies under it next time takes no other event down with it,
 #: and the events reclaimed beside it, untouched here, keep their count until their own turn.
@@ -108,7 +109,7 @@ chosen AS (
     FROM candidates
     WHERE NOT reclaimed
     UNION ALL
-    (SELECT id, true, attempts + 1 >= %(max_attempts)s, holder
+    (SELECT id, true, attempts >= %(max_attempts)s - 1, holder
      FROM candidates
      WHERE reclaimed
      ORDER BY attempts, occurred_at, id
@@ -117,7 +118,7 @@ chosen AS (
 UPDATE outbox_events AS o
 SET claimed_at = CASE WHEN c.spent THEN NULL ELSE now() END,
     claimed_by = %(relay_id)s,
-    attempts = o.attempts + c.reclaimed::int,
+    attempts = o.attempts + (c.reclaimed AND o.attempts < 2147483647)::int,
     dead_at = CASE WHEN c.spent THEN now() END,
     last_error_code = CASE WHEN c.reclaimed THEN %(crashed_code)s ELSE o.last_error_code END,
     last_error = CASE WHEN c.reclaimed

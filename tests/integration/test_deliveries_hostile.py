@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 import uuid
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -188,3 +189,67 @@ class TestSubscriberNames:
             longest,
             "failing",
         )
+
+
+INT4_MAX = 2**31 - 1
+
+
+@pytest.mark.django_db(transaction=True)
+class TestHostileRows:
+    """Rows written by hand (or by another version): the relay's statements on them never fail
+    its turn."""
+
+    def test_a_delivery_at_the_largest_attempts(self, two_subscribers: None, settings: Any) -> None:
+        slow_retries(settings)
+        behaviour[1] = fail
+        failing = event(1)
+        relay().run()
+        past = timezone.now() - timedelta(hours=1)
+        # Its last claim expired unfinished (taken over: counted in the claim), its attempts at
+        # the largest 32-bit integer, and not dead.
+        OutboxDelivery.objects.update(
+            attempts=INT4_MAX, available_at=past, claimed_at=past, claimed_by="gone"
+        )
+        relay().run()
+        delivery = OutboxDelivery.objects.get()
+        assert (delivery.event_id, delivery.state) == (failing.id, "dead")
+        assert delivery.attempts == INT4_MAX
+
+    def test_a_due_delivery_at_the_largest_attempts(
+        self, two_subscribers: None, settings: Any
+    ) -> None:
+        slow_retries(settings)
+        behaviour[1] = fail
+        event(1)
+        relay().run()
+        OutboxDelivery.objects.update(attempts=INT4_MAX, available_at=timezone.now())
+        relay().run()  # it fails once more: dead
+        delivery = OutboxDelivery.objects.get()
+        assert (delivery.state, delivery.attempts) == ("dead", INT4_MAX)
+        assert delivery.last_error_code == "RuntimeError"
+
+    def test_an_event_taken_over_at_the_largest_attempts(
+        self, two_subscribers: None, settings: Any
+    ) -> None:
+        stuck = event(1)
+        past = timezone.now() - timedelta(hours=1)
+        OutboxEvent.objects.update(attempts=INT4_MAX, claimed_at=past, claimed_by="gone")
+        later = event(2)
+        relay().run()
+        stuck.refresh_from_db()
+        assert (stuck.dead_at is not None, stuck.attempts) == (True, INT4_MAX)
+        assert stuck.last_error_code == "relay_crashed"
+        assert jobs_by(HEALTHY) == [str(later.id)]
+
+    def test_a_failing_delivery_at_the_largest_attempts(
+        self, two_subscribers: None, settings: Any
+    ) -> None:
+        slow_retries(settings)
+        behaviour[1] = fail
+        event(1)
+        relay().run()
+        OutboxDelivery.objects.update(attempts=INT4_MAX - 1, available_at=timezone.now())
+        relay(max_attempts=INT4_MAX).run()  # its last attempt: dead
+        relay(max_attempts=INT4_MAX).run()
+        delivery = OutboxDelivery.objects.get()
+        assert (delivery.state, delivery.attempts) == ("dead", INT4_MAX)
