@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 
 from django_pgoutbox import enqueue, subscriber
 from django_pgoutbox.models import OutboxDelivery, OutboxEvent
@@ -112,6 +112,18 @@ def poison_terminate_once(event: OutboxEvent) -> None:
         return
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+
+
+@subscriber("poison.swallow_database_error")
+def poison_swallow_database_error(event: OutboxEvent) -> None:
+    """Enqueue its job, then run a statement that fails and catch the error: the relay's
+    transaction is left aborted, and every later statement of it would fail."""
+    enqueue("tests.noop", {"event": str(event.id)})
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+    except DatabaseError:
+        pass
 
 
 @subscriber("poison.close_connection")
