@@ -88,6 +88,60 @@ def write_deliveries(cursor: Any, deliveries: Sequence[subscribers.Delivery]) ->
     )
 
 
+#: The event's columns that the relay's claims return, in order (CLAIM_EVENTS adds ``claimed_at``).
+EVENT_COLUMNS = (
+    "id",
+    "organization_id",
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "schema_version",
+    "payload",
+    "occurred_at",
+    "available_at",
+    "attempts",
+)
+
+
+def claimed_event(row: Sequence[Any], using: str, **extra: Any) -> OutboxEvent:
+    """The event of a claim's ``row`` (``EVENT_COLUMNS``, its payload as JSON text)."""
+    values = dict(zip(EVENT_COLUMNS, row, strict=True))
+    values["payload"] = json.loads(values["payload"])
+    return saved_instance(OutboxEvent, using, {**values, **extra})
+
+
+def run_alone(
+    projection: Subscriber, event: OutboxEvent, jobs: DeferredEnqueues, using: str, *, flush: bool
+) -> tuple[BaseException, str] | None:
+    """Run one subscriber on ``event`` in a savepoint (and, with ``flush``, write the jobs it
+    enqueued there); if it failed, what failed it and the code of its delivery.
+
+    What it raises, and a job of its that cannot be written (a data error), are its failure. A
+    connection it closed raises ``ClosedBySubscriber``; a broken connection is nobody's:
+    ``ConnectionLost`` abandons the batch. Any other error of the relay's own statements leaves
+    the turn. The relay's isolated runs and the delivery runner share it.
+    """
+    mark = jobs.mark()
+    try:
+        with transaction.atomic(using=using):  # a savepoint: this subscriber only
+            subscribers.run_one(projection, event, using)
+            if flush:
+                jobs.flush()
+    except Exception as error:
+        jobs.discard_from(mark)
+        if isinstance(error, subscribers.ClosedBySubscriber):
+            raise
+        cause = error.error if isinstance(error, subscribers.SubscriberRaised) else error
+        if connection_lost(using):
+            raise ConnectionLost from cause
+        if isinstance(error, subscribers.SubscriberRaised):
+            return cause, subscribers.code_of(cause)
+        if classify_error(error) is ErrorKind.DATA:
+            return error, subscribers.UNWRITABLE_JOB
+        raise
+    return None
+
+
 def metric_name(subscriber: str, event_type: str) -> str:
     """``subscriber``, if registered for ``event_type`` here; else ``UNREGISTERED``."""
     if any(s.name == subscriber for s in subscribers_for(event_type)):
@@ -206,23 +260,9 @@ class DeliveryRunner:
         with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
             cursor.execute(queries.CLAIM_DELIVERIES, params)
             rows = cursor.fetchall()
-        names = [
-            "id",
-            "organization_id",
-            "aggregate_type",
-            "aggregate_id",
-            "event_type",
-            "schema_version",
-            "payload",
-            "occurred_at",
-            "available_at",
-            "attempts",
-        ]
         claimed = []
         for delivery_id, subscriber, attempts, claimed_at, reclaimed, spent, *row in rows:
-            values = dict(zip(names, row, strict=True))
-            values["payload"] = json.loads(values["payload"])
-            event = saved_instance(OutboxEvent, self.using, values)
+            event = claimed_event(row, self.using)
             fields = {
                 "event_id": str(event.id),
                 "event_type": event.event_type,
@@ -335,7 +375,7 @@ class DeliveryRunner:
 
     def _deliver_one(self, item: Claimed, jobs: DeferredEnqueues) -> subscribers.Delivery | None:
         """Run ``item``'s subscriber in a savepoint, its jobs written there; its failure, if
-        any. As the relay's isolated pass (``Relay._run_isolated``)."""
+        any (``run_alone``, as the relay's isolated runs)."""
         event = item.event
         projection = _registered(event.event_type, item.subscriber)
         if projection is None:
@@ -346,24 +386,11 @@ class DeliveryRunner:
             return self._failed(item, error, subscribers.UNKNOWN_SUBSCRIBER)
         if event.schema_version not in projection.versions:
             return subscribers.refused(event, item.subscriber)
-        mark = jobs.mark()
         try:
-            with transaction.atomic(using=self.using):  # a savepoint: this delivery only
-                subscribers.run_one(projection, event, self.using)
-                jobs.flush()
-        except Exception as error:
-            jobs.discard_from(mark)
-            if isinstance(error, subscribers.ClosedBySubscriber):
-                raise _Closed(item, error) from error
-            cause = error.error if isinstance(error, subscribers.SubscriberRaised) else error
-            if connection_lost(self.using):
-                raise ConnectionLost from cause
-            if isinstance(error, subscribers.SubscriberRaised):
-                return self._failed(item, cause, subscribers.code_of(cause))
-            if classify_error(error) is ErrorKind.DATA:
-                return self._failed(item, error, subscribers.UNWRITABLE_JOB)
-            raise
-        return None
+            failure = run_alone(projection, event, jobs, self.using, flush=True)
+        except subscribers.ClosedBySubscriber as closed:
+            raise _Closed(item, closed) from closed
+        return None if failure is None else self._failed(item, *failure)
 
     def _failed(self, item: Claimed, error: BaseException, code: str) -> subscribers.Delivery:
         # ``attempts`` counts the failures before this one; for a delivery taken over, this

@@ -40,7 +40,6 @@ supervisor sees it.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -54,15 +53,16 @@ from django_pgoutbox import metrics, queries
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
 from django_pgoutbox.db import ERROR_BACKOFF, ErrorKind, classify_error, server_side_cursor
 from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
-from django_pgoutbox.models import OutboxEvent, saved_instance
-from django_pgoutbox.outbox import Subscriber
+from django_pgoutbox.models import OutboxEvent
 from django_pgoutbox.retry import summarize
 from django_pgoutbox.worker import subscribers
 from django_pgoutbox.worker.deliveries import (
     ConnectionLost,
     DeliveryRunner,
+    claimed_event,
     connection_lost,
     metric_name,
+    run_alone,
     write_deliveries,
 )
 from django_pgoutbox.worker.seek import SeekPolicy
@@ -279,25 +279,9 @@ class Relay:
             cursor.execute(queries.SEEK_CLAIM_EVENTS if seek else queries.CLAIM_EVENTS, params)
             rows = cursor.fetchall()
         seconds = time.perf_counter() - started
-        names = [
-            "id",
-            "organization_id",
-            "aggregate_type",
-            "aggregate_id",
-            "event_type",
-            "schema_version",
-            "payload",
-            "occurred_at",
-            "available_at",
-            "attempts",
-            "claimed_at",
-        ]
         events, taken = [], []
-        for *row, reclaimed, spent, waiting in rows:
-            values = dict(zip(names, row, strict=True))
-            values["payload"] = json.loads(values["payload"])
-            values["claimed_by"] = self.relay_id
-            event = saved_instance(OutboxEvent, self.using, values)
+        for *row, claimed_at, reclaimed, spent, waiting in rows:
+            event = claimed_event(row, self.using, claimed_at=claimed_at, claimed_by=self.relay_id)
             taken.append(event)
             if waiting:
                 self._waiting[event.id] = frozenset(waiting)
@@ -488,9 +472,9 @@ class Relay:
         deliveries.extend(plan.deliveries)
         for projection in plan.runnable:
             if alone:
-                failed = self._run_isolated(projection, event, jobs, flush=flush)
-                if failed is not None:
-                    deliveries.append(failed)
+                failure = run_alone(projection, event, jobs, self.using, flush=flush)
+                if failure is not None:
+                    deliveries.append(self._failed(event, projection.name, *failure))
                 continue
             try:
                 subscribers.run_one(projection, event, self.using)
@@ -517,36 +501,6 @@ class Relay:
                 [[e.id for e in events], [e.claimed_at for e in events], self.relay_id],
             )
             return {row[0] for row in cursor.fetchall()}
-
-    def _run_isolated(
-        self, projection: Subscriber, event: OutboxEvent, jobs: DeferredEnqueues, *, flush: bool
-    ) -> subscribers.Delivery | None:
-        """Run one subscriber on ``event`` in a savepoint (and, with ``flush``, write the jobs it
-        enqueued there); its failed delivery, if it failed.
-
-        What it raises, and a job of its that cannot be written (a data error), are its
-        failure. A broken connection is nobody's: ``ConnectionLost`` abandons the batch. Any
-        other error of the relay's own statements leaves the turn.
-        """
-        mark = jobs.mark()
-        try:
-            with transaction.atomic(using=self.using):  # a savepoint: this subscriber only
-                subscribers.run_one(projection, event, self.using)
-                if flush:
-                    jobs.flush()
-        except Exception as error:
-            jobs.discard_from(mark)
-            if isinstance(error, subscribers.ClosedBySubscriber):
-                raise
-            cause = error.error if isinstance(error, subscribers.SubscriberRaised) else error
-            if connection_lost(self.using):
-                raise ConnectionLost from cause
-            if isinstance(error, subscribers.SubscriberRaised):
-                return self._failed(event, projection.name, cause, subscribers.code_of(cause))
-            if classify_error(error) is ErrorKind.DATA:
-                return self._failed(event, projection.name, error, subscribers.UNWRITABLE_JOB)
-            raise
-        return None
 
     def _failed(
         self, event: OutboxEvent, subscriber: str, error: BaseException, code: str
