@@ -435,6 +435,32 @@ class OutboxDelivery(models.Model):
         return "waiting"
 
 
+class QueueControl(models.Model):
+    """What an operator changed of a queue at run time (``pause_queue()``, ``resize_queue()``,
+    ``pgoutbox queues``, the admin's overview): whether it is paused, and the values that stand
+    in for its settings until reset. A queue with no row runs as its settings say. Every
+    worker reads its queues' rows at start, when notified of a change, and once per poll
+    interval."""
+
+    queue = models.TextField(primary_key=True)
+    # Set while the queue is paused: workers claim none of its jobs; enqueue still works.
+    paused_at = models.DateTimeField(null=True, blank=True)
+    # Who paused it ("admin user alice", "pgoutbox queues pause", "pause_queue()").
+    paused_by = models.TextField(null=True, blank=True)
+    # Values in place of the queue's settings: "CONCURRENCY" (a number), "MAX_RUNNING" and
+    # "RATE_LIMIT" (a number, or null for no limit). A key that is absent follows the setting.
+    overrides = models.JSONField(default=dict, db_default=models.Value({}, models.JSONField()))
+    updated_at = models.DateTimeField(db_default=TransactionNow())
+    updated_by = models.TextField(null=True, blank=True)
+
+    class Meta:
+        db_table = "queue_controls"
+        verbose_name = "queue control"
+
+    def __str__(self) -> str:
+        return self.queue
+
+
 class InboxMessage(models.Model):
     """A message received from another system (a webhook's delivery), recorded by
     ``accept_message()`` in the transaction that handles it, so that a redelivery is known as
