@@ -21,6 +21,7 @@ from django.dispatch import receiver
 from django_pgoutbox.conf.parse import parse_settings
 from django_pgoutbox.conf.values import (
     CANCEL_CHANNEL,
+    CONTROL_CHANNEL,
     DEFAULTS,
     JOBS_CHANNEL,
     LIMIT_BY_CHOICES,
@@ -46,6 +47,7 @@ from django_pgoutbox.conf.values import (
 
 __all__ = [
     "CANCEL_CHANNEL",
+    "CONTROL_CHANNEL",
     "DEFAULTS",
     "JOBS_CHANNEL",
     "LIMIT_BY_CHOICES",

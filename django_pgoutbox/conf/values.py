@@ -16,6 +16,9 @@ JOBS_CHANNEL = "pgoutbox_jobs"
 CANCEL_CHANNEL = "pgoutbox_cancel"
 #: The notification channel that wakes the outbox relay; the payload is the event type.
 OUTBOX_CHANNEL = "outbox_ready"
+#: The notification channel that tells workers a queue was paused, resumed or resized at run time
+#: (``queue_controls``); the payload is the queue name.
+CONTROL_CHANNEL = "pgoutbox_queues"
 
 #: Queue names travel in NOTIFY payloads, metric labels and command-line flags: keep them plain.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")

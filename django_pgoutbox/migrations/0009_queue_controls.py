@@ -18,9 +18,7 @@ class Migration(migrations.Migration):
                 ("paused_by", models.TextField(blank=True, null=True)),
                 (
                     "overrides",
-                    models.JSONField(
-                        db_default=models.Value({}, models.JSONField()), default=dict
-                    ),
+                    models.JSONField(db_default=models.Value({}, models.JSONField()), default=dict),
                 ),
                 (
                     "updated_at",

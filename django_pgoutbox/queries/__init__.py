@@ -7,6 +7,7 @@
 - ``outbox``: publishing a fact, and the relay's claim, fence and outcomes;
 - ``deliveries``: one subscriber's delivery of an event, when it could not run with the others;
 - ``inbox``: recording a received message once;
+- ``controls``: queues paused, resumed and resized at run time;
 - ``publish``: an ordered publisher's job, waiting for the earlier ones of its aggregate;
 - ``operations``: pruning, dead letters, cancellation;
 - ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks.
@@ -45,6 +46,13 @@ from django_pgoutbox.queries.claims import (
     RECORD_OUTCOMES,
     SEEK_CLAIM_JOBS,
     ClaimRow,
+)
+from django_pgoutbox.queries.controls import (
+    PAUSE_QUEUE,
+    QUEUE_CONTROLS,
+    READ_QUEUE_CONTROL,
+    RESIZE_QUEUE,
+    RESUME_QUEUE,
 )
 from django_pgoutbox.queries.deliveries import (
     CLAIM_DELIVERIES,
@@ -176,6 +184,7 @@ __all__ = [
     "ORGANIZATION_LIMITED_CLAIM",
     "OUTBOX_AND_SERVER_GAUGES",
     "OVERDUE_EVENTS",
+    "PAUSE_QUEUE",
     "PRUNE_EVENTS",
     "PRUNE_HEARTBEATS",
     "PRUNE_INBOX_MESSAGES",
@@ -183,6 +192,8 @@ __all__ = [
     "PUBLISH_AHEAD",
     "PUBLISH_EVENT",
     "QUEUE_ALLOWANCE",
+    "QUEUE_CONTROLS",
+    "READ_QUEUE_CONTROL",
     "RECORD_AND_CLAIM",
     "RECORD_AND_SEEK_CLAIM",
     "RECORD_DELIVERY_FAILURES",
@@ -194,6 +205,8 @@ __all__ = [
     "RELEASE_JOBS",
     "RENEW_LEASES",
     "REPLAY_EVENTS",
+    "RESIZE_QUEUE",
+    "RESUME_QUEUE",
     "RETRY_DEAD_JOBS",
     "SCHEDULE_CURSOR",
     "SCHEDULE_LOCK",

@@ -268,6 +268,16 @@ class Claims:
         #: its snapshot predates): the next full claim as soon as the spacing allows.
         self._short_beside = False
 
+    def configure(self, settings: QueueSettings) -> None:
+        """Claim with ``settings`` from now on (the queue was resized at run time: a limit set or
+        lifted); the claim in flight, if any, goes on with the settings it was made with."""
+        self.settings = settings
+        self.one_at_a_time = settings.fair or settings.limited
+        self.pace.prefetch_max = 0 if self.one_at_a_time else settings.prefetch
+        own_order = settings.fair or settings.limit_by == "organization"
+        self.seek = None if own_order else (self.seek or SeekPolicy())
+        self.wanted = True
+
     def poll(self, now: float) -> None:
         """At each turn: once the poll interval has passed, claim even with nothing written."""
         self.gathering_until = None

@@ -174,6 +174,17 @@ class Lanes:
         self.ready_at = [now] * count
         self._pause = [ERROR_BACKOFF[0]] * count
 
+    def add(self, lane: Any, now: float) -> None:
+        """One more lane (a queue limited at run time gets the one its renewals need while a
+        claim waits for the queue's lock), started at once."""
+        self.lanes.append(lane)
+        self.in_flight.append(None)
+        self.turns.append(0)
+        self.open.append(False)
+        self.ready_at.append(now)
+        self._pause.append(ERROR_BACKOFF[0])
+        lane.start()
+
     def free(self, now: float, *, beyond_first: bool) -> int | None:
         """The lane to send on now, if any: the first, else, with ``beyond_first`` or while the
         first backs off after an error, another."""

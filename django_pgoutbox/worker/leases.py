@@ -17,8 +17,10 @@ import psycopg
 from django_pgoutbox import health, queries
 from django_pgoutbox.conf import QueueSettings
 from django_pgoutbox.maintenance import recover_expired_leases
+from django_pgoutbox.queue_controls import Control
 from django_pgoutbox.retry import summarize
 from django_pgoutbox.worker.attempt import Key
+from django_pgoutbox.worker.controls import ReadControl
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -69,13 +71,20 @@ class Renew:
 
 @dataclass(eq=False)
 class Recover:
-    """Recover this queue's expired leases (``maintenance.recover_expired_leases``)."""
+    """Recover this queue's expired leases (``maintenance.recover_expired_leases``), after
+    reading the queue's row of ``queue_controls`` (``control``) if asked: the once per poll
+    interval read that finds a change whose notification was lost."""
 
     queue: str
+    control: ReadControl | None = None
+    #: What ``control`` read, filled in on the lane.
+    read: Control | None = None
     #: How long the statement took (seconds), filled in on the lane.
     seconds: float = 0.0
 
     def run(self, connection: psycopg.Connection[Any]) -> None:
+        if self.control is not None:
+            self.read = self.control.run(connection)
         started = time.perf_counter()
         try:
             recover_expired_leases(self.queue, connection=connection)
@@ -222,11 +231,11 @@ class Upkeep:
     def recovery_due(self, now: float) -> bool:
         return not self.recovering and now >= self.next_recovery
 
-    def recover(self, now: float) -> Recover:
+    def recover(self, now: float, control: ReadControl | None = None) -> Recover:
         self.recovering = True
         self.recovery_sent = now
         self.next_recovery = now + self.settings.poll_interval
-        return Recover(self.settings.name)
+        return Recover(self.settings.name, control)
 
     def slow_recovery(self, now: float) -> bool:
         """Whether the recovery in flight is slow (``SLOW_RECOVERY``): its lane is not waited

@@ -34,8 +34,10 @@ LOST = "lost"
 #: Posted by a lane: ``(REPLY, lane index, request, result, error, connection open)``.
 REPLY = "reply"
 # Posted by the listener, the supervisor, a handler's ``ctx.renew_lease()``, a test: ``(WAKE,)``,
-# ``(STOP,)``, ``(CANCELS,)``, ``(RENEW, RenewalRequest)``, ``(SNAPSHOT, reply)``.
+# ``(STOP,)``, ``(CANCELS,)``, ``(CONTROL,)`` (the queue was paused, resumed or resized),
+# ``(RENEW, RenewalRequest)``, ``(SNAPSHOT, reply)``.
 WAKE = "wake"
+CONTROL = "control"
 STOP = "stop"
 CANCELS = "cancels"
 RENEW = "renew"

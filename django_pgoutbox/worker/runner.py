@@ -30,9 +30,11 @@ from django.db import connections
 from django_pgoutbox import metrics
 from django_pgoutbox.conf import QueueSettings, RetrySettings
 from django_pgoutbox.errors import LeaseLost
+from django_pgoutbox.queue_controls import Control
 from django_pgoutbox.worker import deadlines, mailbox
 from django_pgoutbox.worker.attempt import HELD, LOST, QUEUED, Attempt, Key
 from django_pgoutbox.worker.claims import FLUSH_SIZE, Claims, RecordAndClaim
+from django_pgoutbox.worker.controls import Controls, ReadControl
 from django_pgoutbox.worker.deadlines import STUCK_AFTER
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.handlers import AttemptRunner, Handlers, HandlerThreads
@@ -74,15 +76,21 @@ class QueueRunner:
         lane: Callable[[int, Mailbox], Any] | None = None,
         handlers: Callable[[int, Mailbox, Callable[[Attempt], Outcome | None]], Handlers]
         | None = None,
+        control: Control | None = None,
     ) -> None:
         """``clock``, ``lane`` and ``handlers`` are for tests that drive the coordinator with
-        fakes (``step()``): what makes a lane from its index, and the handler threads."""
+        fakes (``step()``): what makes a lane from its index, and the handler threads.
+        ``control``: the queue's row of ``queue_controls`` if already read (else the first turn
+        reads it, and nothing is claimed before)."""
         self.queue = settings.name
-        self.settings = settings
         self.worker_id = worker_id
         self.using = using
         self.policy = policy
         self.concurrency = concurrency or settings.concurrency
+        self._controls = Controls(settings, self.concurrency)
+        if control is not None:
+            settings, self.concurrency = self._controls.preset(control)
+        self.settings = settings
         self.burst = burst
         self.grace_period = grace_period
         self.lease_seconds = settings.lease_seconds
@@ -107,7 +115,7 @@ class QueueRunner:
         self._own_worker_ids = (json.dumps([worker_id]), (worker_id,))
         # -- the lanes and the handler threads ---------------------------------------------------
         count = 2 if self._claims.one_at_a_time else settings.connections
-        make_lane = lane or self._make_lane
+        make_lane = self._new_lane = lane or self._make_lane
         self._lanes = Lanes([make_lane(index, self._mailbox) for index in range(count)], now)
         run = AttemptRunner(
             queue=self.queue, policy=policy, using=using, mailbox=self._mailbox, renew=self.renew
@@ -143,6 +151,10 @@ class QueueRunner:
         if (stop_lane := self._standby.stop_lane) is not None:
             stop_lane()
         self._mailbox.post((mailbox.STOP,))
+
+    def controls_changed(self) -> None:
+        """The queue was paused, resumed or resized (a notification): read its row now."""
+        self._mailbox.post((mailbox.CONTROL,))
 
     def check_cancellations(self) -> None:
         """A running job of this queue was asked to stop: look at the running jobs now."""
@@ -210,6 +222,8 @@ class QueueRunner:
                 self._upkeep.asked.append(message[1])
             elif kind is mailbox.CANCELS:
                 self._upkeep.check_cancel = True
+            elif kind is mailbox.CONTROL:
+                self._controls.asked = True
             elif kind is mailbox.LOST:
                 replace = state.lost(message[1], message[2])
                 if replace is not None:
@@ -242,7 +256,8 @@ class QueueRunner:
         if upkeep.health_due(stuck):
             self._send_if_free(now, lambda: upkeep.report(stuck))
         if state.to_unclaim:
-            self._give_back(now, "UNCLAIM_JOBS", "shutdown" if self._stopping else "suspects")
+            reason = "shutdown" if self._stopping else "suspects"
+            self._give_back(now, "UNCLAIM_JOBS", reason if self._controls.claimable else "paused")
         # Renewals first, but not twice in a row ahead of the outcomes and claims: handlers
         # that call ``ctx.renew_lease()`` again as soon as answered would else hold the lane.
         # (``renewed_last`` holds until the next renewal is sent: a turn with no lane free, a
@@ -254,8 +269,10 @@ class QueueRunner:
             self._stop_turn(now)
         elif not self._exiting:
             # Not on the lane an overtaken full claim frees: that one is the seeks'.
+            if self._controls.due():  # first: nothing is claimed before it is answered
+                self._send_if_free(now, self._controls.read)
             if upkeep.recovery_due(now) and not self._claims.overtaking(now):
-                self._send_if_free(now, lambda: upkeep.recover(now))
+                self._send_if_free(now, lambda: upkeep.recover(now, self._controls.periodic()))
             self._record_and_claim(now)
         if not renew_first:
             self._renew_if_due(now)
@@ -263,8 +280,11 @@ class QueueRunner:
             self._exiting = False  # a write failed meanwhile: its outcomes go first
         if self._exiting and not self._lanes.busy():
             self._done = True
+        elif self.burst and self._controls.known and self._controls.control.paused:
+            self._exiting = True  # a burst runs what is due: nothing is, in a paused queue
         elif not (self._stopping or self._exiting or self.burst):
-            self._standby.arm_if_idle(now, holding=self._suspects.holding)
+            holding = self._suspects.holding or not self._controls.claimable
+            self._standby.arm_if_idle(now, holding=holding)
 
     def _renew_if_due(self, now: float) -> None:
         state, upkeep = self._state, self._upkeep
@@ -338,6 +358,10 @@ class QueueRunner:
                     self._upkeep.renewed_last = True
         elif isinstance(request, GiveBack):
             request.answered(self.queue, result, error)
+        if isinstance(request, ReadControl):
+            self._read_control(result if error is None else None, now)
+        elif isinstance(request, Recover) and request.control is not None:
+            self._read_control(request.read if error is None else None, now)
         if error is not None:
             self._on_error(index, request, error, pause, now)
         elif isinstance(request, RecordAndClaim):
@@ -379,7 +403,7 @@ class QueueRunner:
             if claims.wanted:
                 self._standby.fire()
             return
-        claimable = not self._suspects.holding
+        claimable = not self._suspects.holding and self._controls.claimable
         hurry = bool(self._upkeep.asked)  # a handler waits on a renewal: no gathering
         while sending := claims.next(now, state, claimable=claimable, hurry=hurry):
             outcomes, limit = sending
@@ -413,7 +437,8 @@ class QueueRunner:
             new = self._handlers.take_waiting() if self._stopping else []
             for attempt in new:  # stopping: those no thread started yet go back
                 state.forget(attempt)
-        if self._stopping:  # a claim in flight at the stop: given back, never started
+        if self._stopping or not self._controls.claimable:
+            # A claim in flight at the stop or the pause: given back, never started.
             for attempt in new + suspects:
                 attempt.state = LOST
             state.to_unclaim += new + suspects
@@ -430,6 +455,33 @@ class QueueRunner:
             else:
                 state.hold(attempt, HELD)
                 self._suspects.held, self._suspects.held_since = attempt, now
+
+    def _read_control(self, control: Control | None, now: float) -> None:
+        """The queue's row was read (``controls``; None: the read failed): pause, resume,
+        resize."""
+        if control is None:
+            self._controls.failed()
+            return
+        change = self._controls.answered(control, self.settings, self.concurrency)
+        if change.settings is not None:
+            self.settings = change.settings
+            self._claims.configure(change.settings)
+            self._standby.disarm()  # its claim was made with the settings before
+            if self._claims.one_at_a_time and len(self._lanes.lanes) < 2:
+                self._lanes.add(self._new_lane(len(self._lanes.lanes), self._mailbox), now)
+        for _ in range(abs(change.threads)):
+            (self._handlers.add_thread if change.threads > 0 else self._handlers.retire_thread)()
+        if change.threads:
+            self.concurrency += change.threads
+            self._claims.concurrency = self.concurrency
+        if change.paused:  # what no thread started yet goes back
+            self._standby.disarm()
+            waiting = self._handlers.take_waiting()
+            for attempt in waiting:
+                self._state.forget(attempt)
+            self._state.to_unclaim += waiting
+        elif change.paused is False:
+            self._claims.wanted = True
 
     # -- giving back, health, suspects ---------------------------------------------------------
 

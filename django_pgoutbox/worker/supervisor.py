@@ -14,6 +14,7 @@ from django.db import router
 
 from django_pgoutbox.conf import (
     CANCEL_CHANNEL,
+    CONTROL_CHANNEL,
     JOBS_CHANNEL,
     MAX_CONCURRENCY,
     OUTBOX_CHANNEL,
@@ -182,6 +183,7 @@ class Worker:
             if self.runners:
                 channels[JOBS_CHANNEL] = self._on_job_notification
                 channels[CANCEL_CHANNEL] = self._on_cancel_notification
+                channels[CONTROL_CHANNEL] = self._on_control_notification
             if self.relay is not None:
                 channels[OUTBOX_CHANNEL] = self.relay.wake
             if channels:  # a scheduler alone has nothing to listen for
@@ -287,8 +289,16 @@ class Worker:
         if runner is not None:
             runner.check_cancellations()
 
+    def _on_control_notification(self, queue: str) -> None:
+        runner = self.runners.get(queue)
+        if runner is not None:
+            runner.controls_changed()
+
     def _wake_all(self) -> None:
+        """(Re)connected: a notification sent meanwhile is lost. Each queue claims, and reads
+        its row of ``queue_controls`` again."""
         for runner in self.runners.values():
+            runner.controls_changed()
             runner.wake()
         if self.relay is not None:
             self.relay.wake()

@@ -15,13 +15,18 @@ import psycopg
 from django_pgoutbox.conf import get_settings
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.queries import ClaimRow
+from django_pgoutbox.queue_controls import Control
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.claims import RecordAndClaim
+from django_pgoutbox.worker.controls import ReadControl
 from django_pgoutbox.worker.execute import Outcome
+from django_pgoutbox.worker.leases import Recover
 from django_pgoutbox.worker.mailbox import FINISHED, LOST, REPLY, STARTED, Mailbox
 from django_pgoutbox.worker.runner import QueueRunner
 
 WORKER = "w-unit"
+#: A queue with no row in ``queue_controls``: not paused, nothing set at run time.
+NO_ROW = Control()
 
 
 class Clock:
@@ -65,6 +70,10 @@ class FakeLane:
             request.written = request.batch
             request.applied = [o.job.id for o in request.batch]
             result = request
+        if isinstance(request, ReadControl) and result is None and error is None:
+            result = Control()  # the queue's row: none (not paused, nothing set at run time)
+        if isinstance(request, Recover) and request.control is not None and error is None:
+            request.read = request.read or Control()  # (its read of the queue's row, as above)
         self.mailbox.post((REPLY, self.index, request, result, error, True))
         return request
 
@@ -139,8 +148,12 @@ def claim_row(*, suspect: bool = False, attempt: int = 1) -> ClaimRow:
 class Harness:
     """A coordinator of the default queue with fake lanes, handler threads and clock."""
 
-    def __init__(self, *, lane_class: Any = None, **overrides: Any) -> None:
-        """``lane_class``: a FakeLane subclass for the lanes."""
+    def __init__(
+        self, *, lane_class: Any = None, control: Control | None = NO_ROW, **overrides: Any
+    ) -> None:
+        """``lane_class``: a FakeLane subclass for the lanes. ``control``: the queue's row of
+        ``queue_controls`` as read at start (by default none: not paused, nothing set at run
+        time); None: the coordinator's first turn reads it."""
         conf = get_settings()
         settings = dataclasses.replace(
             conf.queues["default"],
@@ -167,6 +180,7 @@ class Harness:
             clock=self.clock,
             lane=lane,
             handlers=handlers,
+            control=control,
         )
         assert self.handlers is not None
         self.threads: FakeHandlers = self.handlers

@@ -32,7 +32,7 @@ class Walk:
 
     def __init__(self, seed: int, **settings: object) -> None:
         self.rng = random.Random(seed)
-        self.harness = Harness(**settings)
+        self.harness = Harness(**settings)  # type: ignore[arg-type]
         self.fair = bool(settings.get("fair"))
         #: Keys whose outcome a successful write carried, and how many times.
         self.written: dict[object, int] = {}

@@ -1,0 +1,138 @@
+"""A queue paused or resized at run time, as its coordinator knows it (``queue_controls``).
+
+The coordinator reads its queue's row on a lane (``ReadControl``) before its first claim, when
+the listener passes on a notification of a change, and with each lease recovery (once per poll
+interval), which finds a change whose notification was lost; ``Controls``,
+its own, says when, and what changed since the last answer (``Change``), which the coordinator
+then applies: no claim while paused (the attempts claimed but not started are given back),
+handler threads added or retired, the claims' settings replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from django_pgoutbox import queries
+from django_pgoutbox.conf import QueueSettings
+from django_pgoutbox.db import ErrorKind, classify_error
+from django_pgoutbox.queue_controls import Control
+from django_pgoutbox.retry import summarize
+
+logger = logging.getLogger("django_pgoutbox.worker")
+
+
+@dataclass(eq=False)
+class ReadControl:
+    """Read one queue's row of ``queue_controls``; returns its ``Control``.
+
+    A lost connection is the lane's to retry; any other error (the table gone, a permission
+    taken away) is not the worker's end: the queue runs as its settings say, and says why."""
+
+    queue: str
+
+    def run(self, connection: psycopg.Connection[Any]) -> Control:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(queries.READ_QUEUE_CONTROL, [self.queue])
+                row = cursor.fetchone()
+        except psycopg.Error as error:
+            if classify_error(error) in (ErrorKind.CONNECTION, ErrorKind.CONFLICT):
+                raise
+            problem = f"queue_controls could not be read ({summarize(error)}); the settings apply"
+            return Control(problems=(problem,))
+        return Control() if row is None else Control.from_row(self.queue, *row)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a new answer changes: the queue paused or resumed, its claims' settings (None:
+    unchanged), how many handler threads to add (or, negative, to retire)."""
+
+    paused: bool | None = None
+    settings: QueueSettings | None = None
+    threads: int = 0
+
+
+class Controls:
+    """When the coordinator reads its queue's row, and what it last read: the coordinator's
+    own."""
+
+    def __init__(self, settings: QueueSettings, concurrency: int) -> None:
+        #: The settings and the concurrency the process started with: what a reset goes back to.
+        self.base = settings
+        self.base_concurrency = concurrency
+        self.control = Control()
+        #: No answer yet: the queue claims nothing (a paused queue stays paused at a restart).
+        self.known = False
+        self.reading = False
+        self.asked = True  # read now: at start, or a notification came
+        self._said: set[str] = set()
+
+    @property
+    def claimable(self) -> bool:
+        """Whether the queue may claim: its row read, and not paused."""
+        return self.known and not self.control.paused
+
+    def due(self) -> bool:
+        """Whether to read the row now on its own: at start, after a notification or a failed
+        read (else it goes with each lease recovery, ``periodic``)."""
+        return self.asked and not self.reading
+
+    def read(self) -> ReadControl:
+        self.reading, self.asked = True, False
+        return ReadControl(self.base.name)
+
+    def periodic(self) -> ReadControl | None:
+        """The read to send with a lease recovery (once per poll interval), unless one is in
+        flight."""
+        return None if self.reading else self.read()
+
+    def failed(self) -> None:
+        """The read failed (the lane backs off): read again as soon as a lane is ready."""
+        self.reading, self.asked = False, True
+
+    def preset(self, control: Control) -> tuple[QueueSettings, int]:
+        """The row as read before the coordinator started: the settings and the concurrency
+        to start with."""
+        self.answered(control, self.base, self.base_concurrency)
+        self.asked = False
+        return control.settings(self.base), control.concurrency(self.base_concurrency)
+
+    def answered(self, control: Control, settings: QueueSettings, concurrency: int) -> Change:
+        """A read came back with ``control``; the coordinator runs with ``settings`` and
+        ``concurrency`` threads now. Returns what to change."""
+        self.reading = False
+        queue = self.base.name
+        for problem in control.problems:
+            if problem not in self._said:  # said once, not at every poll
+                self._said.add(problem)
+                logger.error("queue %s: %s", queue, problem, extra={"queue": queue})
+        before, first = self.control, not self.known
+        self.control, self.known = control, True
+        paused = None
+        if control.paused != before.paused or (first and control.paused):
+            paused = control.paused
+            logger.warning(
+                "queue %s: %s",
+                queue,
+                "paused: claiming none of its jobs until it is resumed"
+                if control.paused
+                else "resumed",
+                extra={"queue": queue},
+            )
+        wanted = control.settings(self.base)
+        threads = control.concurrency(self.base_concurrency) - concurrency
+        if wanted != settings or threads:
+            logger.info(
+                "queue %s: concurrency %d, max running %s, rate limit %s",
+                queue,
+                concurrency + threads,
+                "none" if wanted.max_running is None else wanted.max_running,
+                "none" if wanted.rate_limit is None else f"{wanted.rate_limit:g}/s",
+                extra={"queue": queue},
+            )
+        return Change(paused, wanted if wanted != settings else None, threads)
