@@ -31,7 +31,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections, router
 
-from django_pgoutbox import gauges, queries
+from django_pgoutbox import gauges, queries, queue_controls
 from django_pgoutbox.models import WorkerHeartbeat
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -175,6 +175,9 @@ class HealthReport:
     #: The subscribers' undelivered deliveries, by subscriber (``gauges.SubscriberGauges``), or
     #: None.
     deliveries: dict[str, gauges.SubscriberGauges] | None = None
+    #: Queues paused at run time (``pause_queue()``): no worker claims their jobs. A warning,
+    #: never unhealthy.
+    paused_queues: list[str] = field(default_factory=list)
     #: What an operator should look at, which does not make the report unhealthy: the horizon
     #: held past ``PGOUTBOX["HORIZON_WARNING_SECONDS"]``, abandoned outbox events, dead and
     #: abandoned deliveries.
@@ -186,6 +189,7 @@ class HealthReport:
             "roles": self.roles,
             "workers": self.workers,
             "stuck_queues": self.stuck_queues,
+            "paused_queues": self.paused_queues,
             "horizon": None if self.horizon is None else asdict(self.horizon),
             "abandoned_events": (
                 None if self.abandoned_events is None else asdict(self.abandoned_events)
@@ -247,11 +251,13 @@ def health_report(
     holder = gauges.horizon_holder(alias)
     abandoned = gauges.abandoned_events(alias)
     deliveries = gauges.delivery_gauges(alias)
+    paused = [status for status in queue_controls.queue_statuses(alias).values() if status.paused]
     return HealthReport(
         healthy=all(roles_ok.values()) and not stuck,
         roles=roles_ok,
         workers=workers,
         stuck_queues=sorted(stuck),
+        paused_queues=[status.queue for status in paused],
         horizon=holder,
         abandoned_events=abandoned,
         deliveries=deliveries,
@@ -259,5 +265,11 @@ def health_report(
             gauges.horizon_warnings(holder)
             + gauges.abandoned_warnings(abandoned)
             + gauges.delivery_warnings(deliveries)
+            + [
+                f"queue {status.queue} is paused (by {status.paused_by}, since "
+                f"{status.paused_at.isoformat() if status.paused_at else 'unknown'}): no worker "
+                "claims its jobs until it is resumed"
+                for status in paused
+            ]
         ),
     )

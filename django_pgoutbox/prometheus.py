@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django_pgoutbox import gauges as db_gauges
-from django_pgoutbox import metrics
+from django_pgoutbox import metrics, queue_controls
 
 try:
     from prometheus_client import CollectorRegistry, generate_latest, start_http_server
@@ -86,6 +86,7 @@ class DatabaseCollector(Collector):
             oldest.add_metric([name], queue.oldest_pending_age)
         yield jobs
         yield oldest
+        yield from queue_control_gauges(self.using)
         yield GaugeMetricFamily(
             "pgoutbox_outbox_events_pending",
             "Outbox events not yet projected (not dead).",
@@ -182,3 +183,29 @@ def database_exposition(using: str | None = None) -> bytes:
 def serve_process_metrics(port: int, address: str = "127.0.0.1") -> None:
     """Serve this process's metrics at ``http://address:port/metrics`` from a daemon thread."""
     start_http_server(port, addr=address, registry=process_registry())
+
+
+def queue_control_gauges(using: str | None) -> Iterator[Any]:
+    """Each queue paused or not, and the values in effect (``queue_controls``)."""
+    paused = GaugeMetricFamily(
+        "pgoutbox_queue_paused",
+        "1 while the queue is paused (pause_queue(), pgoutbox queues pause): no worker claims "
+        "its jobs.",
+        labels=["queue"],
+    )
+    limits = GaugeMetricFamily(
+        "pgoutbox_queue_limit",
+        "The values in effect, set at run time or by the settings: concurrency (handler "
+        "threads per worker process), max_running and rate_limit (jobs per second, across "
+        "every worker); a limit that is not set has no sample.",
+        labels=["queue", "limit"],
+    )
+    for status in queue_controls.queue_statuses(using).values():
+        name = metrics.label_value("queue", status.queue)
+        paused.add_metric([name], 1.0 if status.paused else 0.0)
+        for limit in ("concurrency", "max_running", "rate_limit"):
+            value = getattr(status, limit)
+            if value is not None:
+                limits.add_metric([name, limit], float(value))
+    yield paused
+    yield limits

@@ -15,8 +15,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
-from django_pgoutbox import control, scheduler
+from django_pgoutbox import control, queue_controls, scheduler
 from django_pgoutbox import gauges as db_gauges
+from django_pgoutbox.admin import queues
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.common import ReadOnlyAdmin, json_preview
 from django_pgoutbox.admin.filters import (
@@ -247,7 +248,15 @@ class JobAdmin(ReadOnlyAdmin):
 
     def get_urls(self) -> list[Any]:
         overview = self.admin_site.admin_view(self.overview_view)
-        return [path("overview/", overview, name="pgoutbox_overview"), *super().get_urls()]
+        act = self.admin_site.admin_view(self.queue_action_view)
+        return [
+            path("overview/", overview, name="pgoutbox_overview"),
+            path("overview/queue/<str:name>/<str:action>/", act, name="pgoutbox_queue_action"),
+            *super().get_urls(),
+        ]
+
+    def queue_action_view(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
+        return queues.queue_action(self, request, name, action)
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -255,17 +264,23 @@ class JobAdmin(ReadOnlyAdmin):
         gauges = db_gauges.database_gauges(router.db_for_read(Job))
         holder = db_gauges.horizon_holder(router.db_for_read(Job))
         dead_url = reverse("admin:pgoutbox_deadletter_changelist")
-        queues = [
-            {"gauges": g, "dead_url": f"{dead_url}?queue={g.queue}"} for g in gauges.queues.values()
+        statuses = queue_controls.queue_statuses(router.db_for_read(Job))
+        rows = [
+            {
+                "gauges": g,
+                "dead_url": f"{dead_url}?queue={g.queue}",
+                **(queues.queue_row(statuses[g.queue]) if g.queue in statuses else {}),
+            }
+            for g in gauges.queues.values()
         ]
         schedules, problems = load_schedules()
         now = scheduler.database_now(router.db_for_read(Job))
         cursors = scheduler.cursors()
-        rows = []
+        schedule_rows = []
         for name, entry in sorted(schedules.items()):
             last = cursors.get(name)
             latest = entry.latest_due(now)
-            rows.append(
+            schedule_rows.append(
                 {
                     "name": name,
                     "spec": entry.spec,
@@ -277,11 +292,12 @@ class JobAdmin(ReadOnlyAdmin):
         context = {
             **self.admin_site.each_context(request),
             "title": "Queues overview",
-            "queues": queues,
+            "queues": rows,
+            "can_change": self.has_cancel_permission(request),
             "gauges": gauges,
             "horizon": holder,
             "horizon_warnings": db_gauges.horizon_warnings(holder),
-            "schedules": rows,
+            "schedules": schedule_rows,
             "schedule_problems": problems,
             "now": timezone.now(),
             "opts": self.model._meta,

@@ -12,6 +12,9 @@ pgoutbox events redrive ID... | --all [--event-type T] [--dead-for AGE] [--yes]
 pgoutbox events discard ID... | --all [--event-type T] [--dead-for AGE] [--yes]
 pgoutbox deliveries list|redrive|discard   a subscriber's deliveries, as events (deliveries.py)
 pgoutbox outbox replay --subscriber S --since WHEN [--until WHEN] [--yes]
+pgoutbox queues [list]               every queue, paused or not, with the values in effect
+pgoutbox queues pause|resume NAME    stop every worker claiming a queue's jobs, or let them again
+pgoutbox queues resize NAME [--concurrency N] [--max-running N] [--rate-limit R]  (queues.py)
 pgoutbox schedules                   every schedule with its last and next slot
 pgoutbox run-schedule NAME           enqueue a schedule's job now
 pgoutbox recover-leases              return expired leases to their queue (or dead letters)
@@ -43,7 +46,7 @@ from django_pgoutbox.health import (
     parse_max_age,
     parse_roles,
 )
-from django_pgoutbox.management import arguments, deliveries, table
+from django_pgoutbox.management import arguments, deliveries, queues, table
 from django_pgoutbox.models import Job
 from django_pgoutbox.schedules import load_schedules
 
@@ -167,6 +170,7 @@ class Command(BaseCommand):
                 "--yes", action="store_true", help="Do not ask before acting on --all."
             )
         deliveries.add_parsers(sub)
+        queues.add_parsers(sub)
         show = dead_actions.add_parser("show", help="One dead job in full.")
         show.add_argument("id")
         cancel = sub.add_parser(
@@ -205,6 +209,8 @@ class Command(BaseCommand):
             deliveries.handle_deliveries(using, options, self.stdout.write, self._confirm)
         elif action == "outbox":
             deliveries.handle_outbox(using, options, self.stdout.write, self._confirm)
+        elif action == "queues":
+            queues.handle_queues(using, options, self.stdout.write)
         elif action == "cancel":
             ids = [arguments.identifier(value) for value in options["ids"]]
             states = control.cancel_jobs(ids, using=using, by="pgoutbox cancel")
