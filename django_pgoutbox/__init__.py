@@ -30,7 +30,10 @@ __all__ = [
     "enqueue",
     "enqueue_many",
     "job",
+    "pause_queue",
     "publish",
+    "resize_queue",
+    "resume_queue",
     "subscriber",
 ]
 
@@ -54,6 +57,7 @@ if TYPE_CHECKING:
     )
     from django_pgoutbox.inbox import accept_message
     from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber
+    from django_pgoutbox.queue_controls import pause_queue, resize_queue, resume_queue
     from django_pgoutbox.registry import job
 
 #: Where each name of the API that is not an exception lives (the exceptions: in errors).
@@ -68,6 +72,9 @@ _LAZY = {
     "OutboxModelMixin": "outbox",
     "publish": "outbox",
     "subscriber": "outbox",
+    "pause_queue": "queue_controls",
+    "resume_queue": "queue_controls",
+    "resize_queue": "queue_controls",
 }
 
 
