@@ -28,6 +28,7 @@ class PgOutboxConfig(AppConfig):
         from django_pgoutbox import (
             maintenance,  # noqa: F401 - registers the built-in jobs
             publishers,  # noqa: F401 - registers pgoutbox.publish
+            queue_minutes,  # noqa: F401 - registers the built-in job that samples the queues
         )
 
         autodiscover_modules("jobs")

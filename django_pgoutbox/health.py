@@ -33,6 +33,7 @@ from django.db import DatabaseError, connections, router
 
 from django_pgoutbox import gauges, queries, queue_controls
 from django_pgoutbox.models import WorkerHeartbeat
+from django_pgoutbox.queue_minutes import OutcomeCounts
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -102,6 +103,7 @@ class Heartbeat:
     """Keeps this process's ``worker_heartbeats`` row fresh while it runs."""
 
     def __init__(self, worker_id: str, roles: Iterable[str], queues: Iterable[str], using: str):
+        queues = list(queues)
         self.worker_id = worker_id
         self.using = using
         self._params: dict[str, Any] = {
@@ -111,6 +113,9 @@ class Heartbeat:
             "roles": json.dumps(list(roles)),
             "queues": json.dumps(list(queues)),
         }
+        #: What this process's workers wrote, added to ``queue_minutes`` with each beat: this
+        #: thread's own.
+        self._outcomes = OutcomeCounts(queues)
         self._stop = threading.Event()
         self._first = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pgoutbox-heartbeat", daemon=True)
@@ -129,6 +134,7 @@ class Heartbeat:
         try:
             with connections[self.using].cursor() as cursor:
                 cursor.execute(queries.HEARTBEAT, self._params)
+                self._outcomes.add(cursor)
         except DatabaseError as error:
             logger.warning("heartbeat failed (%s); will try again", error)
             connections[self.using].close()

@@ -461,6 +461,41 @@ class QueueControl(models.Model):
         return self.queue
 
 
+class QueueMinute(models.Model):
+    """One queue's activity in one minute, for the admin's charts: the outcomes that workers
+    wrote (each process adds its counts with its heartbeat), and the backlog that maintenance
+    samples (the largest seen in the minute). Kept for ``QUEUE_STATS_HOURS``; pruned by
+    maintenance."""
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.TextField()
+    # The minute (the database clock, truncated), UTC.
+    minute = models.DateTimeField()
+    completed = models.IntegerField(default=0, db_default=0)
+    # Attempts that failed: retried, or dead.
+    failed = models.IntegerField(default=0, db_default=0)
+    dead = models.IntegerField(default=0, db_default=0)
+    # Jobs waiting to be claimed (due now, and retrying), and the oldest one's wait (seconds):
+    # the largest sample of the minute; null when maintenance took none.
+    backlog = models.IntegerField(null=True, blank=True)
+    oldest_pending_age = models.FloatField(null=True, blank=True)
+
+    class Meta:
+        db_table = "queue_minutes"
+        verbose_name = "queue minute"
+        constraints: ClassVar[list[models.BaseConstraint]] = [
+            # What each write's ON CONFLICT names; the charts read a queue's last hours by it.
+            models.UniqueConstraint(fields=["queue", "minute"], name="queue_minutes_uq"),
+        ]
+        indexes: ClassVar[list[models.Index]] = [
+            # Maintenance deletes the oldest minutes first.
+            models.Index(fields=["minute"], name="queue_minutes_minute_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.minute:%Y-%m-%d %H:%M}"
+
+
 class InboxMessage(models.Model):
     """A message received from another system (a webhook's delivery), recorded by
     ``accept_message()`` in the transaction that handles it, so that a redelivery is known as

@@ -38,6 +38,7 @@ BUILTIN_SCHEDULES: dict[str, dict[str, Any]] = {
     "pgoutbox.recover_leases": {"JOB": "pgoutbox.recover_leases", "EVERY": 30},
     "pgoutbox.reconcile_outbox": {"JOB": "pgoutbox.reconcile_outbox", "EVERY": 300},
     "pgoutbox.prune": {"JOB": "pgoutbox.prune", "EVERY": 3600},
+    "pgoutbox.sample_queues": {"JOB": "pgoutbox.sample_queues", "EVERY": 60},
 }
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -15,9 +15,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
 
-from django_pgoutbox import control, queue_controls, scheduler
+from django_pgoutbox import control, queue_controls, queue_minutes, scheduler
 from django_pgoutbox import gauges as db_gauges
-from django_pgoutbox.admin import queues
+from django_pgoutbox.admin import charts, queues
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.common import ReadOnlyAdmin, json_preview
 from django_pgoutbox.admin.filters import (
@@ -265,6 +265,8 @@ class JobAdmin(ReadOnlyAdmin):
         holder = db_gauges.horizon_holder(router.db_for_read(Job))
         dead_url = reverse("admin:pgoutbox_deadletter_changelist")
         statuses = queue_controls.queue_statuses(router.db_for_read(Job))
+        hours = charts.window(request.GET.get("hours"))
+        minutes = queue_minutes.recent_minutes(hours, using=router.db_for_read(Job))
         rows = [
             {
                 "gauges": g,
@@ -293,6 +295,12 @@ class JobAdmin(ReadOnlyAdmin):
             **self.admin_site.each_context(request),
             "title": "Queues overview",
             "queues": rows,
+            "activity": [
+                {"queue": name, "charts": charts.queue_charts(points, hours)}
+                for name, points in minutes.items()
+            ],
+            "hours": hours,
+            "windows": queue_minutes.WINDOWS,
             "can_change": self.has_cancel_permission(request),
             "gauges": gauges,
             "horizon": holder,

@@ -7,7 +7,7 @@
 - ``outbox``: publishing a fact, and the relay's claim, fence and outcomes;
 - ``deliveries``: one subscriber's delivery of an event, when it could not run with the others;
 - ``inbox``: recording a received message once;
-- ``controls``: queues paused, resumed and resized at run time;
+- ``controls``: queues paused, resumed and resized at run time; their minutes, for the charts;
 - ``publish``: an ordered publisher's job, waiting for the earlier ones of its aggregate;
 - ``operations``: pruning, dead letters, cancellation;
 - ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks.
@@ -48,11 +48,15 @@ from django_pgoutbox.queries.claims import (
     ClaimRow,
 )
 from django_pgoutbox.queries.controls import (
+    ADD_QUEUE_OUTCOMES,
     PAUSE_QUEUE,
+    PRUNE_QUEUE_MINUTES,
     QUEUE_CONTROLS,
+    QUEUE_MINUTES,
     READ_QUEUE_CONTROL,
     RESIZE_QUEUE,
     RESUME_QUEUE,
+    SAMPLE_QUEUE_BACKLOGS,
 )
 from django_pgoutbox.queries.deliveries import (
     CLAIM_DELIVERIES,
@@ -141,6 +145,7 @@ from django_pgoutbox.queries.publish import PUBLISH_AHEAD
 __all__ = [
     "ABANDONED_EVENTS",
     "ACCEPT_MESSAGE",
+    "ADD_QUEUE_OUTCOMES",
     "ADVANCE_SCHEDULE_CURSOR",
     "AUTOVACUUM_ON",
     "CANCEL_DEAD_JOBS",
@@ -189,10 +194,12 @@ __all__ = [
     "PRUNE_HEARTBEATS",
     "PRUNE_INBOX_MESSAGES",
     "PRUNE_JOBS",
+    "PRUNE_QUEUE_MINUTES",
     "PUBLISH_AHEAD",
     "PUBLISH_EVENT",
     "QUEUE_ALLOWANCE",
     "QUEUE_CONTROLS",
+    "QUEUE_MINUTES",
     "READ_QUEUE_CONTROL",
     "RECORD_AND_CLAIM",
     "RECORD_AND_SEEK_CLAIM",
@@ -208,6 +215,7 @@ __all__ = [
     "RESIZE_QUEUE",
     "RESUME_QUEUE",
     "RETRY_DEAD_JOBS",
+    "SAMPLE_QUEUE_BACKLOGS",
     "SCHEDULE_CURSOR",
     "SCHEDULE_LOCK",
     "SEEK_CLAIM_EVENTS",

@@ -60,3 +60,54 @@ QUEUE_CONTROLS = f"SELECT {_CONTROL_COLUMNS} FROM queue_controls ORDER BY queue"
 #:
 #: Positional parameter: queue text.
 READ_QUEUE_CONTROL = "SELECT paused_at IS NOT NULL, overrides FROM queue_controls WHERE queue = %s"
+
+
+# -- queue_minutes: the admin's charts -----------------------------------------------------------
+
+#: Add a process's outcome counts to this minute's rows, one per queue (the heartbeat's).
+#:
+#: Named parameters: queues text[], completed int[], failed int[], dead int[]. Rows are written
+#: in queue order, so that two processes adding at once lock them in one order.
+ADD_QUEUE_OUTCOMES = """
+INSERT INTO queue_minutes AS m (queue, minute, completed, failed, dead)
+SELECT queue, date_trunc('minute', now()), completed, failed, dead
+FROM unnest(%(queues)s::text[], %(completed)s::integer[], %(failed)s::integer[],
+            %(dead)s::integer[]) AS u(queue, completed, failed, dead)
+ORDER BY queue
+ON CONFLICT (queue, minute) DO UPDATE
+SET completed = m.completed + EXCLUDED.completed,
+    failed = m.failed + EXCLUDED.failed,
+    dead = m.dead + EXCLUDED.dead
+"""
+
+#: Record a sample of each queue's backlog in this minute's row (the largest of the minute).
+#:
+#: Named parameters: queues text[], backlogs int[], ages float8[].
+SAMPLE_QUEUE_BACKLOGS = """
+INSERT INTO queue_minutes AS m (queue, minute, backlog, oldest_pending_age)
+SELECT queue, date_trunc('minute', now()), backlog, age
+FROM unnest(%(queues)s::text[], %(backlogs)s::integer[], %(ages)s::float8[])
+    AS u(queue, backlog, age)
+ORDER BY queue
+ON CONFLICT (queue, minute) DO UPDATE
+SET backlog = GREATEST(m.backlog, EXCLUDED.backlog),
+    oldest_pending_age = GREATEST(m.oldest_pending_age, EXCLUDED.oldest_pending_age)
+"""
+
+#: Delete the minutes older than the charts show.
+#:
+#: Positional parameter: hours float.
+PRUNE_QUEUE_MINUTES = """
+DELETE FROM queue_minutes WHERE minute < now() - make_interval(secs => %s * 3600)
+"""
+
+#: The minutes of the last hours, every queue's, in order: what the charts draw; each row with the
+#: current minute (one row with a null queue when there are none).
+#:
+#: Positional parameter: hours float.
+QUEUE_MINUTES = """
+SELECT m.queue, m.minute, m.completed, m.failed, m.dead, m.backlog, m.oldest_pending_age, n.now
+FROM (SELECT date_trunc('minute', now()) AS now) AS n
+LEFT JOIN queue_minutes AS m ON m.minute >= n.now - make_interval(secs => %s * 3600)
+ORDER BY m.queue, m.minute
+"""

@@ -41,6 +41,7 @@ ALLOWED_LABELS = {
     "schedule",
     "subscriber",
     "state",
+    "limit",  # pgoutbox_queue_limit: concurrency, max_running or rate_limit
 }
 
 
