@@ -20,7 +20,14 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from django_pgoutbox import scheduler
-from django_pgoutbox.admin.common import CHUNK, CONFIRMATION_SALT, LISTED, ReadOnlyAdmin, counted
+from django_pgoutbox.admin.common import (
+    CHUNK,
+    CONFIRMATION_SALT,
+    LISTED,
+    ReadOnlyAdmin,
+    breadcrumbs_as_list,
+    counted,
+)
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,7 @@ def _ask(
             "action": action.name,
             "opts": modeladmin.model._meta,
             "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            "breadcrumbs_as_list": breadcrumbs_as_list(),
         },
     )
 

@@ -4,7 +4,9 @@ base of every page and the helpers that show a row's JSON."""
 from __future__ import annotations
 
 import json
+from functools import cache
 from math import ceil
+from pathlib import Path
 from typing import Any
 
 from django.contrib import admin, messages
@@ -32,6 +34,15 @@ MAX_PAGE = 100
 PREVIEW_CHARS = 256 * 1024
 
 CONFIRMATION_SALT = "django_pgoutbox.admin.select-across"
+
+
+@cache
+def breadcrumbs_as_list() -> bool:
+    """Whether the installed admin draws its breadcrumbs as a list, ``<ol class="breadcrumbs">``
+    (the markup its stylesheet styles from Django 6 on), rather than Django 5.2's ``div``: this
+    app's own pages draw theirs the same way, as Django's base template does."""
+    base = Path(admin.__file__).parent / "templates" / "admin" / "base.html"
+    return '<ol class="breadcrumbs">' in base.read_text(encoding="utf-8")
 
 
 class EstimatedCountPaginator(Paginator):  # type: ignore[type-arg]

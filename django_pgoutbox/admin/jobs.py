@@ -19,7 +19,7 @@ from django_pgoutbox import control, queue_controls, queue_minutes, scheduler
 from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox.admin import charts, queues
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
-from django_pgoutbox.admin.common import ReadOnlyAdmin, json_preview
+from django_pgoutbox.admin.common import ReadOnlyAdmin, breadcrumbs_as_list, json_preview
 from django_pgoutbox.admin.filters import (
     DeadJobTypeFilter,
     ErrorCodeFilter,
@@ -309,5 +309,6 @@ class JobAdmin(ReadOnlyAdmin):
             "schedule_problems": problems,
             "now": timezone.now(),
             "opts": self.model._meta,
+            "breadcrumbs_as_list": breadcrumbs_as_list(),
         }
         return TemplateResponse(request, "admin/django_pgoutbox/overview.html", context)
