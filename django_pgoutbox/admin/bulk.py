@@ -78,7 +78,7 @@ def bulk_action(
     else:
         rows = eligible  # Django filtered it to the posted ids
         expected = len(set(request.POST.getlist(ACTION_CHECKBOX_NAME)))
-    done = _perform(request, rows, action)
+    done = act_on(request, rows, action)
     message = f"{action.verb} {counted(done, action.noun)}."
     skipped = expected - done
     if skipped > 0:
@@ -181,7 +181,7 @@ def _confirmation(
     return (moment, count) if isinstance(count, int) else None
 
 
-def _perform(request: HttpRequest, rows: QuerySet[Any], action: Bulk) -> int:
+def act_on(request: HttpRequest, rows: QuerySet[Any], action: Bulk) -> int:
     """Act on ``rows`` a chunk at a time; each chunk locks the rows that still qualify (a row
     that changed since is left out), acts on them and logs them, in one transaction."""
     alias = rows.db

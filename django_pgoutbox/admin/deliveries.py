@@ -14,7 +14,7 @@ from django.utils.html import format_html
 
 from django_pgoutbox import control
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
-from django_pgoutbox.admin.common import ReadOnlyAdmin
+from django_pgoutbox.admin.buttons import Button, ButtonsAdmin
 from django_pgoutbox.admin.filters import (
     DeliveryDeadForFilter,
     DeliveryEventTypeFilter,
@@ -35,7 +35,7 @@ def _event_link(admin_site: admin.AdminSite, event_id: Any) -> str:
 
 
 @admin.register(OutboxDelivery)
-class OutboxDeliveryAdmin(ReadOnlyAdmin):
+class OutboxDeliveryAdmin(ButtonsAdmin):
     list_display = (
         "id",
         "event_link",
@@ -115,42 +115,47 @@ class OutboxDeliveryAdmin(ReadOnlyAdmin):
             **fields,
         )
 
+    def _redrive_plan(
+        self, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> tuple[QuerySet[Any], Bulk]:
+        alias = queryset.db
+        return self._dead(queryset), self._dead_deliveries(
+            name="redrive",
+            title="Re-drive dead deliveries",
+            explanation="These dead deliveries become due again with a fresh attempt budget: "
+            "the relay runs their subscriber on the event, then on that subscriber's later "
+            "deliveries of the same aggregate.",
+            verb="Re-drove",
+            infinitive="re-drive",
+            perform=lambda ids: control.redrive_dead_deliveries(ids, using=alias),
+        )
+
+    def _discard_plan(
+        self, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> tuple[QuerySet[Any], Bulk]:
+        alias = queryset.db
+        return self._dead(queryset), self._dead_deliveries(
+            name="discard",
+            title="Discard dead deliveries",
+            explanation="These dead deliveries are marked delivered without running their "
+            "subscriber, so that its later deliveries of the same aggregates go on.",
+            verb="Discarded",
+            infinitive="discard",
+            perform=lambda ids: control.discard_dead_deliveries(ids, using=alias),
+        )
+
+    buttons = (
+        Button("redrive", "Re-drive", _redrive_plan),
+        Button("discard", "Discard (mark delivered)", _discard_plan),
+    )
+
     @admin.action(description="Re-drive dead deliveries", permissions=["change"])
     def redrive(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        alias = queryset.db
-        return bulk_action(
-            self,
-            request,
-            self._dead(queryset),
-            self._dead_deliveries(
-                name="redrive",
-                title="Re-drive dead deliveries",
-                explanation="These dead deliveries become due again with a fresh attempt budget: "
-                "the relay runs their subscriber on the event, then on that subscriber's later "
-                "deliveries of the same aggregate.",
-                verb="Re-drove",
-                infinitive="re-drive",
-                perform=lambda ids: control.redrive_dead_deliveries(ids, using=alias),
-            ),
-        )
+        return bulk_action(self, request, *self._redrive_plan(request, queryset))
 
     @admin.action(description="Discard dead deliveries (mark delivered)", permissions=["change"])
     def discard(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        alias = queryset.db
-        return bulk_action(
-            self,
-            request,
-            self._dead(queryset),
-            self._dead_deliveries(
-                name="discard",
-                title="Discard dead deliveries",
-                explanation="These dead deliveries are marked delivered without running their "
-                "subscriber, so that its later deliveries of the same aggregates go on.",
-                verb="Discarded",
-                infinitive="discard",
-                perform=lambda ids: control.discard_dead_deliveries(ids, using=alias),
-            ),
-        )
+        return bulk_action(self, request, *self._discard_plan(request, queryset))
 
 
 class DeliveryInline(admin.TabularInline):  # type: ignore[type-arg]

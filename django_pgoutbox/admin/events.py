@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from django_pgoutbox import control, scheduler
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
+from django_pgoutbox.admin.buttons import Button, ButtonsAdmin
 from django_pgoutbox.admin.common import ReadOnlyAdmin, json_preview
 from django_pgoutbox.admin.deliveries import DeliveryInline
 from django_pgoutbox.admin.filters import DeadForFilter, EventStateFilter, EventTypeFilter
@@ -29,7 +30,7 @@ _PAGE_SCHEDULES: ContextVar[dict[str, Schedule] | None] = ContextVar(
 
 
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(ReadOnlyAdmin):
+class OutboxEventAdmin(ButtonsAdmin):
     list_display = (
         "id",
         "event_type",
@@ -83,41 +84,46 @@ class OutboxEventAdmin(ReadOnlyAdmin):
             **fields,
         )
 
+    def _redrive_plan(
+        self, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> tuple[QuerySet[Any], Bulk]:
+        alias = queryset.db
+        return queryset.filter(dead_at__isnull=False, processed_at__isnull=True), self._dead_events(
+            name="redrive",
+            title="Re-drive dead events",
+            explanation="These dead events become claimable again with a fresh attempt "
+            "budget; the relay projects them, then their aggregates' later events.",
+            verb="Re-drove",
+            infinitive="re-drive",
+            perform=lambda ids: control.redrive_dead_events(ids, using=alias),
+        )
+
+    def _discard_plan(
+        self, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> tuple[QuerySet[Any], Bulk]:
+        alias = queryset.db
+        return queryset.filter(dead_at__isnull=False, processed_at__isnull=True), self._dead_events(
+            name="discard",
+            title="Discard dead events",
+            explanation="These dead events are marked processed without being projected, "
+            "so the later events of their aggregates go on.",
+            verb="Discarded",
+            infinitive="discard",
+            perform=lambda ids: control.discard_dead_events(ids, using=alias),
+        )
+
+    buttons = (
+        Button("redrive", "Re-drive", _redrive_plan),
+        Button("discard", "Discard (mark processed)", _discard_plan),
+    )
+
     @admin.action(description="Re-drive dead events", permissions=["change"])
     def redrive(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        alias = queryset.db
-        return bulk_action(
-            self,
-            request,
-            queryset.filter(dead_at__isnull=False, processed_at__isnull=True),
-            self._dead_events(
-                name="redrive",
-                title="Re-drive dead events",
-                explanation="These dead events become claimable again with a fresh attempt "
-                "budget; the relay projects them, then their aggregates' later events.",
-                verb="Re-drove",
-                infinitive="re-drive",
-                perform=lambda ids: control.redrive_dead_events(ids, using=alias),
-            ),
-        )
+        return bulk_action(self, request, *self._redrive_plan(request, queryset))
 
     @admin.action(description="Discard dead events (mark processed)", permissions=["change"])
     def discard(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        alias = queryset.db
-        return bulk_action(
-            self,
-            request,
-            queryset.filter(dead_at__isnull=False, processed_at__isnull=True),
-            self._dead_events(
-                name="discard",
-                title="Discard dead events",
-                explanation="These dead events are marked processed without being projected, "
-                "so the later events of their aggregates go on.",
-                verb="Discarded",
-                infinitive="discard",
-                perform=lambda ids: control.discard_dead_events(ids, using=alias),
-            ),
-        )
+        return bulk_action(self, request, *self._discard_plan(request, queryset))
 
 
 @admin.register(ScheduleCursor)

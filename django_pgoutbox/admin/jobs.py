@@ -19,7 +19,8 @@ from django_pgoutbox import control, queue_controls, queue_minutes, scheduler
 from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox.admin import charts, queues
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
-from django_pgoutbox.admin.common import ReadOnlyAdmin, breadcrumbs_as_list, json_preview
+from django_pgoutbox.admin.buttons import Button, ButtonsAdmin
+from django_pgoutbox.admin.common import breadcrumbs_as_list, json_preview
 from django_pgoutbox.admin.filters import (
     DeadJobTypeFilter,
     ErrorCodeFilter,
@@ -47,7 +48,7 @@ def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(ReadOnlyAdmin):
+class DeadLetterAdmin(ButtonsAdmin):
     list_display = (
         "id",
         "job_type",
@@ -104,41 +105,52 @@ class DeadLetterAdmin(ReadOnlyAdmin):
             **fields,
         )
 
+    def _retry_plan(
+        self, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> tuple[QuerySet[Any], Bulk]:
+        alias = queryset.db
+        return queryset, self._dead_letters(
+            name="retry_now",
+            title="Retry dead letters",
+            explanation="These jobs go back to their queue, due now, with their attempts "
+            "reset to zero. Their handlers must be idempotent.",
+            verb="Retried",
+            infinitive="retry",
+            perform=lambda ids: control.retry_dead_jobs(ids, using=alias),
+        )
+
+    def _cancel_plan(
+        self, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> tuple[QuerySet[Any], Bulk]:
+        alias = queryset.db
+        return queryset, self._dead_letters(
+            name="cancel",
+            title="Cancel dead letters",
+            explanation="These jobs become cancelled: they never run again, and retention "
+            "deletes them with the other finished jobs.",
+            verb="Cancelled",
+            infinitive="cancel",
+            perform=lambda ids: control.cancel_dead_jobs(ids, using=alias),
+        )
+
+    buttons = (Button("retry", "Retry now", _retry_plan), Button("cancel", "Cancel", _cancel_plan))
+
     @admin.action(description="Retry now (fresh attempt budget)", permissions=["change"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        alias = queryset.db
-        return bulk_action(
-            self,
-            request,
-            queryset,
-            self._dead_letters(
-                name="retry_now",
-                title="Retry dead letters",
-                explanation="These jobs go back to their queue, due now, with their attempts "
-                "reset to zero. Their handlers must be idempotent.",
-                verb="Retried",
-                infinitive="retry",
-                perform=lambda ids: control.retry_dead_jobs(ids, using=alias),
-            ),
-        )
+        return bulk_action(self, request, *self._retry_plan(request, queryset))
 
     @admin.action(description="Cancel (never run again)", permissions=["change"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
-        alias = queryset.db
-        return bulk_action(
-            self,
-            request,
-            queryset,
-            self._dead_letters(
-                name="cancel",
-                title="Cancel dead letters",
-                explanation="These jobs become cancelled: they never run again, and retention "
-                "deletes them with the other finished jobs.",
-                verb="Cancelled",
-                infinitive="cancel",
-                perform=lambda ids: control.cancel_dead_jobs(ids, using=alias),
-            ),
-        )
+        return bulk_action(self, request, *self._cancel_plan(request, queryset))
+
+    def after_pressing(self, request: HttpRequest, pk: Any) -> str:
+        """A dead letter retried or cancelled is a job that is no longer dead: its job's page."""
+        if self.get_queryset(request).filter(pk=pk).exists():
+            return super().after_pressing(request, pk)
+        job_admin = self.admin_site._registry.get(Job)
+        if job_admin is not None and job_admin.has_view_permission(request):
+            return reverse(f"{self.admin_site.name}:pgoutbox_job_change", args=[pk])
+        return super().after_pressing(request, pk)
 
     @admin.action(description="Delete", permissions=["delete"])
     def delete_selected(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
@@ -170,7 +182,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Job)
-class JobAdmin(ReadOnlyAdmin):
+class JobAdmin(ButtonsAdmin):
     list_display = (
         "id",
         "job_type",
@@ -206,34 +218,45 @@ class JobAdmin(ReadOnlyAdmin):
         """Finished jobs: completed, cancelled, dead. Retention deletes the first two anyway."""
         return queryset.filter(status__in=FINISHED_STATUSES)
 
-    @admin.action(description="Cancel (running ones are asked to stop)", permissions=["cancel"])
-    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+    def _cancel_plan(
+        self, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> tuple[QuerySet[Any], Bulk]:
         alias = queryset.db
 
         def perform(ids: list[Any]) -> int:
             states = control.cancel_jobs(ids, using=alias, by=f"admin user {request.user}")
             return sum(1 for state in states.values() if state in ("cancelled", "cancelling"))
 
-        return bulk_action(
-            self,
-            request,
-            # Not "exclude finished": this OR is what the partial indexes of both answer.
-            queryset.filter(Q(status__in=CLAIMABLE_STATUSES) | Q(status=JobStatus.LEASED)),
-            Bulk(
-                name="cancel_jobs",
-                title="Cancel jobs",
-                explanation="Jobs not running yet become cancelled and never run. Running jobs "
-                "are asked to stop: their handlers see ctx.cancelled, and they end cancelled. "
-                "Finished jobs are left as they are.",
-                noun=("job", "jobs"),
-                verb="Cancelled",
-                infinitive="cancel",
-                left_out=("has finished", "have finished"),
-                gone=("had finished", "had finished"),
-                perform=perform,
-                since="created_at",
-            ),
+        # Not "exclude finished": this OR is what the partial indexes of both answer.
+        return queryset.filter(Q(status__in=CLAIMABLE_STATUSES) | Q(status=JobStatus.LEASED)), Bulk(
+            name="cancel_jobs",
+            title="Cancel jobs",
+            explanation="Jobs not running yet become cancelled and never run. Running jobs "
+            "are asked to stop: their handlers see ctx.cancelled, and they end cancelled. "
+            "Finished jobs are left as they are.",
+            noun=("job", "jobs"),
+            verb="Cancelled",
+            infinitive="cancel",
+            left_out=("has finished", "have finished"),
+            gone=("had finished", "had finished"),
+            perform=perform,
+            since="created_at",
         )
+
+    buttons = (Button("cancel", "Cancel", _cancel_plan, permission="cancel"),)
+
+    @admin.action(description="Cancel (running ones are asked to stop)", permissions=["cancel"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        return bulk_action(self, request, *self._cancel_plan(request, queryset))
+
+    def pressed_message(self, action: Bulk, pk: Any) -> str:
+        running = Job._base_manager.filter(pk=pk, status=JobStatus.LEASED).exists()
+        if running:
+            return (
+                f"Job {pk} is running: it was asked to stop, and ends cancelled when its "
+                "handler sees ctx.cancelled."
+            )
+        return super().pressed_message(action, pk)
 
     @admin.display(description="payload")
     def pretty_payload(self, obj: Job) -> str:

@@ -5,18 +5,29 @@ jobs' filters. Through Django's test client on real rows."""
 from __future__ import annotations
 
 import re
+import uuid
+from html.parser import HTMLParser
 from typing import Any
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.db import transaction
 from django.test import Client
 from django.utils import timezone
 
-from django_pgoutbox import enqueue
+from django_pgoutbox import control, enqueue, publish
 from django_pgoutbox.inbox import accept_message
-from django_pgoutbox.models import InboxMessage, ScheduleCursor
+from django_pgoutbox.models import (
+    InboxMessage,
+    Job,
+    JobStatus,
+    OutboxDelivery,
+    OutboxEvent,
+    ScheduleCursor,
+)
 from tests.integration.test_admin import dead_job
+from tests.integration.test_admin_boundaries import messages_of
 from tests.integration.test_delivery_operations import FIRST, delivery, event, register_two
 
 pytestmark = pytest.mark.django_db
@@ -108,3 +119,238 @@ def admin_client_get(client: Client, url: str) -> Any:
     page = client.get(url)
     assert page.status_code == 200, url
     return page
+
+
+# -- the buttons of a detail page ---------------------------------------------------------------
+
+
+class _Buttons(HTMLParser):
+    """A page's buttons that submit a form of their own (``form="..."``), and those forms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buttons: dict[str, str] = {}  # label -> form id
+        self.forms: dict[str, tuple[str, dict[str, str]]] = {}  # id -> (action, inputs)
+        self._form: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = {name: value or "" for name, value in attrs}
+        if tag == "input" and values.get("type") == "submit" and values.get("form"):
+            self.buttons[values["value"]] = values["form"]
+        elif tag == "form" and values.get("id", "").startswith("pgoutbox-"):
+            assert values["method"] == "post"
+            self._form = values["id"]
+            self.forms[self._form] = (values["action"], {})
+        elif tag == "input" and self._form is not None:
+            self.forms[self._form][1][values["name"]] = values.get("value", "")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._form = None
+
+
+def buttons_of(page: Any) -> dict[str, tuple[str, dict[str, str]]]:
+    """Each button's label -> the URL its form posts to and the form's inputs."""
+    assert page.status_code == 200
+    parser = _Buttons()
+    parser.feed(page.content.decode())
+    return {label: parser.forms[form] for label, form in parser.buttons.items()}
+
+
+def press(client: Client, page_url: str, label: str) -> Any:
+    """Open the page and press its button ``label``, as a browser posts it (with the token)."""
+    url, data = buttons_of(client.get(page_url))[label]
+    return client.post(url, data)
+
+
+@pytest.fixture
+def csrf_admin(admin_user: User) -> Client:
+    """A superuser's client that checks CSRF tokens, as a real request is checked."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(admin_user)
+    return client
+
+
+class TestDeadLetterButtons:
+    def test_retry_now_from_the_page(self, csrf_admin: Client) -> None:
+        job = dead_job()
+        page = f"{ADMIN}deadletter/{job.pk}/change/"
+        buttons = buttons_of(csrf_admin.get(page))
+        assert set(buttons) == {"Retry now", "Cancel"}
+        assert buttons["Retry now"][0] == f"{ADMIN}deadletter/{job.pk}/retry/"
+        assert "csrfmiddlewaretoken" in buttons["Retry now"][1]
+        done = press(csrf_admin, page, "Retry now")
+        assert done.status_code == 302
+        assert done["Location"] == f"{ADMIN}job/{job.pk}/change/"  # no longer a dead letter
+        assert messages_of(done) == [f"Retried dead letter {job.pk}."]
+        job.refresh_from_db()
+        assert (job.status, job.attempts, job.finished_at) == (JobStatus.PENDING, 0, None)
+        assert [(e.object_id, e.get_change_message()) for e in LogEntry.objects.all()] == [
+            (str(job.pk), "Retry dead letters")
+        ]
+
+    def test_cancel_from_the_page(self, admin_client: Client) -> None:
+        job = dead_job()
+        done = press(admin_client, f"{ADMIN}deadletter/{job.pk}/change/", "Cancel")
+        assert messages_of(done) == [f"Cancelled dead letter {job.pk}."]
+        assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
+        assert LogEntry.objects.get().get_change_message() == "Cancel dead letters"
+
+    def test_a_job_retried_since_the_page_was_shown_is_left_alone(
+        self, admin_client: Client
+    ) -> None:
+        job = dead_job()
+        url, data = buttons_of(admin_client.get(f"{ADMIN}deadletter/{job.pk}/change/"))["Cancel"]
+        control.retry_dead_jobs([job.pk])  # a colleague, meanwhile
+        done = admin_client.post(url, data)
+        assert done.status_code == 302
+        assert messages_of(done) == [f"Dead letter {job.pk} was no longer dead: nothing was done."]
+        assert Job.objects.get(pk=job.pk).status == JobStatus.PENDING
+        assert not LogEntry.objects.exists()
+
+    def test_a_get_acts_on_nothing(self, admin_client: Client) -> None:
+        job = dead_job()
+        for name in ("retry", "cancel"):
+            assert admin_client.get(f"{ADMIN}deadletter/{job.pk}/{name}/").status_code == 405
+        assert Job.objects.get(pk=job.pk).status == JobStatus.DEAD
+
+    def test_a_post_without_the_csrf_token_is_refused(self, csrf_admin: Client) -> None:
+        job = dead_job()
+        assert csrf_admin.post(f"{ADMIN}deadletter/{job.pk}/retry/").status_code == 403
+        assert Job.objects.get(pk=job.pk).status == JobStatus.DEAD
+
+    def test_a_viewer_sees_no_button_and_may_not_post(self, client: Client) -> None:
+        user = User.objects.create_user("viewer", password="pw", is_staff=True)
+        for codename in ("view_deadletter", "view_job"):
+            user.user_permissions.add(Permission.objects.get(codename=codename))
+        client.force_login(user)
+        job = dead_job()
+        assert buttons_of(client.get(f"{ADMIN}deadletter/{job.pk}/change/")) == {}
+        for name in ("retry", "cancel"):
+            assert client.post(f"{ADMIN}deadletter/{job.pk}/{name}/").status_code == 403
+        assert Job.objects.get(pk=job.pk).status == JobStatus.DEAD
+        assert not LogEntry.objects.exists()
+
+    def test_anonymous_is_sent_to_log_in(self, client: Client) -> None:
+        job = dead_job()
+        response = client.post(f"{ADMIN}deadletter/{job.pk}/retry/")
+        assert response.status_code == 302
+        assert "/login/" in response["Location"]
+        assert Job.objects.get(pk=job.pk).status == JobStatus.DEAD
+
+    @pytest.mark.parametrize(
+        "object_id", ["nope", "1", "not-a-uuid-" + "x" * 500, "%00", str(uuid.uuid4())]
+    )
+    def test_an_id_of_no_row_is_a_404(self, admin_client: Client, object_id: str) -> None:
+        assert admin_client.post(f"{ADMIN}deadletter/{object_id}/retry/").status_code == 404
+
+
+class TestJobButtons:
+    def test_cancel_a_pending_job(self, admin_client: Client) -> None:
+        job = enqueue("tests.behave", {})
+        page = f"{ADMIN}job/{job.pk}/change/"
+        assert set(buttons_of(admin_client.get(page))) == {"Cancel"}
+        done = press(admin_client, page, "Cancel")
+        assert done["Location"] == page
+        assert messages_of(done) == [f"Cancelled job {job.pk}."]
+        assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
+        assert LogEntry.objects.get().get_change_message() == "Cancel jobs"
+        assert buttons_of(admin_client.get(page)) == {}  # finished: nothing to cancel
+
+    def test_a_running_job_is_asked_to_stop(self, admin_client: Client) -> None:
+        job = enqueue("tests.behave", {})
+        Job.objects.filter(pk=job.pk).update(
+            status=JobStatus.LEASED, locked_by="w1", locked_at=timezone.now()
+        )
+        done = press(admin_client, f"{ADMIN}job/{job.pk}/change/", "Cancel")
+        assert messages_of(done) == [
+            f"Job {job.pk} is running: it was asked to stop, and ends cancelled when its "
+            "handler sees ctx.cancelled."
+        ]
+        job.refresh_from_db()
+        assert job.cancel_requested_at is not None
+
+    def test_a_finished_job_is_left_alone(self, admin_client: Client) -> None:
+        job = enqueue("tests.behave", {})
+        Job.objects.filter(pk=job.pk).update(status=JobStatus.COMPLETED, finished_at=timezone.now())
+        done = admin_client.post(f"{ADMIN}job/{job.pk}/cancel/")
+        assert messages_of(done) == [f"Job {job.pk} had finished: nothing was done."]
+        assert Job.objects.get(pk=job.pk).status == JobStatus.COMPLETED
+        assert not LogEntry.objects.exists()
+
+    def test_cancel_needs_the_change_permission(self, client: Client) -> None:
+        user = User.objects.create_user("viewer", password="pw", is_staff=True)
+        user.user_permissions.add(Permission.objects.get(codename="view_job"))
+        client.force_login(user)
+        job = enqueue("tests.behave", {})
+        assert buttons_of(client.get(f"{ADMIN}job/{job.pk}/change/")) == {}
+        assert client.post(f"{ADMIN}job/{job.pk}/cancel/").status_code == 403
+        assert client.get(f"{ADMIN}job/{job.pk}/cancel/").status_code == 405
+        assert Job.objects.get(pk=job.pk).status == JobStatus.PENDING
+
+
+class TestOutboxButtons:
+    def test_redrive_and_discard_a_dead_event(self, admin_client: Client) -> None:
+        first, second = (
+            publish("x.y", aggregate_type="x", aggregate_id=uuid.uuid4(), payload={})
+            for _ in range(2)
+        )
+        OutboxEvent.objects.update(dead_at=timezone.now(), attempts=10, last_error="boom")
+        page = f"{ADMIN}outboxevent/{first.pk}/change/"
+        assert set(buttons_of(admin_client.get(page))) == {"Re-drive", "Discard (mark processed)"}
+        done = press(admin_client, page, "Re-drive")
+        assert done["Location"] == page
+        assert messages_of(done) == [f"Re-drove dead event {first.pk}."]
+        assert buttons_of(admin_client.get(page)) == {}  # pending now
+        again = admin_client.post(f"{ADMIN}outboxevent/{first.pk}/discard/")
+        assert messages_of(again) == [
+            f"Dead event {first.pk} was no longer dead: nothing was done."
+        ]
+        press(admin_client, f"{ADMIN}outboxevent/{second.pk}/change/", "Discard (mark processed)")
+        first.refresh_from_db()
+        second.refresh_from_db()
+        assert (first.dead_at, first.attempts, first.processed_at) == (None, 0, None)
+        assert second.processed_at is not None
+        assert [entry.get_change_message() for entry in LogEntry.objects.order_by("pk")] == [
+            "Re-drive dead events",
+            "Discard dead events",
+        ]
+
+    def test_redrive_and_discard_a_dead_delivery(
+        self, admin_client: Client, registry: None
+    ) -> None:
+        register_two()
+        dead = delivery(event(1), FIRST, "dead")
+        other = delivery(event(2), FIRST, "dead")
+        page = f"{ADMIN}outboxdelivery/{dead.pk}/change/"
+        assert set(buttons_of(admin_client.get(page))) == {
+            "Re-drive",
+            "Discard (mark delivered)",
+        }
+        done = press(admin_client, page, "Re-drive")
+        assert messages_of(done) == [f"Re-drove dead delivery {dead.pk}."]
+        assert OutboxDelivery.objects.get(pk=dead.pk).state != "dead"
+        press(admin_client, f"{ADMIN}outboxdelivery/{other.pk}/change/", "Discard (mark delivered)")
+        assert OutboxDelivery.objects.get(pk=other.pk).state == "delivered"
+        assert LogEntry.objects.count() == 2
+
+    @pytest.mark.parametrize("object_id", ["abc", "99999999999999999999", "-1", "1.5", "12345678"])
+    def test_a_delivery_id_of_no_row_is_a_404(self, admin_client: Client, object_id: str) -> None:
+        assert admin_client.post(f"{ADMIN}outboxdelivery/{object_id}/redrive/").status_code == 404
+
+    def test_a_viewer_may_not_redrive(self, client: Client, registry: None) -> None:
+        user = User.objects.create_user("viewer", password="pw", is_staff=True)
+        user.user_permissions.add(Permission.objects.get(codename="view_outboxdelivery"))
+        user.user_permissions.add(Permission.objects.get(codename="view_outboxevent"))
+        client.force_login(user)
+        register_two()
+        made = event(1)
+        OutboxEvent.objects.filter(pk=made.pk).update(
+            processed_at=None, dead_at=timezone.now(), attempts=10
+        )
+        dead = delivery(made, FIRST, "dead")
+        assert buttons_of(client.get(f"{ADMIN}outboxdelivery/{dead.pk}/change/")) == {}
+        assert buttons_of(client.get(f"{ADMIN}outboxevent/{made.pk}/change/")) == {}
+        assert client.post(f"{ADMIN}outboxdelivery/{dead.pk}/redrive/").status_code == 403
+        assert client.post(f"{ADMIN}outboxevent/{made.pk}/redrive/").status_code == 403
+        assert OutboxDelivery.objects.get(pk=dead.pk).state == "dead"
