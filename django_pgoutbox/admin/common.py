@@ -11,6 +11,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import EmptyResultSet, PermissionDenied, ValidationError
 from django.core.paginator import Paginator
@@ -18,6 +19,7 @@ from django.db import connections, router, transaction
 from django.db.models import Model, QuerySet, TextField
 from django.db.models.functions import Cast, Left, Length
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 
@@ -111,6 +113,20 @@ def json_preview(obj: Model, column: str) -> str:
         f"{PREVIEW_CHARS:,}",
         head,
     )
+
+
+def preformatted(text: str | None) -> str:
+    """``text`` whole, its lines kept and wrapped: an error summary, a traceback."""
+    if not text:
+        return "-"
+    return format_html('<pre style="white-space: pre-wrap">{}</pre>', text)
+
+
+def change_link(admin_site: admin.AdminSite, model: type[Model], pk: Any, text: Any) -> str:
+    """A link to the page of ``model``'s row ``pk``."""
+    opts = model._meta
+    url = reverse(f"{admin_site.name}:{opts.app_label}_{opts.model_name}_change", args=[quote(pk)])
+    return format_html('<a href="{}">{}</a>', url, text)
 
 
 def counted(count: int, noun: tuple[str, str]) -> str:

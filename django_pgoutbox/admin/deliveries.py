@@ -9,12 +9,11 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import F, Model, QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.urls import reverse
-from django.utils.html import format_html
 
 from django_pgoutbox import control
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.buttons import Button, ButtonsAdmin
+from django_pgoutbox.admin.common import change_link, preformatted
 from django_pgoutbox.admin.filters import (
     DeliveryDeadForFilter,
     DeliveryEventTypeFilter,
@@ -24,14 +23,6 @@ from django_pgoutbox.admin.filters import (
 from django_pgoutbox.delivery_states import DELIVERY_STATES
 from django_pgoutbox.models import OutboxDelivery, OutboxEvent
 from django_pgoutbox.validation import BIGINT_MAX
-
-
-def _event_link(admin_site: admin.AdminSite, event_id: Any) -> str:
-    url = reverse(
-        f"{admin_site.name}:{OutboxEvent._meta.app_label}_{OutboxEvent._meta.model_name}_change",
-        args=[event_id],
-    )
-    return format_html('<a href="{}">{}</a>', url, event_id)
 
 
 @admin.register(OutboxDelivery)
@@ -58,7 +49,38 @@ class OutboxDeliveryAdmin(ButtonsAdmin):
     ordering = ("-id",)  # newest first, straight from the primary key index
     sortable_by = ("id",)
     heavy_fields = ("last_error",)
-    readonly_fields = ("event_link", "state")
+    readonly_fields = ("event_link", "event_type", "state", "error_in_full")
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "event_link",
+                    "event_type",
+                    "subscriber",
+                    "state",
+                    "aggregate_type",
+                    "aggregate_id",
+                )
+            },
+        ),
+        ("Attempts", {"fields": ("attempts", "claimed_by")}),
+        (
+            "Times",
+            {
+                "fields": (
+                    "occurred_at",
+                    "created_at",
+                    "available_at",
+                    "claimed_at",
+                    "dead_at",
+                    "delivered_at",
+                )
+            },
+        ),
+        ("Error", {"fields": ("last_error_code", "error_in_full")}),
+    )
     actions = ("redrive", "discard")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
@@ -70,7 +92,7 @@ class OutboxDeliveryAdmin(ButtonsAdmin):
 
     @admin.display(description="event")
     def event_link(self, obj: OutboxDelivery) -> str:
-        return _event_link(self.admin_site, obj.event_id)
+        return change_link(self.admin_site, OutboxEvent, obj.event_id, obj.event_id)
 
     @admin.display(description="event type")
     def event_type(self, obj: OutboxDelivery) -> str:
@@ -79,6 +101,10 @@ class OutboxDeliveryAdmin(ButtonsAdmin):
     @admin.display(description="state")
     def state(self, obj: OutboxDelivery) -> str:
         return obj.state
+
+    @admin.display(description="error")
+    def error_in_full(self, obj: OutboxDelivery) -> str:
+        return preformatted(obj.last_error)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str

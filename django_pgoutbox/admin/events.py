@@ -7,20 +7,21 @@ from contextvars import ContextVar
 from typing import Any
 
 from django.contrib import admin
+from django.db import router
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 
-from django_pgoutbox import control, scheduler
+from django_pgoutbox import control, outbox, scheduler
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.buttons import Button, ButtonsAdmin
-from django_pgoutbox.admin.common import ReadOnlyAdmin, json_preview
+from django_pgoutbox.admin.common import ReadOnlyAdmin, change_link, json_preview, preformatted
 from django_pgoutbox.admin.deliveries import DeliveryInline
 from django_pgoutbox.admin.filters import DeadForFilter, EventStateFilter, EventTypeFilter
-from django_pgoutbox.models import (
-    OutboxEvent,
-    ScheduleCursor,
-)
+from django_pgoutbox.models import Job, OutboxEvent, ScheduleCursor
+from django_pgoutbox.publishers import PUBLISH_JOB
 from django_pgoutbox.schedules import Schedule, load_schedules
 
 #: The schedules of the changelist being rendered (``ScheduleAdmin.changelist_view``).
@@ -49,14 +50,71 @@ class OutboxEventAdmin(ButtonsAdmin):
     ordering = ("-id",)
     sortable_by = ("id",)
     heavy_fields = ("payload", "last_error")
-    readonly_fields = ("pretty_payload",)
+    readonly_fields = ("publisher_jobs", "error_in_full", "pretty_payload")
     exclude = ("payload",)
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "event_type",
+                    "schema_version",
+                    "aggregate_type",
+                    "aggregate_id",
+                    "organization_id",
+                    "publisher_jobs",
+                )
+            },
+        ),
+        ("Attempts", {"fields": ("attempts", "claimed_by")}),
+        (
+            "Times",
+            {"fields": ("occurred_at", "available_at", "claimed_at", "dead_at", "processed_at")},
+        ),
+        ("Error", {"fields": ("last_error_code", "error_in_full")}),
+        ("Payload", {"fields": ("pretty_payload",)}),
+    )
     actions = ("redrive", "discard")
     inlines = (DeliveryInline,)
 
     @admin.display(description="payload")
     def pretty_payload(self, obj: OutboxEvent) -> str:
         return json_preview(obj, "payload")
+
+    @admin.display(description="error")
+    def error_in_full(self, obj: OutboxEvent) -> str:
+        return preformatted(obj.last_error)
+
+    @admin.display(description="publishers' jobs")
+    def publisher_jobs(self, obj: OutboxEvent) -> str:
+        """The job of each publisher that sends this event's type (``send_events``): found by
+        its idempotency key, ``<publisher>:<event id>``, through ``jobs_idempotency_uq``. Jobs
+        that other subscribers enqueued do not record the event."""
+        prefix = f"{PUBLISH_JOB}:"
+        keys = {
+            f"{registered.name.removeprefix(prefix)}:{obj.pk}": registered.name.removeprefix(prefix)
+            for registered in outbox.subscribers_for(obj.event_type)
+            if registered.name.startswith(prefix)
+        }
+        if not keys:
+            return "-"
+        jobs = {
+            key: (pk, status)
+            for pk, key, status in Job._base_manager.using(router.db_for_read(Job))
+            .filter(organization_id__isnull=True, job_type=PUBLISH_JOB, idempotency_key__in=keys)
+            .order_by()
+            .values_list("pk", "idempotency_key", "status")
+        }
+        lines = [
+            format_html(
+                "{}: {} ({})", name, change_link(self.admin_site, Job, job[0], job[0]), job[1]
+            )
+            if (job := jobs.get(key))
+            else format_html("{}: no job (not projected yet, or deleted)", name)
+            for key, name in sorted(keys.items(), key=lambda item: item[1])
+        ]
+        return format_html_join(mark_safe("<br>"), "{}", ((line,) for line in lines))
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str

@@ -10,6 +10,7 @@ from django.contrib.admin.models import DELETION
 from django.core.exceptions import PermissionDenied
 from django.db import router
 from django.db.models import Model, Q, QuerySet
+from django.db.models.fields.json import KeyTextTransform
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -20,7 +21,12 @@ from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox.admin import charts, queues
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.buttons import Button, ButtonsAdmin
-from django_pgoutbox.admin.common import breadcrumbs_as_list, json_preview
+from django_pgoutbox.admin.common import (
+    breadcrumbs_as_list,
+    change_link,
+    json_preview,
+    preformatted,
+)
 from django_pgoutbox.admin.filters import (
     DeadJobTypeFilter,
     ErrorCodeFilter,
@@ -33,7 +39,9 @@ from django_pgoutbox.models import (
     DeadLetter,
     Job,
     JobStatus,
+    OutboxEvent,
 )
+from django_pgoutbox.publishers import PUBLISH_JOB
 from django_pgoutbox.schedules import load_schedules
 
 
@@ -47,8 +55,100 @@ def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any
         return queryset.filter(idempotency_key=term), False
 
 
+class _JobPage(ButtonsAdmin):
+    """A job's detail page: its times in the order they happen, the whole error, the payload
+    and the result pretty-printed, and the event that a publisher's job sends."""
+
+    readonly_fields = ("event", "error_in_full", "pretty_payload", "pretty_result")
+    exclude = ("payload", "result")
+    fieldsets = (
+        (
+            None,
+            {
+                "fields": (
+                    "id",
+                    "job_type",
+                    "queue",
+                    "status",
+                    "event",
+                    "organization_id",
+                    "idempotency_key",
+                    "priority",
+                )
+            },
+        ),
+        (
+            "Attempts",
+            {
+                "fields": (
+                    "attempts",
+                    "max_attempts",
+                    "lost_attempts",
+                    "alone_attempt",
+                    "locked_by",
+                    "worker_ids",
+                )
+            },
+        ),
+        (
+            "Times",
+            {
+                "fields": (
+                    "created_at",
+                    "run_at",
+                    "locked_at",
+                    "lease_expires_at",
+                    "cancel_requested_at",
+                    "completed_at",
+                    "finished_at",
+                )
+            },
+        ),
+        ("Error", {"fields": ("last_error_code", "error_in_full")}),
+        ("Payload and result", {"fields": ("pretty_payload", "pretty_result")}),
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        """The event only on a publisher's job: no other job records the event it came from."""
+        if isinstance(obj, Job) and obj.job_type == PUBLISH_JOB:
+            return self.fieldsets
+        first, *rest = self.fieldsets
+        fields = tuple(name for name in first[1]["fields"] if name != "event")
+        return ((first[0], {**first[1], "fields": fields}), *rest)
+
+    @admin.display(description="event")
+    def event(self, obj: Job) -> str:
+        """The event in a publisher's job's payload (``{"event": <id>}``), read alone."""
+        found = (
+            Job._base_manager.using(obj._state.db)
+            .filter(pk=obj.pk)
+            .values_list(KeyTextTransform("event", "payload"), flat=True)
+            .first()
+        )
+        try:
+            event_id = uuid.UUID(str(found))
+        except ValueError:
+            return "-"
+        alias = router.db_for_read(OutboxEvent)
+        if not OutboxEvent._base_manager.using(alias).filter(pk=event_id).exists():
+            return f"{event_id} (no longer kept)"
+        return change_link(self.admin_site, OutboxEvent, event_id, event_id)
+
+    @admin.display(description="error summary")
+    def error_in_full(self, obj: Job) -> str:
+        return preformatted(obj.last_error_summary)
+
+    @admin.display(description="payload")
+    def pretty_payload(self, obj: Job) -> str:
+        return json_preview(obj, "payload")
+
+    @admin.display(description="result")
+    def pretty_result(self, obj: Job) -> str:
+        return json_preview(obj, "result")
+
+
 @admin.register(DeadLetter)
-class DeadLetterAdmin(ButtonsAdmin):
+class DeadLetterAdmin(_JobPage):
     list_display = (
         "id",
         "job_type",
@@ -65,22 +165,12 @@ class DeadLetterAdmin(ButtonsAdmin):
     ordering = ("-finished_at",)
     sortable_by = ("finished_at",)
     heavy_fields = ("payload", "result", "worker_ids")
-    readonly_fields = ("pretty_payload", "pretty_result")
     actions = ("retry_now", "cancel", "delete_selected")
-    exclude = ("payload", "result")
 
     @admin.display(description="error summary")
     def error(self, obj: Job) -> str:
         summary = obj.last_error_summary or ""
         return summary if len(summary) <= 120 else summary[:117] + "..."
-
-    @admin.display(description="payload")
-    def pretty_payload(self, obj: Job) -> str:
-        return json_preview(obj, "payload")
-
-    @admin.display(description="result")
-    def pretty_result(self, obj: Job) -> str:
-        return json_preview(obj, "result")
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
@@ -182,7 +272,7 @@ class DeadLetterAdmin(ButtonsAdmin):
 
 
 @admin.register(Job)
-class JobAdmin(ButtonsAdmin):
+class JobAdmin(_JobPage):
     list_display = (
         "id",
         "job_type",
@@ -199,8 +289,6 @@ class JobAdmin(ButtonsAdmin):
     ordering = ("-id",)  # UUIDv7: newest first, straight from the primary key index
     sortable_by = ("id",)
     heavy_fields = ("payload", "result", "worker_ids", "last_error_summary")
-    readonly_fields = ("pretty_payload", "pretty_result")
-    exclude = ("payload", "result")
     change_list_template = "admin/django_pgoutbox/job_change_list.html"
     actions = ("cancel_jobs",)
 
@@ -257,14 +345,6 @@ class JobAdmin(ButtonsAdmin):
                 "handler sees ctx.cancelled."
             )
         return super().pressed_message(action, pk)
-
-    @admin.display(description="payload")
-    def pretty_payload(self, obj: Job) -> str:
-        return json_preview(obj, "payload")
-
-    @admin.display(description="result")
-    def pretty_result(self, obj: Job) -> str:
-        return json_preview(obj, "result")
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False

@@ -12,11 +12,12 @@ from typing import Any
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_pgoutbox import control, enqueue, publish
+from django_pgoutbox import control, enqueue, outbox, publish
 from django_pgoutbox.inbox import accept_message
 from django_pgoutbox.models import (
     InboxMessage,
@@ -26,6 +27,7 @@ from django_pgoutbox.models import (
     OutboxEvent,
     ScheduleCursor,
 )
+from django_pgoutbox.publishers import PUBLISH_JOB, send_events, unregister
 from tests.integration.test_admin import dead_job
 from tests.integration.test_admin_boundaries import messages_of
 from tests.integration.test_delivery_operations import FIRST, delivery, event, register_two
@@ -354,3 +356,113 @@ class TestOutboxButtons:
         assert client.post(f"{ADMIN}outboxdelivery/{dead.pk}/redrive/").status_code == 403
         assert client.post(f"{ADMIN}outboxevent/{made.pk}/redrive/").status_code == 403
         assert OutboxDelivery.objects.get(pk=dead.pk).state == "dead"
+
+
+# -- what a detail page shows -------------------------------------------------------------------
+
+
+def positions(page: Any, fields: list[str]) -> list[int]:
+    text = page.content.decode()
+    return [text.index(f"field-{name}") for name in fields]
+
+
+class TestDetails:
+    def test_a_job_page_shows_the_whole_error_and_its_times_in_order(
+        self, admin_client: Client
+    ) -> None:
+        job = dead_job()
+        summary = "ValueError: " + "a long line of an error, " * 40 + "\n  and <a second> line"
+        Job.objects.filter(pk=job.pk).update(last_error_summary=summary)
+        for url in (f"{ADMIN}deadletter/{job.pk}/change/", f"{ADMIN}job/{job.pk}/change/"):
+            page = admin_client.get(url)
+            pre = '<pre style="white-space: pre-wrap">'
+            assert pre + summary.replace("<", "&lt;").replace(">", "&gt;") + "</pre>" in (
+                page.content.decode()
+            )
+            times = [
+                "created_at",
+                "run_at",
+                "locked_at",
+                "lease_expires_at",
+                "cancel_requested_at",
+                "completed_at",
+                "finished_at",
+            ]
+            assert positions(page, times) == sorted(positions(page, times)), url
+            assert "field-event" not in page.content.decode()  # not a publisher's job
+
+    def test_an_event_and_a_delivery_show_the_whole_error(
+        self, admin_client: Client, registry: None
+    ) -> None:
+        register_two()
+        made = event(1)
+        error = "RuntimeError: no\nTraceback (most recent call last):\n  " + "x" * 3000
+        OutboxEvent.objects.filter(pk=made.pk).update(last_error=error)
+        dead = delivery(made, FIRST, "dead")
+        OutboxDelivery.objects.filter(pk=dead.pk).update(last_error=error)
+        for url in (f"{ADMIN}outboxevent/{made.pk}/change/", f"{ADMIN}outboxdelivery/{dead.pk}/"):
+            page = admin_client.get(url if url.endswith("change/") else url + "change/")
+            assert f'<pre style="white-space: pre-wrap">{error}</pre>' in page.content.decode()
+        event_page = admin_client.get(f"{ADMIN}outboxevent/{made.pk}/change/")
+        times = ["occurred_at", "available_at", "claimed_at", "dead_at", "processed_at"]
+        assert positions(event_page, times) == sorted(positions(event_page, times))
+
+
+class Quiet:
+    """A publisher that sends nothing anywhere."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def publish(self, event: OutboxEvent) -> None:
+        pass
+
+
+class TestLinks:
+    def test_an_event_links_to_its_publishers_jobs_and_back(
+        self, admin_client: Client, registry: None
+    ) -> None:
+        send_events(Quiet("tests.hooks"), "tests.linked")
+        send_events(Quiet("tests.audit"), "tests.linked")
+        try:
+            made = publish(
+                "tests.linked", aggregate_type="order", aggregate_id=uuid.uuid4(), payload={}
+            )
+            other = publish(
+                "tests.linked", aggregate_type="order", aggregate_id=uuid.uuid4(), payload={}
+            )
+            for projected in (made, other):  # as the relay runs them (it would close the test's
+                for subscriber in outbox.subscribers_for("tests.linked"):  # connection)
+                    subscriber(projected)
+            hooks = Job.objects.get(idempotency_key=f"tests.hooks:{made.pk}")
+            Job.objects.filter(idempotency_key=f"tests.audit:{made.pk}").delete()
+            with CaptureQueriesContext(connection) as queries:
+                page = admin_client.get(f"{ADMIN}outboxevent/{made.pk}/change/").content.decode()
+            assert f'tests.hooks: <a href="{ADMIN}job/{hooks.pk}/change/">{hooks.pk}</a>' in page
+            assert "tests.audit: no job (not projected yet, or deleted)" in page
+            assert str(other.pk) not in page
+            (lookup,) = [
+                q["sql"] for q in queries.captured_queries if "idempotency_key" in q["sql"]
+            ]
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SET LOCAL enable_seqscan = off")  # a table of two jobs
+                cursor.execute(f"EXPLAIN {lookup}")
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert "jobs_idempotency_uq" in plan, plan
+            assert "Seq Scan" not in plan, plan
+            job_page = admin_client.get(f"{ADMIN}job/{hooks.pk}/change/").content.decode()
+            assert f'<a href="{ADMIN}outboxevent/{made.pk}/change/">{made.pk}</a>' in job_page
+            OutboxEvent.objects.filter(pk=made.pk).delete()
+            job_page = admin_client.get(f"{ADMIN}job/{hooks.pk}/change/").content.decode()
+            assert f"{made.pk} (no longer kept)" in job_page
+        finally:
+            unregister("tests.hooks")
+            unregister("tests.audit")
+
+    def test_a_publisher_job_with_a_mangled_payload_links_nothing(
+        self, admin_client: Client
+    ) -> None:
+        job = enqueue(PUBLISH_JOB, {"publisher": "tests.hooks", "event": "not an id"})
+        page = admin_client.get(f"{ADMIN}job/{job.pk}/change/")
+        assert page.status_code == 200
+        assert "field-event" in page.content.decode()
