@@ -5,9 +5,9 @@ DISTINCT`` over rows."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin
 from django.db import connections
@@ -24,7 +24,12 @@ from django_pgoutbox.models import (
     JobStatus,
 )
 from django_pgoutbox.registry import registered_jobs
+from django_pgoutbox.schedules import BUILTIN_SCHEDULES
 from django_pgoutbox.validation import storable
+
+if TYPE_CHECKING:
+    from django.contrib.admin.filters import _ListFilterChoices
+    from django.contrib.admin.views.main import ChangeList
 
 
 class _NamesFilter(admin.SimpleListFilter):
@@ -81,6 +86,68 @@ class DeadJobTypeFilter(_NamesFilter):
 
     def names(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
         return set(registered_jobs()) | _dead_letter_sample(model_admin, request, "job_type")
+
+
+class JobTypeFilter(_NamesFilter):
+    """The registered job types: no sample of the rows, which no index of the jobs table
+    serves by job type."""
+
+    title = "job type"
+    parameter_name = field = "job_type"
+
+    def names(self, request: HttpRequest, model_admin: Any) -> Iterable[str]:
+        return registered_jobs()
+
+
+#: The job types of the built-in maintenance schedules (lease recovery, the outbox's
+#: reconciliation, pruning): a job every 30 seconds, hidden from the Jobs page unless asked for.
+MAINTENANCE_JOB_TYPES = tuple(sorted({options["JOB"] for options in BUILTIN_SCHEDULES.values()}))
+
+
+class MaintenanceFilter(admin.SimpleListFilter):
+    """The maintenance jobs: hidden by default (a search or a job type shows them), included,
+    or alone.
+
+    Hidden is ``job_type NOT IN (...)`` on the list's backward scan of the primary key, which
+    reads past the few maintenance jobs among the newest. Alone reads them through
+    ``jobs_idempotency_uq``: the schedules enqueue each with its slot's idempotency key and no
+    organization.
+    """
+
+    title = "maintenance jobs"
+    parameter_name = "maintenance"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [("included", "all jobs, maintenance included"), ("only", "maintenance only")]
+
+    def choices(self, changelist: ChangeList) -> Iterator[_ListFilterChoices]:
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": "hidden",
+        }
+        for value, label in self.lookup_choices:
+            yield {
+                "selected": self.value() == value,
+                "query_string": changelist.get_query_string({self.parameter_name: value}),
+                "display": label,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value == "included":
+            return queryset
+        if value == "only":
+            return queryset.filter(
+                organization_id__isnull=True,
+                idempotency_key__isnull=False,
+                job_type__in=MAINTENANCE_JOB_TYPES,
+            )
+        if value is not None:
+            return queryset.none()
+        if request.GET.get("q", "").strip() or request.GET.get("job_type"):
+            return queryset  # looking for a job by its id, key or type: whatever it is
+        return queryset.exclude(job_type__in=MAINTENANCE_JOB_TYPES)
 
 
 class ErrorCodeFilter(_NamesFilter):

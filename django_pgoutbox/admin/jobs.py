@@ -30,6 +30,8 @@ from django_pgoutbox.admin.common import (
 from django_pgoutbox.admin.filters import (
     DeadJobTypeFilter,
     ErrorCodeFilter,
+    JobTypeFilter,
+    MaintenanceFilter,
     QueueFilter,
     StatusFilter,
 )
@@ -283,7 +285,7 @@ class JobAdmin(_JobPage):
         "run_at",
         "created_at",
     )
-    list_filter = (StatusFilter, QueueFilter)
+    list_filter = (StatusFilter, QueueFilter, JobTypeFilter, MaintenanceFilter)
     search_fields = ("idempotency_key",)
     search_help_text = "A job id, or an idempotency key."
     ordering = ("-id",)  # UUIDv7: newest first, straight from the primary key index

@@ -17,7 +17,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_pgoutbox import control, enqueue, outbox, publish
+from django_pgoutbox import control, enqueue, outbox, publish, scheduler
 from django_pgoutbox.inbox import accept_message
 from django_pgoutbox.models import (
     InboxMessage,
@@ -28,6 +28,8 @@ from django_pgoutbox.models import (
     ScheduleCursor,
 )
 from django_pgoutbox.publishers import PUBLISH_JOB, send_events, unregister
+from django_pgoutbox.registry import registered_jobs
+from django_pgoutbox.schedules import load_schedules
 from tests.integration.test_admin import dead_job
 from tests.integration.test_admin_boundaries import messages_of
 from tests.integration.test_delivery_operations import FIRST, delivery, event, register_two
@@ -466,3 +468,77 @@ class TestLinks:
         page = admin_client.get(f"{ADMIN}job/{job.pk}/change/")
         assert page.status_code == 200
         assert "field-event" in page.content.decode()
+
+
+# -- the jobs' list: job type, maintenance jobs -------------------------------------------------
+
+
+def listed(page: Any) -> set[str]:
+    assert page.status_code == 200
+    return set(re.findall(r'name="_selected_action" value="([^"]+)"', page.content.decode()))
+
+
+@pytest.fixture
+def maintenance() -> list[str]:
+    """One job of each built-in maintenance schedule, as "Run now" enqueues them."""
+    schedules = load_schedules()[0]
+    return [
+        str(scheduler.run_now(schedules[name]).pk)
+        for name in ("pgoutbox.prune", "pgoutbox.recover_leases", "pgoutbox.reconcile_outbox")
+    ]
+
+
+class TestJobsList:
+    def test_maintenance_jobs_are_hidden_until_asked_for(
+        self, admin_client: Client, maintenance: list[str]
+    ) -> None:
+        mine = {str(enqueue("tests.behave", {}).pk), str(dead_job().pk)}
+        assert listed(admin_client.get(f"{ADMIN}job/")) == mine
+        assert listed(admin_client.get(f"{ADMIN}job/?maintenance=included")) == mine | set(
+            maintenance
+        )
+        assert listed(admin_client.get(f"{ADMIN}job/?maintenance=only")) == set(maintenance)
+        assert listed(admin_client.get(f"{ADMIN}job/?maintenance=bogus")) == set()
+        # Looking for one: found whatever it is.
+        assert listed(admin_client.get(f"{ADMIN}job/?q={maintenance[0]}")) == {maintenance[0]}
+        assert listed(admin_client.get(f"{ADMIN}job/?job_type=pgoutbox.prune")) == {maintenance[0]}
+        page = admin_client.get(f"{ADMIN}job/").content.decode()
+        for label in ("hidden", "all jobs, maintenance included", "maintenance only"):
+            assert f">{label}</a>" in page, label
+
+    def test_job_type_offers_the_registered_types(self, admin_client: Client) -> None:
+        behave = str(enqueue("tests.behave", {}).pk)
+        enqueue("tests.noop", {})
+        page = admin_client.get(f"{ADMIN}job/?job_type=tests.behave")
+        assert listed(page) == {behave}
+        text = page.content.decode()
+        for job_type in registered_jobs():
+            assert f"?job_type={job_type}" in text or f"job_type={job_type}&" in text, job_type
+        assert listed(admin_client.get(f"{ADMIN}job/?job_type=gone.type")) == set()
+
+    def test_the_filters_read_by_index(self, admin_client: Client, maintenance: list[str]) -> None:
+        """Hidden is the list's backward scan of the primary key, with a filter; maintenance
+        only reads ``jobs_idempotency_uq``."""
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO jobs (queue, job_type, payload, status, finished_at) "
+                "SELECT 'default', 'tests.behave', '{}', 'completed', now() "
+                "FROM generate_series(1, 20000)"
+            )
+            cursor.execute("ANALYZE jobs")
+        for query, index in (
+            ("", "Index Scan Backward using jobs_pkey"),
+            ("?maintenance=only", "jobs_idempotency_uq"),
+        ):
+            with CaptureQueriesContext(connection) as queries:
+                admin_client.get(f"{ADMIN}job/{query}")
+            (rows,) = [
+                q["sql"]
+                for q in queries.captured_queries
+                if q["sql"].startswith('SELECT "jobs"."id"') and "ORDER BY" in q["sql"]
+            ]
+            with connection.cursor() as cursor:
+                cursor.execute(f"EXPLAIN {rows}")
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert index in plan, plan
+            assert "Seq Scan" not in plan, plan
