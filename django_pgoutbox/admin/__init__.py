@@ -2,7 +2,11 @@
 
 - Dead letters (jobs): filters by queue, job type and error code; search by id or idempotency
   key; pretty-printed payload; actions retry now, cancel and delete, each confirmed and logged.
-- Jobs: every job, with an action that cancels them (running ones are asked to stop).
+- Jobs: every job, with an action that cancels them (running ones are asked to stop), filtered
+  by status, queue and job type; the built-in maintenance jobs hidden unless asked for.
+- Detail pages: the row's fields grouped, its times in order, its error whole; buttons that run
+  a page's action on that one row (``<id>/<button>/``, POST only); a publisher's job and its
+  event linked both ways.
 - Jobs, outbox events (with re-drive and discard for dead events, and each event's deliveries on
   its page), outbox deliveries (with re-drive and discard for dead ones), schedules (with "run
   now"), inbox messages (filtered by source, searched by message id): read-only changelists.
