@@ -17,6 +17,7 @@ from django.db.models import F
 from django.db.models.base import ModelState
 from django.db.models.fields.json import KeyTextTransform
 
+from django_pgoutbox.attempts import AttemptRecord, attempt_history
 from django_pgoutbox.ids import uuid7
 
 
@@ -204,6 +205,9 @@ class Job(models.Model):
     # Added: the attempt of a suspect that started alone in its worker's process: only such an
     # attempt, if lost too, counts (see the lease recovery). Every claim clears it.
     alone_attempt = models.IntegerField(null=True, blank=True)
+    # Added: the attempts that did not complete the job, oldest first, the newest 20 of them
+    # (queries.attempts); NULL while there is none. Read it through ``attempt_history``.
+    attempt_log = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "jobs"
@@ -284,6 +288,12 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_type} [{self.queue}] {self.status} ({self.id})"
+
+    @property
+    def attempt_history(self) -> list[AttemptRecord]:
+        """Every attempt of this job as far as it is kept, oldest first: those logged in
+        ``attempt_log``, then the row's own attempt while it runs or once it completed it."""
+        return attempt_history(self)
 
 
 class DeadLetterManager(models.Manager["DeadLetter"]):

@@ -7,6 +7,8 @@ import uuid
 from datetime import datetime
 from typing import NamedTuple
 
+from django_pgoutbox.queries.attempts import append_attempt
+
 #: What a claim returns of each job, in order: (name, SQL expression, type). CLAIM_JOBS's and
 #: RECORD_AND_CLAIM's RETURNING, RECORD_AND_CLAIM's typed NULLs, their ORDER BY and ``ClaimRow``
 #: are all made from it, so that they cannot disagree.
@@ -131,6 +133,24 @@ ORDER BY {_claim_order()}
 
 CLAIM_JOBS = _claim_jobs(_CLAIM_CANDIDATES)
 
+# What RECORD_OUTCOMES makes of an outcome ``u`` of the attempt row ``j`` holds: the job's status,
+# and the code and summary of an attempt that did not complete it (a cancellation requested while
+# the attempt ran wins over its outcome). Each is written to the row and to the attempt's entry.
+_STATUS = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE u.status END"
+_ERROR_CODE = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE u.code END"
+_ERROR_SUMMARY = """CASE WHEN j.cancel_requested_at IS NOT NULL
+        THEN left('cancelled on request while attempt ' || j.attempts || ' ran; it ended: '
+                  || u.status || coalesce(' (' || u.summary || ')', ''), 1000)
+        ELSE u.summary END"""
+_LOGGED = append_attempt(
+    row="j.",
+    # a snooze gives its attempt back: said apart from a failure that spends one
+    outcome=f"CASE WHEN u.gives_back_attempt AND j.cancel_requested_at IS NULL THEN 'snoozed'"
+    f" ELSE {_STATUS} END",
+    code=_ERROR_CODE,
+    summary=_ERROR_SUMMARY,
+)
+
 #: Record the outcomes of many attempts in one statement; returns the ids it applied.
 #:
 #: Named parameters: ids uuid[], attempts int[], statuses text[] ('completed', 'retrying', 'dead' or
@@ -158,7 +178,11 @@ CLAIM_JOBS = _claim_jobs(_CLAIM_CANDIDATES)
 #: probed by ``id = ANY(ARRAY(...))``, as the claim's update does. The probes lock the rows in id
 #: order, as RENEW_LEASES does: a renewal and an outcome write of the same jobs on two lanes that
 #: locked them in different orders deadlocked.
-RECORD_OUTCOMES = """
+#:
+#: Every end of an attempt but a completion appends its entry to ``attempt_log``
+#: (``queries.attempts``): the same row's update, with no other row read and no index written
+#: (the column is in none), so the plan is the same. A completion leaves the column as it is.
+RECORD_OUTCOMES = f"""
 WITH u AS MATERIALIZED (
     -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
     -- would have PostgreSQL apply either to the one row)
@@ -174,7 +198,7 @@ WITH u AS MATERIALIZED (
     ORDER BY id, attempt, sent
 )
 UPDATE jobs AS j
-SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE u.status END,
+SET status = {_STATUS},
     attempts = CASE WHEN u.gives_back_attempt THEN j.attempts - 1 ELSE j.attempts END,
     run_at = CASE WHEN u.status = 'retrying'
                   THEN now() + make_interval(secs => u.delay) ELSE j.run_at END,
@@ -182,16 +206,12 @@ SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE u
                         THEN now() END,
     finished_at = CASE WHEN u.status = 'retrying'
                             AND j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
-    last_error_code = CASE
-        WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-        WHEN u.status = 'completed' THEN j.last_error_code
-        ELSE u.code END,
-    last_error_summary = CASE
-        WHEN j.cancel_requested_at IS NOT NULL
-            THEN left('cancelled on request while attempt ' || j.attempts || ' ran; it ended: '
-                      || u.status || coalesce(' (' || u.summary || ')', ''), 1000)
-        WHEN u.status = 'completed' THEN j.last_error_summary
-        ELSE u.summary END,
+    last_error_code = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
+                           THEN j.last_error_code ELSE {_ERROR_CODE} END,
+    last_error_summary = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
+                              THEN j.last_error_summary ELSE {_ERROR_SUMMARY} END,
+    attempt_log = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
+                       THEN j.attempt_log ELSE {_LOGGED} END,
     result = u.result::jsonb,
     lease_expires_at = NULL
 FROM u

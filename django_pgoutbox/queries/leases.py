@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django_pgoutbox.queries.attempts import append_attempt
+
 #: Extend the leases of the attempts this worker is running; returns the ids still held, each
 #: with whether its cancellation was requested.
 #:
@@ -26,6 +28,19 @@ WHERE j.id = ANY(ARRAY(SELECT id FROM u))  -- by primary key, in id order (RECOR
 RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
+# The summary of an attempt lost with its worker (RECOVER_EXPIRED_LEASES), read from its row.
+_LOST_SUMMARY = """'lease of attempt ' || attempts || ' held by ' || coalesce(locked_by, '?')
+        || ' expired at ' || lease_expires_at
+        || CASE WHEN alone_attempt = attempts
+                THEN '; it ran as a suspect, alone: the attempt counts'
+                ELSE '; the attempt is given back (lost ' || CASE WHEN last_error_code =
+                     'lease_expired' THEN lost_attempts + 1 ELSE 1 END || ' time(s) in a row;'
+                     || ' from 2, its next attempt runs alone and counts)'
+           END"""
+_LOST_LOGGED = append_attempt(
+    row="", outcome="'lost'", code="'lease_expired'", summary=_LOST_SUMMARY
+)
+
 #: Make jobs whose lease expired claimable again, or dead when that was their last attempt.
 #:
 #: Named parameters: queue text or NULL (every queue).
@@ -44,7 +59,10 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL
 #: 'leased'`` on the locked row after the first commits and skips it, so each expiry is
 #: returned, and counted, exactly once. The scan reads ``jobs_leased_idx``: only the rows that
 #: are running.
-RECOVER_EXPIRED_LEASES = """
+#:
+#: Each lost attempt appends its entry to ``attempt_log`` (``queries.attempts``), outcome
+#: ``lost``, with the code and summary written to the row.
+RECOVER_EXPIRED_LEASES = f"""
 UPDATE jobs
 SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
                   WHEN alone_attempt = attempts AND attempts >= max_attempts THEN 'dead'
@@ -57,14 +75,8 @@ SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
                          OR (alone_attempt = attempts AND attempts >= max_attempts)
                        THEN now() END,
     last_error_code = 'lease_expired',
-    last_error_summary = 'lease of attempt ' || attempts || ' held by ' || coalesce(locked_by, '?')
-        || ' expired at ' || lease_expires_at
-        || CASE WHEN alone_attempt = attempts
-                THEN '; it ran as a suspect, alone: the attempt counts'
-                ELSE '; the attempt is given back (lost ' || CASE WHEN last_error_code =
-                     'lease_expired' THEN lost_attempts + 1 ELSE 1 END || ' time(s) in a row;'
-                     || ' from 2, its next attempt runs alone and counts)'
-           END,
+    last_error_summary = {_LOST_SUMMARY},
+    attempt_log = {_LOST_LOGGED},
     lease_expires_at = NULL
 WHERE status = 'leased'
   AND lease_expires_at < now()
@@ -85,6 +97,11 @@ WHERE id = %s AND attempts = %s AND locked_by = %s AND status = 'leased'
 RETURNING id
 """
 
+_RELEASED_SUMMARY = "'released by ' || j.locked_by || ' at shutdown'"
+_RELEASED_LOGGED = append_attempt(
+    row="j.", outcome="'released'", code="'worker_shutdown'", summary=_RELEASED_SUMMARY
+)
+
 #: Give back jobs this worker claimed but will not finish (graceful shutdown past its grace).
 #:
 #: Parameters: ids uuid[], attempts int[], worker_id text.
@@ -92,8 +109,9 @@ RETURNING id
 #: They return to 'pending', due now, for another worker (or end 'cancelled' if that was
 #: asked). The attempt stays counted: it did start, and its side effects may have happened
 #: (handlers are idempotent). A job released during its last attempt is dead, as it would be
-#: had its lease expired: it never gets more than ``max_attempts`` attempts.
-RELEASE_JOBS = """
+#: had its lease expired: it never gets more than ``max_attempts`` attempts. The attempt appends
+#: its entry to ``attempt_log`` (``queries.attempts``), outcome ``released``.
+RELEASE_JOBS = f"""
 UPDATE jobs AS j
 SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
                   WHEN j.attempts >= j.max_attempts THEN 'dead'
@@ -103,7 +121,8 @@ SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
     run_at = now(),
     lease_expires_at = NULL,
     last_error_code = 'worker_shutdown',
-    last_error_summary = 'released by ' || j.locked_by || ' at shutdown'
+    last_error_summary = {_RELEASED_SUMMARY},
+    attempt_log = {_RELEASED_LOGGED}
 FROM unnest(%s::uuid[], %s::integer[]) AS u(id, attempt)
 WHERE j.id = u.id
   AND j.attempts = u.attempt

@@ -98,6 +98,8 @@ def misbehave(payload: dict[str, Any], ctx: JobContext) -> Any:
         return {"text": "a\x00b"}
     if how == "print_megabyte":
         raise ValueError("e" * 1_000_000)
+    if how == "hostile_megabyte":  # NUL bytes and lone surrogates through a megabyte
+        raise ValueError("\x00\ud800<b>&" * 200_000)
     return None
 
 

@@ -93,7 +93,9 @@ def test_added_columns() -> None:
         "cancel_requested_at",
         "alone_attempt",
         "lost_attempts",
+        "attempt_log",
     }
+    assert columns("jobs")["attempt_log"] == ("jsonb", "YES", None)
     assert set(columns("outbox_events")) - set(SEED_OUTBOX) == {"last_error_code", "dead_at"}
     assert set(columns("worker_heartbeats")) == {
         "worker_id",
