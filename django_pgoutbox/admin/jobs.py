@@ -19,13 +19,13 @@ from django.utils import timezone
 from django_pgoutbox import control, queue_controls, queue_minutes, scheduler
 from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox.admin import charts, queues
+from django_pgoutbox.admin.attempts import last_error_and_attempts
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.buttons import Button, ButtonsAdmin
 from django_pgoutbox.admin.common import (
     breadcrumbs_as_list,
     change_link,
     json_preview,
-    preformatted,
 )
 from django_pgoutbox.admin.filters import (
     DeadJobTypeFilter,
@@ -61,8 +61,8 @@ class _JobPage(ButtonsAdmin):
     """A job's detail page: its times in the order they happen, the whole error, the payload
     and the result pretty-printed, and the event that a publisher's job sends."""
 
-    readonly_fields = ("event", "error_in_full", "pretty_payload", "pretty_result")
-    exclude = ("payload", "result")
+    readonly_fields = ("event", "attempts_and_errors", "pretty_payload", "pretty_result")
+    exclude = ("payload", "result", "attempt_log", "last_error_code", "last_error_summary")
     fieldsets = (
         (
             None,
@@ -106,7 +106,7 @@ class _JobPage(ButtonsAdmin):
                 )
             },
         ),
-        ("Error", {"fields": ("last_error_code", "error_in_full")}),
+        ("Errors and attempts", {"fields": ("attempts_and_errors",)}),
         ("Payload and result", {"fields": ("pretty_payload", "pretty_result")}),
     )
 
@@ -136,9 +136,11 @@ class _JobPage(ButtonsAdmin):
             return f"{event_id} (no longer kept)"
         return change_link(self.admin_site, OutboxEvent, event_id, event_id)
 
-    @admin.display(description="error summary")
-    def error_in_full(self, obj: Job) -> str:
-        return preformatted(obj.last_error_summary)
+    @admin.display(description="errors and attempts")
+    def attempts_and_errors(self, obj: Job) -> str:
+        """The last error in full (on a completed job: a previous failure), then every
+        attempt kept."""
+        return last_error_and_attempts(obj)
 
     @admin.display(description="payload")
     def pretty_payload(self, obj: Job) -> str:
@@ -166,7 +168,7 @@ class DeadLetterAdmin(_JobPage):
     search_fields = ("idempotency_key",)
     ordering = ("-finished_at",)
     sortable_by = ("finished_at",)
-    heavy_fields = ("payload", "result", "worker_ids")
+    heavy_fields = ("payload", "result", "worker_ids", "attempt_log")
     actions = ("retry_now", "cancel", "delete_selected")
 
     @admin.display(description="error summary")
@@ -290,7 +292,7 @@ class JobAdmin(_JobPage):
     search_help_text = "A job id, or an idempotency key."
     ordering = ("-id",)  # UUIDv7: newest first, straight from the primary key index
     sortable_by = ("id",)
-    heavy_fields = ("payload", "result", "worker_ids", "last_error_summary")
+    heavy_fields = ("payload", "result", "worker_ids", "last_error_summary", "attempt_log")
     change_list_template = "admin/django_pgoutbox/job_change_list.html"
     actions = ("cancel_jobs",)
 
@@ -347,6 +349,10 @@ class JobAdmin(_JobPage):
                 "handler sees ctx.cancelled."
             )
         return super().pressed_message(action, pk)
+
+    @admin.display(description="errors and attempts")
+    def attempts_and_errors(self, obj: Job) -> str:
+        return last_error_and_attempts(obj)
 
     def has_change_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False

@@ -37,6 +37,7 @@ from django.utils import timezone
 
 from django_pgoutbox import control, maintenance, scheduler
 from django_pgoutbox import gauges as db_gauges
+from django_pgoutbox.attempts import AttemptRecord
 from django_pgoutbox.db import require_migrated
 from django_pgoutbox.health import (
     DEFAULT_MAX_AGE,
@@ -75,6 +76,30 @@ DEAD_LETTER_COLUMNS = [
     table.Column("dead since (UTC)"),
     table.Column("error", max_width=60),
 ]
+
+
+#: ``deadletters show``: the job's attempts (``Job.attempt_history``), oldest first.
+ATTEMPT_COLUMNS = [
+    table.Column("attempt", align=">"),
+    table.Column("worker", max_width=40),
+    table.Column("started (UTC)"),
+    table.Column("ended (UTC)"),
+    table.Column("outcome"),
+    table.Column("error code", max_width=30),
+    table.Column("summary", max_width=80),
+]
+
+
+def _attempt_row(record: AttemptRecord) -> list[object]:
+    return [
+        "" if record.attempt is None else record.attempt,
+        record.worker or "",
+        arguments.utc(record.started_at) if record.started_at else "",
+        arguments.utc(record.ended_at) if record.ended_at else "",
+        record.outcome or "",
+        record.error_code or "",
+        record.summary or "",
+    ]
 
 
 def _shown(gauges: Any, field: str, spec: str = "") -> str:
@@ -348,6 +373,9 @@ class Command(BaseCommand):
                 self.stdout.write(f"{field:>16}: {getattr(job, field)}")
             self.stdout.write(f"{'payload':>16}: {json.dumps(job.payload, indent=2)}")
             self.stdout.write(f"{'error':>16}: {job.last_error_summary}")
+            self.stdout.write(f"{'attempts kept':>16}:")
+            for line in table.render(ATTEMPT_COLUMNS, map(_attempt_row, job.attempt_history)):
+                self.stdout.write(f"  {line}")
             return
         filtered = False
         for option, field in (
