@@ -2,6 +2,8 @@
 
 - ``enqueue``: writing jobs (one row, many rows, binary COPY) and waking their queues;
 - ``claims``: the claim's columns (``ClaimRow``), the claim and the outcomes of attempts;
+- ``attempts``: the entry the end of an attempt appends to its job's ``attempt_log``, which the
+  statements of ``claims`` and ``leases`` share;
 - ``limits``: the fair and limited claims (the queue's lock, its allowance, its tokens);
 - ``leases``: renewal, recovery of expired leases, suspects, giving jobs back;
 - ``outbox``: publishing a fact, and the relay's claim, fence and outcomes;
