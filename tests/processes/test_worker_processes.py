@@ -64,6 +64,12 @@ def test_sigkill_mid_handler_loses_nothing(start_worker: Any) -> None:
     for job in Job.objects.filter(pk__in=recovered):
         # Two claims; the one lost with the worker (beside others) was given back.
         assert (job.attempts, len(job.worker_ids)) == (1, 2)
+        # Its history: the attempt lost with the victim, then the one that completed it.
+        history = [(r.attempt, r.worker, r.outcome, r.error_code) for r in job.attempt_history]
+        assert history == [
+            (1, job.worker_ids[0], "lost", "lease_expired"),
+            (1, job.worker_ids[1], "completed", None),
+        ]
     # At-least-once, with bounded duplicates: only the jobs in flight when the worker died (at
     # most one per handler thread) ran again, once each. A job may even have reached its end
     # twice: killed after its side effects, before its outcome was written.
@@ -190,6 +196,8 @@ def test_grace_period_over_releases_the_rest(start_worker: Any) -> None:
         "worker_shutdown",
         1,
     )
+    (released,) = job.attempt_history
+    assert (released.attempt, released.outcome) == (1, "released")
 
 
 def test_second_sigterm_exits_at_once(start_worker: Any) -> None:
@@ -282,6 +290,7 @@ def test_sigterm_gives_back_prefetched_jobs_unstarted(start_worker: Any) -> None
     assert not pending.filter(pk__in=started).exists()
     assert set(pending.values_list("attempts", flat=True)) == {0}
     assert all(ids == [] for ids in pending.values_list("worker_ids", flat=True))
+    assert not pending.filter(attempt_log__isnull=False).exists()  # no attempt to log
     # What it held unstarted when told to stop was given back, not run in the grace period.
     assert set(pending.filter(pk__in=held).values_list("pk", flat=True)) == held
 
