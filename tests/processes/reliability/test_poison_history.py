@@ -33,7 +33,7 @@ def test_a_poison_failing_with_a_hostile_megabyte_keeps_a_bounded_history(
     poison = {"job_type": "tests.misbehave", "payload": {"how": "hostile_megabyte"}}
     jobs = enqueue_many([innocent] * 3 + [poison] + [innocent] * 3)
     dead = jobs[3]
-    innocents = jobs[:3] + jobs[4:]
+    innocents = [*jobs[:3], *jobs[4:]]
     Job.objects.filter(pk=dead.pk).update(max_attempts=ATTEMPTS)
     worker = start_worker("--queues", "default", "--concurrency", "4", RETRY=RETRY)
 
