@@ -180,8 +180,8 @@ _LOGGED = append_attempt(
 #: locked them in different orders deadlocked.
 #:
 #: Every end of an attempt but a completion appends its entry to ``attempt_log``
-#: (``queries.attempts``): the same row's update, with no other row read and no index written
-#: (the column is in none), so the plan is the same. A completion leaves the column as it is.
+#: (``queries.attempts``), built from the row being updated: no other row or index is read, and
+#: the column is in no index, so the plan above holds. A completion leaves the column as it is.
 RECORD_OUTCOMES = f"""
 WITH u AS MATERIALIZED (
     -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
