@@ -6,7 +6,7 @@ class Migration(migrations.Migration):
     # rewriting or scanning the live jobs table (its brief ACCESS EXCLUSIVE lock waits for, and
     # holds up, the statements in flight on it).
     dependencies = [
-        ("pgoutbox", "0009_queue_controls"),
+        ("pgoutbox", "0010_queue_minutes"),
     ]
 
     operations = [
