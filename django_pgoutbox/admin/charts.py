@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString
 
 from django_pgoutbox.queue_minutes import WINDOWS, Minute
 
-WIDTH = 300
+WIDTH = 240
 HEIGHT = 56
 #: Room above the lines for the largest value's label.
 TOP = 12
@@ -52,19 +52,22 @@ def _number(value: float) -> str:
 
 
 def _path(values: Sequence[float | None], top: float) -> str:
-    """The SVG path of ``values`` scaled to ``top``: a new segment after each gap."""
+    """The SVG path of ``values`` scaled to ``top``: a new segment after each gap, and a dot
+    for a minute alone between gaps."""
     count = len(values)
     step = WIDTH / max(1, count - 1)
     parts: list[str] = []
-    drawing = False
-    for index, value in enumerate(values):
+    run = 0  # points in the segment being drawn
+    for index, value in enumerate([*values, None]):
         if value is None:
-            drawing = False
+            if run == 1:
+                parts.append("l0.5 0")  # a lone point: a dot, with the round line caps
+            run = 0
             continue
         x = index * step
         y = TOP + (HEIGHT - TOP) * (1 - (value / top if top else 0))
-        parts.append(f"{'L' if drawing else 'M'}{x:.1f} {y:.1f}")
-        drawing = True
+        parts.append(f"{'L' if run else 'M'}{x:.1f} {y:.1f}")
+        run += 1
     return " ".join(parts)
 
 
@@ -84,7 +87,8 @@ def chart(title: str, series: Sequence[Series], hours: int) -> SafeString:
     )
     lines = format_html_join(
         "",
-        '<path d="{}" fill="none" stroke="{}" stroke-width="1.5"><title>{}</title></path>',
+        '<path d="{}" fill="none" stroke="{}" stroke-width="1.5" stroke-linecap="round">'
+        "<title>{}</title></path>",
         ((_path(each.values, top), each.colour, each.label) for each in series if known),
     )
     legend = format_html_join(

@@ -98,6 +98,7 @@ def test_a_chart_draws_gaps_escapes_and_says_what_it_shows() -> None:
     assert "max 4, last 4" in svg
     (path,) = re.findall(r'd="([^"]*)"', svg)
     assert path.count("M") == 2  # the gap starts a new segment
+    assert path.endswith("l0.5 0")  # the last minute, alone after the gap: a dot
     empty = str(charts.chart("Backlog", [charts.Series("waiting", [None, None], "red")], 3))
     assert "no data yet" in empty
     assert "<path" not in empty

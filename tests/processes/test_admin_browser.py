@@ -1,4 +1,7 @@
-"""End to end in a real headless browser: log in, open the dead letters, retry one, see it done.
+"""End to end in a real headless browser: log in, open the dead letters, retry one, see it done;
+pause, resize and resume a queue from the overview while a worker runs it; the charts, in the
+light and the dark theme. Each step's screenshot is saved under ``artifacts/screenshots`` (or
+``PGOUTBOX_SCREENSHOTS``); docs/admin.md shows some of them (docs/images/).
 
 Needs Debian's chromium and chromium-driver (.ci/run installs them) and selenium (test extra).
 Without them the test is skipped, unless PGOUTBOX_REQUIRE_BROWSER=1 (as in CI) makes it fail.
@@ -6,18 +9,21 @@ Without them the test is skipped, unless PGOUTBOX_REQUIRE_BROWSER=1 (as in CI) m
 
 from __future__ import annotations
 
+import math
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.utils import timezone
 
 from django_pgoutbox import enqueue
 from django_pgoutbox.models import Job, JobStatus
-from tests.processes import wait_for
+from tests.processes import holds_for, wait_for
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -30,7 +36,8 @@ from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import Select  # noqa: E402
 
-SCREENSHOTS = Path(os.environ.get("PGOUTBOX_SCREENSHOTS", "/tmp/pgoutbox-screenshots"))
+ROOT = Path(__file__).resolve().parents[2]
+SCREENSHOTS = Path(os.environ.get("PGOUTBOX_SCREENSHOTS", ROOT / "artifacts" / "screenshots"))
 
 
 @pytest.fixture
@@ -55,18 +62,29 @@ def browser() -> Any:
     driver.quit()
 
 
-def shot(driver: Any, name: str) -> Path:
+def shot(driver: Any, name: str, element: Any = None) -> Path:
+    """Save the page (or one ``element`` of it) as ``name``.png."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     path = SCREENSHOTS / f"{name}.png"
-    driver.save_screenshot(str(path))
+    if element is not None:
+        element.screenshot(str(path))
+    else:
+        driver.save_screenshot(str(path))
     return path
+
+
+def log_in(browser: Any, live_server: Any, next_url: str) -> None:
+    User.objects.create_superuser("operator", "op@example.com", "a-long-password")
+    browser.get(f"{live_server.url}/admin/login/?next={next_url}")
+    browser.find_element(By.NAME, "username").send_keys("operator")
+    browser.find_element(By.NAME, "password").send_keys("a-long-password")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
 
 
 @pytest.mark.django_db(transaction=True)  # the browser, the live server and a worker process
 def test_retry_a_dead_letter_from_the_admin(
     live_server: Any, browser: Any, start_worker: Any
 ) -> None:
-    User.objects.create_superuser("operator", "op@example.com", "a-long-password")
     job = enqueue("tests.behave", {"order": 42}, queue="webhooks")
     Job.objects.filter(pk=job.pk).update(
         status=JobStatus.DEAD,
@@ -77,10 +95,7 @@ def test_retry_a_dead_letter_from_the_admin(
     )
     start_worker("--roles", "jobs", "--queues", "webhooks", POLL_INTERVAL=0.2)
 
-    browser.get(f"{live_server.url}/admin/login/?next=/admin/pgoutbox/job/overview/")
-    browser.find_element(By.NAME, "username").send_keys("operator")
-    browser.find_element(By.NAME, "password").send_keys("a-long-password")
-    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    log_in(browser, live_server, "/admin/pgoutbox/job/overview/")
     queues = browser.find_element(By.ID, "queues").text
     assert "webhooks" in queues
     shot(browser, "overview")
@@ -104,3 +119,65 @@ def test_retry_a_dead_letter_from_the_admin(
     browser.get(f"{live_server.url}/admin/pgoutbox/job/{job.pk}/change/")
     assert "completed" in browser.find_element(By.CSS_SELECTOR, ".field-status").text
     shot(browser, "job-completed")
+
+
+def _minutes_of_a_busy_queue() -> None:
+    """Three hours of a queue's minutes, as workers and maintenance would have written them: a
+    steady drain, a burst of failures, a backlog that builds and clears."""
+    rows = []
+    for minute in range(180):
+        completed = 600 + int(250 * math.sin(minute / 12))
+        failed = 40 if 95 <= minute <= 110 else 3
+        backlog = max(0, 2000 - abs(minute - 120) * 40) if minute >= 70 else 15
+        rows.append((minute, completed, failed, 1 if failed > 3 else 0, backlog, backlog / 30))
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO queue_minutes "
+            "(queue, minute, completed, failed, dead, backlog, oldest_pending_age) "
+            "VALUES ('default', date_trunc('minute', now()) - make_interval(mins => 179 - %s), "
+            "%s, %s, %s, %s, %s)",
+            rows,
+        )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_pause_resize_and_resume_a_queue_and_read_its_charts(
+    live_server: Any, browser: Any, start_worker: Any
+) -> None:
+    _minutes_of_a_busy_queue()
+    # Its poll interval is long: the pause and the resume reach it by notification.
+    start_worker("--roles", "jobs", "--queues", "reports", POLL_INTERVAL=60)
+    log_in(browser, live_server, "/admin/pgoutbox/job/overview/")
+    browser.find_element(By.ID, "pause-reports").click()
+    assert "Queue reports is paused" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    assert "paused" in browser.find_element(By.CSS_SELECTOR, "#queue-reports .queue-state").text
+    shot(browser, "overview-paused", browser.find_element(By.ID, "queues"))
+
+    job = enqueue("tests.behave", {"record": False}, queue="reports")
+    holds_for(lambda: Job.objects.get(pk=job.pk).status == JobStatus.PENDING, 2)
+
+    concurrency = browser.find_element(By.CSS_SELECTOR, "#queue-reports input[name=concurrency]")
+    concurrency.clear()
+    concurrency.send_keys("3")
+    browser.find_element(By.ID, "resize-button-reports").click()
+    assert "concurrency 3 per worker" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    assert "set at run time" in browser.find_element(By.CSS_SELECTOR, "#queue-reports").text
+    shot(browser, "overview-resized", browser.find_element(By.ID, "queues"))
+
+    browser.find_element(By.ID, "resume-reports").click()
+    assert "Queue reports is resumed" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    wait_for(lambda: Job.objects.filter(pk=job.pk, status=JobStatus.COMPLETED).exists(), timeout=10)
+    browser.find_element(By.ID, "reset-reports").click()
+    assert (
+        "runs with its settings again" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    )
+
+    browser.get(f"{live_server.url}/admin/pgoutbox/job/overview/?hours=3#activity")
+    charts = browser.find_element(By.ID, "charts")
+    paths = browser.find_elements(By.CSS_SELECTOR, "#charts-default svg path")
+    assert len(paths) == 4  # completed, failed, backlog, oldest due: each drawn
+    assert re.search(r"completed: max 8[45]\d, last \d+", charts.get_attribute("innerHTML"))
+    shot(browser, "charts", charts)
+    browser.execute_script("localStorage.setItem('theme', 'dark')")
+    browser.refresh()
+    shot(browser, "charts-dark", browser.find_element(By.ID, "charts"))
