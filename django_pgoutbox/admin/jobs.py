@@ -18,10 +18,10 @@ from django.utils import timezone
 
 from django_pgoutbox import control, queue_controls, queue_minutes, scheduler
 from django_pgoutbox import gauges as db_gauges
-from django_pgoutbox.admin import charts, queues
 from django_pgoutbox.admin.attempts import last_error_and_attempts
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.buttons import Button, ButtonsAdmin
+from django_pgoutbox.admin.charts import queue_charts, window
 from django_pgoutbox.admin.common import (
     breadcrumbs_as_list,
     change_link,
@@ -35,6 +35,7 @@ from django_pgoutbox.admin.filters import (
     QueueFilter,
     StatusFilter,
 )
+from django_pgoutbox.admin.queues import queue_action, queue_row
 from django_pgoutbox.models import (
     CLAIMABLE_STATUSES,
     FINISHED_STATUSES,
@@ -367,7 +368,7 @@ class JobAdmin(_JobPage):
         ]
 
     def queue_action_view(self, request: HttpRequest, name: str, action: str) -> HttpResponse:
-        return queues.queue_action(self, request, name, action)
+        return queue_action(self, request, name, action)
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -376,13 +377,13 @@ class JobAdmin(_JobPage):
         holder = db_gauges.horizon_holder(router.db_for_read(Job))
         dead_url = reverse("admin:pgoutbox_deadletter_changelist")
         statuses = queue_controls.queue_statuses(router.db_for_read(Job))
-        hours = charts.window(request.GET.get("hours"))
+        hours = window(request.GET.get("hours"))
         minutes = queue_minutes.recent_minutes(hours, using=router.db_for_read(Job))
         rows = [
             {
                 "gauges": g,
                 "dead_url": f"{dead_url}?queue={g.queue}",
-                **(queues.queue_row(statuses[g.queue]) if g.queue in statuses else {}),
+                **(queue_row(statuses[g.queue]) if g.queue in statuses else {}),
             }
             for g in gauges.queues.values()
         ]
@@ -407,7 +408,7 @@ class JobAdmin(_JobPage):
             "title": "Queues overview",
             "queues": rows,
             "activity": [
-                {"queue": name, "charts": charts.queue_charts(points, hours)}
+                {"queue": name, "charts": queue_charts(points, hours)}
                 for name, points in minutes.items()
             ],
             "hours": hours,

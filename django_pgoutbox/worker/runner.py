@@ -239,7 +239,7 @@ class QueueRunner:
         state, suspects, upkeep = self._state, self._suspects, self._upkeep
         if suspects.alone is not None:
             suspects.end_alone(now)
-        if suspects.held is not None and not self._stopping:
+        if suspects.held is not None and not self._stopping and self._controls.claimable:
             suspects.turn(
                 state,
                 now,
@@ -474,12 +474,13 @@ class QueueRunner:
         if change.threads:
             self.concurrency += change.threads
             self._claims.concurrency = self.concurrency
-        if change.paused:  # what no thread started yet goes back
+            self._claims.wanted = True  # work for the threads added now, not at the poll
+        if change.paused:  # what no thread started yet goes back, the held suspect too
             self._standby.disarm()
-            waiting = self._handlers.take_waiting()
-            for attempt in waiting:
-                self._state.forget(attempt)
-            self._state.to_unclaim += waiting
+            self._state.give_back(self._handlers.take_waiting())
+            if self._suspects.held is not None and not self._suspects.marking:
+                self._state.give_back([self._suspects.held])
+                self._suspects.held = None
         elif change.paused is False:
             self._claims.wanted = True
 
@@ -524,9 +525,7 @@ class QueueRunner:
         if self._suspects.held is not None and not self._suspects.marking:
             waiting.append(self._suspects.held)
             self._suspects.held = None
-        for attempt in waiting:
-            state.forget(attempt)
-        state.to_unclaim += waiting
+        state.give_back(waiting)
         if state.to_unclaim:
             self._give_back(now, "UNCLAIM_JOBS", "shutdown")
         if state.outcomes and (index := self._free_lane(now)) is not None:

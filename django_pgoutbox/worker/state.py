@@ -151,6 +151,13 @@ class QueueState:
             attempt.deadline = deadline
             self.timed[attempt.slot] = attempt
 
+    def give_back(self, attempts: list[Attempt]) -> None:
+        """``attempts``, claimed and not started, are no longer this queue's: they go back to
+        their queue unstarted (UNCLAIM_JOBS), at the stop or a pause."""
+        for attempt in attempts:
+            self.forget(attempt)
+        self.to_unclaim += attempts
+
     def forget(self, attempt: Attempt) -> None:
         """``attempt`` is no longer this queue's to run or renew."""
         key = attempt.slot

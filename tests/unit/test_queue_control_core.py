@@ -1,0 +1,114 @@
+"""A queue's coordinator, paused, resumed and resized (``worker.controls``), driven with fakes:
+nothing is claimed before its row is read, nor while paused; what no thread started goes back;
+threads are added and retired; a limit set at run time makes claims one at a time."""
+
+from __future__ import annotations
+
+from django_pgoutbox.queue_controls import Control
+from django_pgoutbox.worker.claims import RecordAndClaim
+from django_pgoutbox.worker.controls import ReadControl
+from django_pgoutbox.worker.leases import GiveBack, Recover
+from tests.unit.fakes import Harness, claim_row
+
+PAUSED = Control(paused=True)
+
+
+def claims(harness: Harness, lane: int = 0) -> list[RecordAndClaim]:
+    return [request for request in harness.sent(RecordAndClaim, lane) if request.limit]
+
+
+def read(harness: Harness, control: Control) -> None:
+    """A notification, then the read it calls for answered with ``control``: what is in flight
+    before it is answered as if nothing were due."""
+    harness.runner.controls_changed()
+    for _ in range(10):
+        harness.step()
+        for index, lane in enumerate(harness.lanes):
+            if lane.sent and isinstance(lane.sent[0], ReadControl):
+                harness.answer(ReadControl, control, lane=index)
+                harness.step()
+                return
+        for index, lane in enumerate(harness.lanes):
+            if lane.sent and isinstance(lane.sent[0], RecordAndClaim):
+                harness.answer(RecordAndClaim, lane=index, rows=[])
+            elif lane.sent:
+                lane.reply()
+    raise AssertionError("the read was never sent")
+
+
+def test_nothing_is_claimed_before_the_queues_row_is_read() -> None:
+    harness = Harness(control=None)
+    harness.step()
+    (sent,) = harness.sent(ReadControl)
+    assert sent.queue == "default"
+    assert not claims(harness)
+    harness.answer(ReadControl, PAUSED)
+    harness.step()
+    assert not claims(harness)  # paused at start: stays so
+    harness.answer(Recover, read=PAUSED)  # the poll's read, with the recovery
+    harness.step(1.0)
+    assert not claims(harness)
+    read(harness, Control())
+    assert len(claims(harness)) == 1
+
+
+def test_a_pause_gives_back_what_no_thread_started_and_claims_nothing_more() -> None:
+    harness = Harness()
+    harness.start_up()
+    first, second, third = harness.claim([claim_row(), claim_row(), claim_row()])
+    harness.threads.begin(first)  # running: it finishes
+    read(harness, PAUSED)
+    (give_back,) = harness.sent(GiveBack)
+    assert give_back.reason == "paused"
+    assert set(give_back.keys) == {second.key, third.key}
+    harness.answer(GiveBack, 2)
+    harness.threads.finish(first)
+    harness.step()
+    written = harness.sent(RecordAndClaim)
+    assert [request.limit for request in written] == [0]  # the outcome, and no claim with it
+    assert [outcome.job.id for outcome in written[0].batch] == [first.id]
+
+
+def test_a_claim_that_lands_after_the_pause_starts_none_of_its_jobs() -> None:
+    harness = Harness()
+    harness.start_up()  # its claim in flight
+    harness.runner._read_control(PAUSED, harness.clock.now)  # as if read on another lane
+    row = claim_row()
+    assert harness.claim([row]) == []
+    (give_back,) = harness.sent(GiveBack)
+    assert give_back.keys == [(row.id, row.attempt)]
+
+
+def test_a_resize_adds_and_retires_threads_and_claims_for_them() -> None:
+    harness = Harness(concurrency=2)
+    harness.start_up()
+    harness.claim([])
+    read(harness, Control(overrides={"CONCURRENCY": 5}))
+    assert (harness.threads.added, harness.runner.concurrency) == (3, 5)
+    assert claims(harness)[-1].limit == 5
+    read(harness, Control(overrides={"CONCURRENCY": 1}))
+    assert (harness.threads.retired, harness.runner.concurrency) == (4, 1)
+
+
+def test_a_limit_set_at_run_time_claims_one_at_a_time_on_a_second_lane() -> None:
+    harness = Harness(connections=1)
+    harness.start_up()
+    harness.claim([])
+    assert len(harness.lanes) == 1
+    read(harness, Control(overrides={"MAX_RUNNING": 3}))
+    assert len(harness.lanes) == 2  # renewals go there while a claim waits on the lock
+    assert harness.runner.settings.max_running == 3
+    (claim,) = claims(harness)
+    assert claim.settings.limited
+    read(harness, Control(overrides={"MAX_RUNNING": None}))
+    assert not harness.runner.settings.limited
+
+
+def test_a_row_that_cannot_be_read_is_not_the_coordinators_end() -> None:
+    harness = Harness(control=None)
+    harness.step()
+    harness.answer(ReadControl, Control(problems=("queue_controls could not be read (x)",)))
+    harness.step()
+    harness.answer(Recover)
+    harness.step()
+    assert len(claims(harness)) == 1  # the settings apply
