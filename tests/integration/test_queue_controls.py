@@ -3,6 +3,7 @@ workers, a row that no worker can use, the command and the admin's overview."""
 
 from __future__ import annotations
 
+import json
 from io import StringIO
 from typing import Any
 
@@ -248,3 +249,13 @@ def test_health_and_metrics_show_paused_queues_and_the_values_in_effect() -> Non
     }
     assert limits[("default", "max_running")] == 5.0
     assert ("default", "rate_limit") not in limits
+
+
+def test_stats_marks_paused_queues() -> None:
+    pause_queue("reports")
+    out = StringIO()
+    call_command("pgoutbox", "stats", stdout=out)
+    assert "reports (paused)" in out.getvalue()
+    out = StringIO()
+    call_command("pgoutbox", "stats", "--json", stdout=out)
+    assert json.loads(out.getvalue())["paused_queues"] == ["reports"]

@@ -35,7 +35,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
 from django.utils import timezone
 
-from django_pgoutbox import control, maintenance, scheduler
+from django_pgoutbox import control, maintenance, queue_controls, scheduler
 from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox.attempts import AttemptRecord
 from django_pgoutbox.db import require_migrated
@@ -273,11 +273,13 @@ class Command(BaseCommand):
         try:
             while True:
                 gauges = db_gauges.database_gauges(using)
+                paused = queue_controls.paused_queues(using)
                 holder = db_gauges.horizon_holder(using)
                 warnings = db_gauges.horizon_warnings(holder)
                 if as_json:
                     report = {
                         **asdict(gauges),
+                        "paused_queues": paused,
                         "horizon": None if holder is None else asdict(holder),
                         "warnings": warnings,
                     }
@@ -285,7 +287,7 @@ class Command(BaseCommand):
                 else:
                     if watch:
                         self.stdout.write("\x1b[2J\x1b[H", ending="")  # clear the terminal
-                    self._stats_table(gauges)
+                    self._stats_table(gauges, paused)
                     self._horizon(holder, warnings)
                 if not watch:
                     return
@@ -295,7 +297,7 @@ class Command(BaseCommand):
                 raise
             self.stdout.write("")  # Ctrl-C: how --watch ends, not an error
 
-    def _stats_table(self, gauges: db_gauges.DatabaseGauges) -> None:
+    def _stats_table(self, gauges: db_gauges.DatabaseGauges, paused: list[str]) -> None:
         counts = ("pending", "scheduled", "leased", "retrying", "dead")
         columns = [
             table.Column("queue"),
@@ -304,7 +306,7 @@ class Command(BaseCommand):
         ]
         rows = [
             (
-                queue.queue,
+                f"{queue.queue} (paused)" if queue.queue in paused else queue.queue,
                 *(_shown(queue, name) for name in counts),
                 _shown(queue, "oldest_pending_age", ".1f") + "s",
             )
