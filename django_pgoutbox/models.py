@@ -37,6 +37,21 @@ class TransactionNow(models.Func):
     output_field = models.DateTimeField()
 
 
+class ErrorFingerprint(models.Func):
+    """A dead letter's cause: ``pgoutbox_error_fingerprint(job_type, last_error_code,
+    last_error_summary)``, 16 hex digits (migration 0010 creates the function; docs/admin.md,
+    "Dead letters by cause", has its rules). What ``jobs_dead_cause_idx`` leads with."""
+
+    function = "pgoutbox_error_fingerprint"
+    output_field = models.TextField()
+
+    def __init__(self) -> None:
+        super().__init__(F("job_type"), F("last_error_code"), F("last_error_summary"))
+
+    def deconstruct(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        return ("django_pgoutbox.models.ErrorFingerprint", (), {})
+
+
 class JobStatus(models.TextChoices):
     """The six states of a job (docs/tables.md has the diagram)."""
 
@@ -283,6 +298,17 @@ class Job(models.Model):
                         JobStatus.DEAD,
                     ],
                 ),
+            ),
+            # Dead letters by cause (the admin's "Dead letters by cause", ``pgoutbox deadletters
+            # causes``): one descent finds each cause, and its newest and oldest dead letters;
+            # a cause's dead letters are read in (finished_at, id) order, a keyset at a time.
+            # Only dead jobs have entries.
+            models.Index(
+                ErrorFingerprint(),
+                F("finished_at"),
+                F("id"),
+                name="jobs_dead_cause_idx",
+                condition=models.Q(status=JobStatus.DEAD),
             ),
         ]
 
