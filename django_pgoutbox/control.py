@@ -1,16 +1,18 @@
 """Acting on jobs and events already written: cancelling jobs, the dead letters (retry, give up,
-re-drive, discard) that the admin and ``manage.py pgoutbox`` operate on, and a subscriber's
-deliveries (re-drive, discard, replay)."""
+re-drive, discard; and by cause) that the admin and ``manage.py pgoutbox`` operate on, and a
+subscriber's deliveries (re-drive, discard, replay)."""
 
 from __future__ import annotations
 
 import difflib
+import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, router
+from django.db import connections, router, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 
 from django_pgoutbox import outbox, queries
@@ -18,7 +20,7 @@ from django_pgoutbox.conf import CANCEL_CHANNEL, get_settings
 from django_pgoutbox.db import tables_required
 from django_pgoutbox.errors import EnqueueError, InvalidInput
 from django_pgoutbox.job_rows import job_database
-from django_pgoutbox.models import Job, OutboxDelivery, OutboxEvent
+from django_pgoutbox.models import Job, JobStatus, OutboxDelivery, OutboxEvent
 from django_pgoutbox.validation import checked_moment, optional_uuid, short_repr, utc_offset
 
 # -- cancellation --------------------------------------------------------------------------------
@@ -91,6 +93,216 @@ def redrive_dead_events(ids: list[Any], *, using: str | None = None) -> int:
 def discard_dead_events(ids: list[Any], *, using: str | None = None) -> int:
     """Mark dead events processed without projecting them: their aggregate's later events go on."""
     return _update(queries.DISCARD_DEAD_EVENTS, ids, using)
+
+
+# -- dead letters by cause (the admin's "Dead letters by cause", ``pgoutbox deadletters causes``) --
+
+#: The most causes that :func:`dead_letter_causes` reads: one index descent each.
+MAX_CAUSES = 1000
+#: A cause is counted exactly up to this many dead letters; a bigger one is estimated.
+CAUSE_COUNT_CAP = 100
+#: Dead letters per statement (and per transaction) of a retry or discard of a cause.
+CAUSE_BATCH = 500
+
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True)
+class DeadLetterCause:
+    """The dead letters of one cause: same job type, same error code, and error summaries that
+    are the same once their numbers, ids and quoted values are taken out (``pattern``)."""
+
+    fingerprint: str  # 16 hex digits: pgoutbox_error_fingerprint(job type, code, summary)
+    job_type: str
+    error_code: str | None
+    pattern: str  # the summary, normalised (docs/admin.md, "Dead letters by cause")
+    queue: str  # the example's: a cause's dead letters may be in several queues
+    example_id: uuid.UUID  # the newest of its dead letters
+    first_seen: datetime
+    last_seen: datetime
+    #: Exact when ``exact``; else an estimate, at least ``CAUSE_COUNT_CAP``.
+    count: int
+    exact: bool
+
+
+@dataclass(frozen=True)
+class DeadLetterCauses:
+    causes: list[DeadLetterCause]  # the biggest first, then the most recent
+    #: True when there are more causes than were read (``limit``): those read are the first by
+    #: fingerprint, an order that says nothing of their size.
+    more: bool
+    #: How many of ``causes`` are estimated, not counted.
+    estimated: int
+
+
+def checked_fingerprint(value: Any) -> str:
+    """``value`` if it is a fingerprint (16 lowercase hex digits), else ``InvalidInput``."""
+    if isinstance(value, str) and _FINGERPRINT.fullmatch(value):
+        return value
+    raise InvalidInput(
+        "fingerprint", f"must be 16 hex digits (as the causes list), not {short_repr(value, 40)}"
+    )
+
+
+def _read_planned(alias: str, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run a read of ``jobs_dead_cause_idx`` with the plan it is written for
+    (``queries.DEAD_CAUSE_PLAN``), in a transaction or a savepoint that is then rolled back, so
+    that the plan settings never outlive it."""
+    with tables_required(alias, InvalidInput, added_later=True), transaction.atomic(using=alias):
+        with connections[alias].cursor() as cursor:
+            cursor.execute(queries.DEAD_CAUSE_PLAN)
+            cursor.execute(sql, params)
+            rows: list[tuple[Any, ...]] = cursor.fetchall()
+        transaction.set_rollback(True, using=alias)
+    return rows
+
+
+def dead_letter_causes(*, limit: int = MAX_CAUSES, using: str | None = None) -> DeadLetterCauses:
+    """The causes of the dead letters, the biggest first: each with its job type, error code,
+    normalised summary, count, when one of them first and last died, and its newest dead letter.
+
+    A cause of fewer than ``CAUSE_COUNT_CAP`` dead letters is counted; a bigger one is estimated
+    from the statistics of ``jobs_dead_cause_idx`` that ANALYZE last gathered (only the index's
+    owner may read them; without them, or for a cause that ANALYZE did not see often enough, the
+    estimate is ``CAUSE_COUNT_CAP``). At most ``limit`` causes are read.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CAUSES:
+        raise InvalidInput("limit", f"must be an integer from 1 to {MAX_CAUSES}, not {limit!r}")
+    alias = using or router.db_for_read(Job)
+    rows = _read_planned(alias, queries.DEAD_CAUSES, {"limit": limit + 1, "cap": CAUSE_COUNT_CAP})
+    causes = []
+    for fingerprint, example, queue, job_type, code, pattern, first, last, counted, guess in rows[
+        :limit
+    ]:
+        exact = counted < CAUSE_COUNT_CAP
+        causes.append(
+            DeadLetterCause(
+                fingerprint=fingerprint,
+                job_type=job_type,
+                error_code=code,
+                pattern=pattern or "",
+                queue=queue,
+                example_id=example,
+                first_seen=first,
+                last_seen=last,
+                count=counted if exact else max(CAUSE_COUNT_CAP, guess or 0),
+                exact=exact,
+            )
+        )
+    causes.sort(key=lambda cause: (cause.count, cause.last_seen), reverse=True)
+    return DeadLetterCauses(
+        causes=causes,
+        more=len(rows) > limit,
+        estimated=sum(1 for cause in causes if not cause.exact),
+    )
+
+
+def database_now(using: str | None = None) -> datetime:
+    """The database clock: the moment a confirmation counts a cause's dead letters at."""
+    with connections[using or router.db_for_read(Job)].cursor() as cursor:
+        cursor.execute(queries.DATABASE_NOW)
+        moment: datetime = cursor.fetchone()[0]
+    return moment
+
+
+def dead_cause_batches(
+    fingerprint: str,
+    *,
+    as_of: datetime,
+    batch: int = CAUSE_BATCH,
+    using: str | None = None,
+) -> Iterator[list[uuid.UUID]]:
+    """The ids of the dead letters of a cause that died at or before ``as_of``, ``batch`` at a
+    time, oldest first: each batch one statement, in a transaction of its own (none is held
+    while the caller acts on a batch)."""
+    fingerprint = checked_fingerprint(fingerprint)
+    alias = using or router.db_for_write(Job)
+    params: dict[str, Any] = {
+        "fingerprint": fingerprint,
+        "as_of": as_of,
+        "after_at": "-infinity",
+        "after_id": uuid.UUID(int=0),
+        "limit": batch,
+    }
+    while rows := _read_planned(alias, queries.DEAD_CAUSE_IDS, params):
+        yield [job_id for job_id, _ in rows]
+        params["after_id"], params["after_at"] = rows[-1]
+
+
+def count_dead_cause(
+    fingerprint: str, *, as_of: datetime | None = None, using: str | None = None
+) -> int:
+    """How many dead letters of a cause died at or before ``as_of`` (default: now), exactly.
+    Reads each of them: about a second per 40,000 where the table is not in memory
+    (docs/admin.md, "Dead letters by cause")."""
+    moment = as_of or database_now(using)
+    return sum(
+        len(ids) for ids in dead_cause_batches(fingerprint, as_of=moment, batch=10_000, using=using)
+    )
+
+
+def newest_dead_of_cause(
+    fingerprint: str, *, limit: int, using: str | None = None
+) -> list[uuid.UUID]:
+    """The ids of the newest ``limit`` dead letters of a cause, newest first."""
+    alias = using or router.db_for_read(Job)
+    rows = _read_planned(
+        alias,
+        queries.DEAD_CAUSE_NEWEST,
+        {"fingerprint": checked_fingerprint(fingerprint), "limit": limit},
+    )
+    return [job_id for (job_id,) in rows]
+
+
+def act_on_dead_cause(
+    fingerprint: str,
+    perform: Callable[[list[Any]], int],
+    *,
+    as_of: datetime | None = None,
+    using: str | None = None,
+) -> tuple[int, int]:
+    """Call ``perform`` on the dead letters of a cause that died at or before ``as_of`` (default:
+    now), ``CAUSE_BATCH`` at a time; each batch is locked, checked (still dead, not died again
+    since ``as_of``) and acted on in a transaction of its own. Returns (acted on, left alone:
+    no longer dead when its batch came)."""
+    alias = using or router.db_for_write(Job)
+    moment = as_of or database_now(alias)
+    done = seen = 0
+    for ids in dead_cause_batches(fingerprint, as_of=moment, using=alias):
+        seen += len(ids)
+        with transaction.atomic(using=alias):
+            locked = list(
+                Job.objects.using(alias)
+                .filter(pk__in=ids, status=JobStatus.DEAD, finished_at__lte=moment)
+                .order_by("pk")
+                .select_for_update()
+                .values_list("pk", flat=True)
+            )
+            if locked:
+                done += perform(locked)
+    return done, seen - done
+
+
+def retry_dead_cause(
+    fingerprint: str, *, as_of: datetime | None = None, using: str | None = None
+) -> tuple[int, int]:
+    """Retry every dead letter of a cause (as :func:`retry_dead_jobs`), ``CAUSE_BATCH`` at a
+    time; returns (retried, left alone). ``InvalidInput`` for a fingerprint that is not one."""
+    alias = using or router.db_for_write(Job)
+    return act_on_dead_cause(
+        fingerprint, lambda ids: retry_dead_jobs(ids, using=alias), as_of=as_of, using=alias
+    )
+
+
+def discard_dead_cause(
+    fingerprint: str, *, as_of: datetime | None = None, using: str | None = None
+) -> tuple[int, int]:
+    """Cancel every dead letter of a cause (as :func:`cancel_dead_jobs`), ``CAUSE_BATCH`` at a
+    time; returns (cancelled, left alone)."""
+    alias = using or router.db_for_write(Job)
+    return act_on_dead_cause(
+        fingerprint, lambda ids: cancel_dead_jobs(ids, using=alias), as_of=as_of, using=alias
+    )
 
 
 # -- deliveries (the admin and ``pgoutbox deliveries``, ``pgoutbox outbox replay``) -------------

@@ -11,7 +11,7 @@
 - ``inbox``: recording a received message once;
 - ``controls``: queues paused, resumed and resized at run time; their minutes, for the charts;
 - ``publish``: an ordered publisher's job, waiting for the earlier ones of its aggregate;
-- ``operations``: pruning, dead letters, cancellation;
+- ``operations``: pruning, dead letters (and their causes), cancellation;
 - ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks.
 
 Every name is importable from here (``queries.CLAIM_JOBS``), and the rest of the code calls the
@@ -123,6 +123,10 @@ from django_pgoutbox.queries.monitoring import (
 from django_pgoutbox.queries.operations import (
     CANCEL_DEAD_JOBS,
     CANCEL_JOBS,
+    DEAD_CAUSE_IDS,
+    DEAD_CAUSE_NEWEST,
+    DEAD_CAUSE_PLAN,
+    DEAD_CAUSES,
     DISCARD_DEAD_EVENTS,
     OVERDUE_EVENTS,
     PRUNE_EVENTS,
@@ -162,6 +166,10 @@ __all__ = [
     "COPY_JOBS",
     "COPY_JOBS_NOW",
     "DATABASE_NOW",
+    "DEAD_CAUSES",
+    "DEAD_CAUSE_IDS",
+    "DEAD_CAUSE_NEWEST",
+    "DEAD_CAUSE_PLAN",
     "DELIVERY_GAUGES",
     "DELIVERY_SUBSCRIBERS",
     "DISCARD_DEAD_DELIVERIES",
