@@ -3,7 +3,7 @@ checked and logged; "select all" only with the signed confirmation of its page."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
@@ -181,12 +181,19 @@ def _confirmation(
     return (moment, count) if isinstance(count, int) else None
 
 
-def act_on(request: HttpRequest, rows: QuerySet[Any], action: Bulk) -> int:
+def act_on(
+    request: HttpRequest,
+    rows: QuerySet[Any],
+    action: Bulk,
+    chunks: Iterable[list[Any]] | None = None,
+) -> int:
     """Act on ``rows`` a chunk at a time; each chunk locks the rows that still qualify (a row
-    that changed since is left out), acts on them and logs them, in one transaction."""
+    that changed since is left out), acts on them and logs them, in one transaction. ``chunks``:
+    the ids to take, a list per chunk, where reading them from ``rows`` would not follow an
+    index (the dead letters of a cause)."""
     alias = rows.db
     done = 0
-    for chunk in _chunks(rows):
+    for chunk in _chunks(rows) if chunks is None else chunks:
         with transaction.atomic(using=alias):
             locked = list(rows.filter(pk__in=chunk).order_by("pk").select_for_update())
             if not locked:

@@ -21,6 +21,7 @@ from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox.admin.attempts import last_error_and_attempts
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
 from django_pgoutbox.admin.buttons import Button, ButtonsAdmin
+from django_pgoutbox.admin.causes import CauseFilter, cause_urls
 from django_pgoutbox.admin.charts import queue_charts, window
 from django_pgoutbox.admin.common import (
     breadcrumbs_as_list,
@@ -164,7 +165,8 @@ class DeadLetterAdmin(_JobPage):
         "organization_id",
         "finished_at",
     )
-    list_filter = (QueueFilter, DeadJobTypeFilter, ErrorCodeFilter)
+    list_filter = (QueueFilter, DeadJobTypeFilter, ErrorCodeFilter, CauseFilter)
+    change_list_template = "admin/django_pgoutbox/dead_letter_change_list.html"
     search_help_text = "A job id, or an idempotency key."
     search_fields = ("idempotency_key",)
     ordering = ("-finished_at",)
@@ -190,6 +192,9 @@ class DeadLetterAdmin(_JobPage):
 
     def deletable_rows(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         return queryset.filter(status=JobStatus.DEAD)
+
+    def get_urls(self) -> list[Any]:
+        return [*cause_urls(self), *super().get_urls()]
 
     def _dead_letters(self, **fields: Any) -> Bulk:
         return Bulk(
@@ -419,6 +424,7 @@ class JobAdmin(_JobPage):
             "horizon_warnings": db_gauges.horizon_warnings(holder),
             "schedules": schedule_rows,
             "schedule_problems": problems,
+            "causes_url": reverse("admin:pgoutbox_dead_causes"),
             "now": timezone.now(),
             "opts": self.model._meta,
             "breadcrumbs_as_list": breadcrumbs_as_list(),
