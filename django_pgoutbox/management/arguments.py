@@ -11,6 +11,8 @@ from datetime import UTC, datetime, timedelta
 from django.core.management.base import CommandError
 from django.utils import timezone
 
+from django_pgoutbox.control import MAX_CAUSES, checked_fingerprint
+from django_pgoutbox.errors import InvalidInput
 from django_pgoutbox.validation import BIGINT_MAX, FIRST_MOMENT, LAST_MOMENT
 
 
@@ -56,6 +58,28 @@ def row_number(value: str, what: str) -> int:
     number = int(digits)
     if not 1 <= number <= BIGINT_MAX:
         raise CommandError(f"{value!r} is not {what} (a positive integer)")
+    return number
+
+
+def fingerprint(value: str) -> str:
+    """A cause's fingerprint: 16 hex digits, as ``deadletters causes`` prints them."""
+    try:
+        return checked_fingerprint(value.strip().lower())
+    except InvalidInput:
+        shown = value if len(value) < 30 else value[:27] + "..."
+        raise argparse.ArgumentTypeError(
+            f"{shown!r} is not a cause's fingerprint (16 hex digits)"
+        ) from None
+
+
+def cause_limit(value: str) -> int:
+    """``deadletters causes --limit``: how many causes to read, one index descent each."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value[:30]!r} is not an integer") from None
+    if not 1 <= number <= MAX_CAUSES:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_CAUSES:,}")
     return number
 
 

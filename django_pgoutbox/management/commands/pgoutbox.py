@@ -3,10 +3,12 @@
 pgoutbox stats [--json] [--watch S]  counts by queue and state, backlog age, outbox lag, horizon
 pgoutbox health [--require R,R]      workers, relay, scheduler alive? (exit 1 if not, 2 if misused)
                                      and who holds the xmin horizon (a warning, never unhealthy)
-pgoutbox deadletters list [--queue Q] [--job-type T] [--code C] [--limit N]
+pgoutbox deadletters list [--queue Q] [--job-type T] [--code C] [--cause F] [--limit N]
 pgoutbox deadletters show ID
+pgoutbox deadletters causes [--limit N]               dead letters grouped by cause, biggest first
 pgoutbox deadletters retry ID... | --all [filters]    back to pending, fresh budget
 pgoutbox deadletters discard ID... | --all [filters]  cancelled: never run again
+pgoutbox deadletters retry|discard --cause F [--yes]  every dead letter of one cause
 pgoutbox events list [--state dead|failing|held_back|abandoned|delivering] [--event-type T]
 pgoutbox events redrive ID... | --all [--event-type T] [--dead-for AGE] [--yes]
 pgoutbox events discard ID... | --all [--event-type T] [--dead-for AGE] [--yes]
@@ -66,6 +68,17 @@ EVENT_COLUMNS = [
 
 #: ``events list --state``: the admin's states but pending and processed.
 LISTED_EVENT_STATES = ("dead", "failing", "held_back", "abandoned", "delivering")
+
+#: ``deadletters causes``: the normalised summary is cut (the admin's page shows 300 characters).
+CAUSE_COLUMNS = [
+    table.Column("cause"),
+    table.Column("dead letters", ">"),
+    table.Column("job type"),
+    table.Column("error code", max_width=30),
+    table.Column("first seen (UTC)"),
+    table.Column("last seen (UTC)"),
+    table.Column("error summary (normalised)", max_width=60),
+]
 
 #: ``deadletters list``: the error summary is cut (``deadletters show ID`` prints it whole).
 DEAD_LETTER_COLUMNS = [
@@ -149,6 +162,13 @@ class Command(BaseCommand):
             command.add_argument("--queue", type=arguments.text)
             command.add_argument("--job-type", type=arguments.text)
             command.add_argument("--code", type=arguments.text, help="last_error_code")
+            command.add_argument(
+                "--cause",
+                type=arguments.fingerprint,
+                metavar="FINGERPRINT",
+                help="Only the dead letters of this cause (as `deadletters causes` lists them)"
+                + ("." if name == "list" else "; acts on all of them, asking first."),
+            )
             if name == "list":
                 command.add_argument(
                     "--limit",
@@ -160,6 +180,9 @@ class Command(BaseCommand):
                 command.add_argument("ids", nargs="*", metavar="ID")
                 command.add_argument(
                     "--all", action="store_true", help="Every dead job matching the filters."
+                )
+                command.add_argument(
+                    "--yes", action="store_true", help="Do not ask before acting on --cause."
                 )
         events = sub.add_parser(
             "events", help="List outbox events by state; re-drive or discard dead ones."
@@ -198,6 +221,17 @@ class Command(BaseCommand):
         queues.add_parsers(sub)
         show = dead_actions.add_parser("show", help="One dead job in full.")
         show.add_argument("id")
+        causes = dead_actions.add_parser(
+            "causes",
+            help="Dead jobs grouped by cause (job type, error code, the summary without its "
+            "numbers, ids and quoted values), the biggest first.",
+        )
+        causes.add_argument(
+            "--limit",
+            type=arguments.cause_limit,
+            default=control.MAX_CAUSES,
+            help=f"Read at most this many causes (1 to {control.MAX_CAUSES:,}, the default).",
+        )
         cancel = sub.add_parser(
             "cancel", help="Cancel jobs; running ones are asked to stop (ctx.cancelled)."
         )
@@ -379,6 +413,12 @@ class Command(BaseCommand):
             for line in table.render(ATTEMPT_COLUMNS, map(_attempt_row, job.attempt_history)):
                 self.stdout.write(f"  {line}")
             return
+        if action == "causes":
+            self._causes(using, options["limit"])
+            return
+        if action != "list" and options["cause"]:
+            self._act_on_cause(using, action, options)
+            return
         filtered = False
         for option, field in (
             ("queue", "queue"),
@@ -388,6 +428,14 @@ class Command(BaseCommand):
             if options.get(option):
                 dead = dead.filter(**{field: options[option]})
                 filtered = True
+        if options.get("cause"):
+            newest = control.newest_dead_of_cause(
+                options["cause"],
+                limit=options.get("limit") or arguments.MAX_LIST_LIMIT,
+                using=using,
+            )
+            dead = dead.filter(pk__in=newest)
+            filtered = True
         if action == "list":
             rows = [
                 (
@@ -416,6 +464,63 @@ class Command(BaseCommand):
         done = perform(ids, using=using)
         verb = "Retried" if action == "retry" else "Discarded"
         self.stdout.write(f"{verb} {done} dead job(s).")
+
+    def _causes(self, using: str, limit: int) -> None:
+        found = control.dead_letter_causes(limit=limit, using=using)
+        if not found.causes:
+            self.stdout.write("No dead jobs.")
+            return
+        rows = [
+            (
+                cause.fingerprint,
+                f"{cause.count:,}" if cause.exact else f"~{cause.count:,}",
+                cause.job_type,
+                cause.error_code or "",
+                arguments.utc(cause.first_seen),
+                arguments.utc(cause.last_seen),
+                cause.pattern,
+            )
+            for cause in found.causes
+        ]
+        for line in table.render(CAUSE_COLUMNS, rows):
+            self.stdout.write(line)
+        if found.estimated:
+            self.stdout.write(
+                f"~: an estimate from the statistics ANALYZE last gathered (counts of "
+                f"{control.CAUSE_COUNT_CAP} or more); `deadletters retry --cause F` counts exactly "
+                "before it asks."
+            )
+        if found.more:
+            self.stdout.write(
+                f"More than {limit:,} causes: these are the first {limit:,} by fingerprint, an "
+                "order that says nothing of their size."
+            )
+
+    def _act_on_cause(self, using: str, action: str, options: dict[str, Any]) -> None:
+        if (
+            options["ids"]
+            or options["all"]
+            or any(options.get(name) for name in ("queue", "job_type", "code"))
+        ):
+            raise CommandError(
+                f"deadletters {action} --cause: the cause alone names the dead jobs (no ids, "
+                "--all or other filters)"
+            )
+        fingerprint = options["cause"]
+        as_of = control.database_now(using)
+        count = control.count_dead_cause(fingerprint, as_of=as_of, using=using)
+        if count == 0:
+            self.stdout.write("No dead jobs of this cause.")
+            return
+        verb = "Retry" if action == "retry" else "Discard"
+        self._confirm(f"{verb} {count:,} dead job(s) of cause {fingerprint}?", options["yes"])
+        perform = control.retry_dead_cause if action == "retry" else control.discard_dead_cause
+        done, left = perform(fingerprint, as_of=as_of, using=using)
+        verb = "Retried" if action == "retry" else "Discarded"
+        message = f"{verb} {done:,} dead job(s)."
+        if left:
+            message += f" {left:,} were no longer dead and were left as they are."
+        self.stdout.write(message)
 
     def _events(self, using: str, options: dict[str, Any]) -> None:
         from django_pgoutbox.event_states import EVENT_STATES
