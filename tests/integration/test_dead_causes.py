@@ -381,6 +381,25 @@ class TestCommand:
         call_command("pgoutbox", "deadletters", "discard", "--cause", other_cause, "--yes")
         assert Job.objects.get(pk=other.pk).status == JobStatus.CANCELLED
 
+    def test_says_how_many_of_those_counted_were_left_alone(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        jobs = [dead(f"Order {n} not found") for n in range(3)]
+        cause = fingerprint("tests.behave", "PermanentError", "Order 1 not found")
+        counted = control.count_dead_cause
+
+        def count_then_a_colleague_retries_one(*args: Any, **kwargs: Any) -> int:
+            number = counted(*args, **kwargs)
+            control.retry_dead_jobs([jobs[0].pk])
+            return number
+
+        monkeypatch.setattr(control, "count_dead_cause", count_then_a_colleague_retries_one)
+        out = StringIO()
+        call_command("pgoutbox", "deadletters", "retry", "--cause", cause, "--yes", stdout=out)
+        assert out.getvalue() == (
+            "Retried 2 dead job(s). 1 of the 3 counted was no longer dead and was left as it is.\n"
+        )
+
     def test_asks_first_and_refuses_without_a_terminal(self) -> None:
         job = dead("Order 1 not found")
         cause = fingerprint("tests.behave", "PermanentError", "Order 1 not found")

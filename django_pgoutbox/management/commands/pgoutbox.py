@@ -515,11 +515,17 @@ class Command(BaseCommand):
         verb = "Retry" if action == "retry" else "Discard"
         self._confirm(f"{verb} {count:,} dead job(s) of cause {fingerprint}?", options["yes"])
         perform = control.retry_dead_cause if action == "retry" else control.discard_dead_cause
-        done, left = perform(fingerprint, as_of=as_of, using=using)
+        done, _ = perform(fingerprint, as_of=as_of, using=using)
         verb = "Retried" if action == "retry" else "Discarded"
         message = f"{verb} {done:,} dead job(s)."
-        if left:
-            message += f" {left:,} were no longer dead and were left as they are."
+        left = count - done
+        if left > 0:
+            were = (
+                "was no longer dead and was left as it is"
+                if left == 1
+                else ("were no longer dead and were left as they are")
+            )
+            message += f" {left:,} of the {count:,} counted {were}."
         self.stdout.write(message)
 
     def _events(self, using: str, options: dict[str, Any]) -> None:
