@@ -2,6 +2,8 @@
 
 - Dead letters (jobs): filters by queue, job type and error code; search by id or idempotency
   key; pretty-printed payload; actions retry now, cancel and delete, each confirmed and logged.
+  A page of their causes (``admin/pgoutbox/deadletter/causes/``): grouped by job type, error code
+  and normalised summary, with a retry and a cancel of a whole cause (``causes``).
 - Jobs: every job, with an action that cancels them (running ones are asked to stop), filtered
   by status, queue and job type; the built-in maintenance jobs hidden unless asked for.
 - Detail pages: the row's fields grouped, its times in order, its error whole; buttons that run
@@ -10,7 +12,9 @@
 - Jobs, outbox events (with re-drive and discard for dead events, and each event's deliveries on
   its page), outbox deliveries (with re-drive and discard for dead ones), schedules (with "run
   now"), inbox messages (filtered by source, searched by message id): read-only changelists.
-- An overview page (``admin/pgoutbox/job/overview/``): per queue, counts by state, oldest due age
+- An overview page (``admin/pgoutbox/job/overview/``): per queue, paused or running with the
+  values in effect and the forms that pause, resume and resize it (``queues``), charts of the
+  last hours (``charts``), counts by state, oldest due age
   and a link to its dead letters; outbox lag; who holds the xmin horizon (with its last query:
   the page is for those who may view jobs); schedules due.
 
