@@ -4,10 +4,10 @@
         [--database pgoutbox_bench_causes] [--reuse]
 
 Fills a database of its own (dropped and made again, unless ``--reuse`` finds it filled) at
-migration 0009 with ``--jobs`` jobs, one in ``--dead-every`` of them dead with one of the causes
+migration 0011 with ``--jobs`` jobs, one in ``--dead-every`` of them dead with one of the causes
 of ``CAUSES`` (ids, numbers, e-mail addresses and quoted values inside their summaries; a few
 causes much more frequent than the others), the rest completed; ``VACUUM ANALYZE``; then
-migrates to 0010, timing the build of ``jobs_dead_cause_idx``. Then prints ``EXPLAIN ANALYZE``
+migrates to 0012, timing the build of ``jobs_dead_cause_idx``. Then prints ``EXPLAIN ANALYZE``
 of the causes page's statements and renders the page, a group's changelist and a group's
 confirmation page five times each through Django's test client, printing the medians.
 """
@@ -244,7 +244,7 @@ ORDERED_ID = "('00000000-0000-7000-8000-' || lpad(to_hex(n), 12, '0'))::uuid"
 
 
 def setup(database: str, reuse: bool) -> bool:
-    """Point Django at ``database`` and migrate it to 0009; True if it already holds the rows."""
+    """Point Django at ``database`` and migrate it to 0011; True if it already holds the rows."""
     import psycopg
 
     from testproject.database import database_url, maintenance_url
@@ -266,7 +266,7 @@ def setup(database: str, reuse: bool) -> bool:
 
     if not (reuse and exists):
         call_command("migrate", verbosity=0)
-        call_command("migrate", "pgoutbox", "0009", verbosity=0)
+        call_command("migrate", "pgoutbox", "0011", verbosity=0)
     with connection.cursor() as cursor:
         cursor.execute("SELECT EXISTS (SELECT FROM jobs)")
         return bool(reuse and exists and cursor.fetchone()[0])
@@ -376,7 +376,7 @@ def main() -> None:
 
     started = time.perf_counter()
     call_command("migrate", "pgoutbox", verbosity=0)
-    print(f"migrate (0010 and later): {time.perf_counter() - started:.1f} s", flush=True)
+    print(f"migrate (0012 and later): {time.perf_counter() - started:.1f} s", flush=True)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE jobs")
         cursor.execute(

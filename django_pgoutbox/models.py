@@ -39,7 +39,7 @@ class TransactionNow(models.Func):
 
 class ErrorFingerprint(models.Func):
     """A dead letter's cause: ``pgoutbox_error_fingerprint(job_type, last_error_code,
-    last_error_summary)``, 16 hex digits (migration 0010 creates the function; docs/admin.md,
+    last_error_summary)``, 16 hex digits (migration 0012 creates the function; docs/admin.md,
     "Dead letters by cause", has its rules). What ``jobs_dead_cause_idx`` leads with."""
 
     function = "pgoutbox_error_fingerprint"

@@ -23,7 +23,13 @@ from django.urls import URLPattern, path, reverse
 
 from django_pgoutbox import control
 from django_pgoutbox.admin.bulk import Bulk, act_on
-from django_pgoutbox.admin.common import CONFIRMATION_SALT, LISTED, MAX_PAGE, counted
+from django_pgoutbox.admin.common import (
+    CONFIRMATION_SALT,
+    LISTED,
+    MAX_PAGE,
+    breadcrumbs_as_list,
+    counted,
+)
 from django_pgoutbox.errors import InvalidInput
 from django_pgoutbox.models import Job
 
@@ -146,6 +152,7 @@ def causes_view(model_admin: DeadLetterAdmin, request: HttpRequest) -> HttpRespo
         "shown_rows": CAUSE_ROWS,
         "can_act": model_admin.has_change_permission(request),
         "opts": model_admin.model._meta,
+        "breadcrumbs_as_list": breadcrumbs_as_list(),
     }
     return TemplateResponse(request, "admin/django_pgoutbox/dead_causes.html", context)
 
@@ -265,6 +272,7 @@ def _ask(
             "action": bulk.name,
             "opts": model_admin.model._meta,
             "action_checkbox_name": "",
+            "breadcrumbs_as_list": breadcrumbs_as_list(),
         },
     )
 

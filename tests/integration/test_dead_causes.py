@@ -1,4 +1,4 @@
-"""Dead letters by cause: the normaliser (the SQL functions of migration 0010), the groups, the
+"""Dead letters by cause: the normaliser (the SQL functions of migration 0012), the groups, the
 admin's page and its retry and cancel of a whole cause, the command."""
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ class Migration(migrations.Migration):
     # that needs a migration outside a transaction. Only dead jobs have entries.
     atomic = False
     dependencies = [
-        ("pgoutbox", "0009_queue_controls"),
+        ("pgoutbox", "0011_attempt_history"),
     ]
 
     operations = [
