@@ -181,3 +181,44 @@ def test_pause_resize_and_resume_a_queue_and_read_its_charts(
     browser.execute_script("localStorage.setItem('theme', 'dark')")
     browser.refresh()
     shot(browser, "charts-dark", browser.find_element(By.ID, "charts"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retry_every_dead_letter_of_one_cause(
+    live_server: Any, browser: Any, start_worker: Any
+) -> None:
+    """Dead letters of two causes (a partner's timeouts with an order number each, a bad
+    coupon); the timeouts' cause retried as a whole, the coupons left dead."""
+    dead = []
+    for order in range(1, 8):
+        summary = f"TransientError: partner timed out after 30s for order {1000 + order}"
+        dead.append(("TransientError", summary))
+    for coupon in ("SPRING", "WINTER"):
+        dead.append(("PermanentError", f"PermanentError: coupon '{coupon}' does not exist"))
+    for code, summary in dead:
+        job = enqueue("tests.behave", {"record": False}, queue="webhooks")
+        Job.objects.filter(pk=job.pk).update(
+            status=JobStatus.DEAD,
+            attempts=3,
+            last_error_code=code,
+            last_error_summary=summary,
+            finished_at=timezone.now(),
+        )
+    start_worker("--roles", "jobs", "--queues", "webhooks", POLL_INTERVAL=0.2)
+    log_in(browser, live_server, "/admin/pgoutbox/deadletter/causes/")
+    causes = browser.find_element(By.ID, "causes")
+    rows = causes.find_elements(By.CSS_SELECTOR, "tbody tr")
+    assert len(rows) == 2
+    first = rows[0].text
+    assert first.startswith("7 ")  # the biggest first
+    assert "partner timed out after <n>s for order <n>" in first
+    assert "coupon '…' does not exist" in rows[1].text
+    shot(browser, "dead-letter-causes")
+    rows[0].find_element(By.LINK_TEXT, "Retry all").click()
+    confirm = browser.find_element(By.ID, "confirm-action")
+    assert "7" in browser.find_element(By.ID, "content").text
+    shot(browser, "confirm-retry-cause")
+    confirm.click()
+    assert "Retried 7 dead letters." in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
+    wait_for(lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == 7, timeout=20)
+    assert Job.objects.filter(status=JobStatus.DEAD).count() == 2
