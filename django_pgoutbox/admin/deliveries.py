@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from django.contrib import admin
-from django.db.models import F, Model, QuerySet
+from django.db.models import Model, Prefetch, QuerySet
 from django.http import HttpRequest, HttpResponse
 
 from django_pgoutbox import control
@@ -84,11 +84,10 @@ class OutboxDeliveryAdmin(ButtonsAdmin):
     actions = ("redrive", "discard")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        """With the event's type, joined through the event's primary key (not its payload)."""
-        annotated: QuerySet[Any] = (
-            super().get_queryset(request).annotate(event_type=F("event__event_type"))
-        )
-        return annotated
+        """With the events' types read apart, in one statement for the rows of the page: a join
+        in the list's statement would read an event for each row that an ``OFFSET`` skips."""
+        events = OutboxEvent._base_manager.only("event_type")
+        return super().get_queryset(request).prefetch_related(Prefetch("event", queryset=events))
 
     @admin.display(description="event")
     def event_link(self, obj: OutboxDelivery) -> str:
@@ -96,7 +95,7 @@ class OutboxDeliveryAdmin(ButtonsAdmin):
 
     @admin.display(description="event type")
     def event_type(self, obj: OutboxDelivery) -> str:
-        return str(getattr(obj, "event_type", ""))
+        return obj.event.event_type
 
     @admin.display(description="state")
     def state(self, obj: OutboxDelivery) -> str:
