@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from django.db.models import Q
+from django.db.models import Case, Q, TextField, Value, When
 
 
 def _undelivered() -> Q:
@@ -26,3 +26,12 @@ DELIVERY_STATES: dict[str, Callable[[], Q]] = {
     "dead": lambda: _undelivered() & Q(dead_at__isnull=False),
     "delivered": lambda: Q(delivered_at__isnull=False),
 }
+
+
+def state_column() -> Case:
+    """The state as a column, by the same conditions: read with the row, where
+    ``OutboxDelivery.state`` would read ``last_error``, which the admin's lists defer."""
+    return Case(
+        *(When(condition(), then=Value(name)) for name, condition in DELIVERY_STATES.items()),
+        output_field=TextField(),
+    )

@@ -20,9 +20,14 @@ from django_pgoutbox.admin.filters import (
     DeliveryStateFilter,
     SubscriberFilter,
 )
-from django_pgoutbox.delivery_states import DELIVERY_STATES
+from django_pgoutbox.delivery_states import DELIVERY_STATES, state_column
 from django_pgoutbox.models import OutboxDelivery, OutboxEvent
 from django_pgoutbox.validation import BIGINT_MAX
+
+
+def _state(obj: OutboxDelivery) -> str:
+    """The state read with the row (``state_column``): no statement per row for its error."""
+    return str(getattr(obj, "delivery_state", None) or obj.state)
 
 
 @admin.register(OutboxDelivery)
@@ -87,7 +92,8 @@ class OutboxDeliveryAdmin(ButtonsAdmin):
         """With the events' types read apart, in one statement for the rows of the page: a join
         in the list's statement would read an event for each row that an ``OFFSET`` skips."""
         events = OutboxEvent._base_manager.only("event_type")
-        return super().get_queryset(request).prefetch_related(Prefetch("event", queryset=events))
+        rows: QuerySet[Any] = super().get_queryset(request).annotate(delivery_state=state_column())
+        return rows.prefetch_related(Prefetch("event", queryset=events))
 
     @admin.display(description="event")
     def event_link(self, obj: OutboxDelivery) -> str:
@@ -99,7 +105,7 @@ class OutboxDeliveryAdmin(ButtonsAdmin):
 
     @admin.display(description="state")
     def state(self, obj: OutboxDelivery) -> str:
-        return obj.state
+        return _state(obj)
 
     @admin.display(description="error")
     def error_in_full(self, obj: OutboxDelivery) -> str:
@@ -203,11 +209,17 @@ class DeliveryInline(admin.TabularInline):  # type: ignore[type-arg]
     verbose_name_plural = "deliveries (the subscribers that could not run with the others)"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).defer("last_error").order_by("subscriber")
+        rows: QuerySet[Any] = (
+            super()
+            .get_queryset(request)
+            .defer("last_error")
+            .annotate(delivery_state=state_column())
+        )
+        return rows.order_by("subscriber")
 
     @admin.display(description="state")
     def state(self, obj: OutboxDelivery) -> str:
-        return obj.state
+        return _state(obj)
 
     def has_add_permission(self, request: HttpRequest, obj: Model | None = None) -> bool:
         return False

@@ -118,6 +118,26 @@ class TestPages:
             admin_client.post(f"{EVENTS}{week.event_id}/change/", {"_save": "1"}).status_code == 403
         )
 
+    def test_each_state_is_read_with_its_row(
+        self, admin_client: Client, rows: dict[str, OutboxDelivery]
+    ) -> None:
+        """A waiting or a failing delivery tells apart by its ``last_error``, which the pages
+        defer: read as a column of the list's statement, not one statement per row."""
+        week = rows["week"]
+        for url in (DELIVERIES, f"{EVENTS}{week.event_id}/change/"):
+            with CaptureQueriesContext(connection) as captured:
+                text = admin_client.get(url).content.decode()
+            assert re.search(r'class="field-state">\s*(<p>)?failing<', text), url
+            per_row = [
+                q["sql"]
+                for q in captured.captured_queries
+                if 'SELECT "outbox_deliveries"."id", "outbox_deliveries"."last_error"' in q["sql"]
+            ]
+            assert per_row == [], url
+        assert (
+            '<td class="field-state">waiting</td>' in admin_client.get(DELIVERIES).content.decode()
+        )
+
     def test_an_event_without_deliveries(self, admin_client: Client, registry: None) -> None:
         register_two()
         made = event(9)
