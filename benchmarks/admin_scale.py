@@ -165,7 +165,7 @@ def fill_jobs(cursor: Any, jobs: int) -> None:
                 {ERROR_CODES} AS code,
                 CASE WHEN n %% 3 = 0 THEN NULL ELSE ('00000000-0000-4000-8000-'
                     || lpad(to_hex(n %% 50), 12, '0'))::uuid END AS organization_id,
-                CASE WHEN n %% 2 = 0 THEN 'order-' || n || '-paid' END AS key,
+                CASE WHEN n %% 4 <> 1 THEN 'order-' || n || '-paid' END AS key,
                 jsonb_build_object('order_id', n, 'customer_id', n %% 65537, 'url',
                     'https://partner-' || n %% 97 || '.example.com/hooks/' || n, 'amount_cents',
                     (n * 7) %% 100000, 'currency', 'EUR', 'note', repeat('lorem ipsum ', 16))
@@ -375,7 +375,8 @@ def pages_of(model_admin: Any, user: Any) -> list[Page]:
         if opts.model_name == "outboxdelivery":
             columns.append("event_id")  # its search also takes an event's id
         for column in columns:
-            keyed = _sample(queryset, column)
+            # Else another row's value, that this page's rows lack: a search that finds none.
+            keyed = _sample(queryset, column) or _sample(model_admin.model._base_manager, column)
             if keyed is not None:
                 add(f"search by {column}", f"{base}?{SEARCH_VAR}={getattr(keyed, column)}")
     add(f"page {MAX_PAGE}", f"{base}?{PAGE_VAR}={MAX_PAGE}")
