@@ -260,6 +260,24 @@ class Job(models.Model):
                 name="jobs_dead_idx",
                 condition=models.Q(status=JobStatus.DEAD),
             ),
+            # The dead letters' pages: newest death first across queues, and so by job type or by
+            # error code (an entry each only when a job dies). Without them, each of these pages
+            # read every dead letter's row (docs/admin.md, "Ten million jobs").
+            models.Index(
+                fields=["-finished_at", "-id"],
+                name="jobs_dead_finished_idx",
+                condition=models.Q(status=JobStatus.DEAD),
+            ),
+            models.Index(
+                fields=["job_type", "-finished_at", "-id"],
+                name="jobs_dead_type_idx",
+                condition=models.Q(status=JobStatus.DEAD),
+            ),
+            models.Index(
+                fields=["last_error_code", "-finished_at", "-id"],
+                name="jobs_dead_code_idx",
+                condition=models.Q(status=JobStatus.DEAD),
+            ),
             # The fair claim (QUEUES[...]['FAIR'], per-organization limits): a loose index scan
             # finds each organization with claimable jobs, then reads each one's first jobs in
             # claim order.
