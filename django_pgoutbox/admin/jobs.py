@@ -35,6 +35,7 @@ from django_pgoutbox.admin.filters import (
     MaintenanceFilter,
     QueueFilter,
     StatusFilter,
+    newest,
 )
 from django_pgoutbox.admin.queues import queue_action, queue_row
 from django_pgoutbox.models import (
@@ -49,6 +50,10 @@ from django_pgoutbox.publishers import PUBLISH_JOB
 from django_pgoutbox.registry import registered_jobs
 from django_pgoutbox.schedules import BUILTIN_SCHEDULES, load_schedules
 
+#: A key search that finds no job of no organization and of a known job type looks among this
+#: many of the newest jobs.
+KEY_WINDOW = 50_000
+
 
 def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any], bool]:
     """A job id, else an idempotency key.
@@ -57,7 +62,8 @@ def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any
     only by reading the whole index (half a second at ten million jobs, for the count and again
     for the rows). So the key is looked for first among the jobs of no organization and of a job
     type this process knows (one descent of the index per type), and, only if none is found
-    there, everywhere.
+    there, among the newest ``KEY_WINDOW`` jobs (a job of an organization: search older ones by
+    their id).
     """
     term = search_term.strip()
     if not term:
@@ -70,7 +76,7 @@ def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any
     likely = queryset.filter(organization_id=None, job_type__in=known, idempotency_key=term)
     if likely.exists():
         return likely, False
-    return queryset.filter(idempotency_key=term), False
+    return newest(queryset.filter(idempotency_key=term), KEY_WINDOW), False
 
 
 class _JobPage(ButtonsAdmin):
