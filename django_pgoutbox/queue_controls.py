@@ -19,9 +19,7 @@ its end: the values it cannot use are left out and logged, and the rest apply.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
-from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
@@ -57,6 +55,14 @@ class QueueControlError(InvalidInput):
     written."""
 
 
+def _shown(value: Any, most: int = 80) -> str:
+    """``repr(value)``, cut short: a value written by hand may be megabytes long."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 200:
+        return f"a whole number of {len(str(value))} digits"  # str() of one too long raises
+    shown = repr(value)
+    return shown if len(shown) <= most else shown[: most - 3] + "..."
+
+
 def check_value(key: str, value: Any) -> int | float | None:
     """``value`` if ``key`` may take it at run time; else ``ValueError`` saying why.
 
@@ -70,13 +76,17 @@ def check_value(key: str, value: Any) -> int | float | None:
             or not isinstance(value, int)
             or not 1 <= value <= MAX_CONCURRENCY
         ):
-            raise ValueError(f"must be a whole number from 1 to {MAX_CONCURRENCY}, not {value!r}")
+            raise ValueError(
+                f"must be a whole number from 1 to {MAX_CONCURRENCY}, not {_shown(value)}"
+            )
         return value
     if key == "MAX_RUNNING":
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 2**31 - 1:
-            raise ValueError(f"must be a whole number >= 1, or None for no cap, not {value!r}")
+            raise ValueError(
+                f"must be a whole number >= 1, or None for no cap, not {_shown(value)}"
+            )
         return value
     if key == "RATE_LIMIT":
         if value is None:
@@ -84,12 +94,13 @@ def check_value(key: str, value: Any) -> int | float | None:
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-            or value > 1e9
+            # Compared as they are: an int too large for a float (a row written by hand) makes
+            # math.isfinite raise, and a NaN fails both comparisons.
+            or not 0 < value <= 1e9
         ):
             raise ValueError(
-                f"must be a number of jobs per second > 0, or None for no limit, not {value!r}"
+                "must be a number of jobs per second > 0, or None for no limit, "
+                f"not {_shown(value)}"
             )
         return float(value)
     raise ValueError(f"is not a value a queue may be given at run time ({', '.join(KEYS)})")
@@ -109,9 +120,17 @@ class Control:
         """The row's values that can be used; a value that cannot is left out, with why."""
         problems: list[str] = []
         usable: dict[str, int | float | None] = {}
-        if isinstance(overrides, str):  # Django's cursors leave jsonb as text
-            with suppress(ValueError):
+        if isinstance(overrides, str):  # jsonb read as text (Django's cursors, the workers)
+            try:
                 overrides = json.loads(overrides)
+            except (ValueError, RecursionError) as error:
+                # A row written by hand: too deep for json.loads, or a number past the digits
+                # int() takes. Not an exception that leaves a worker's loop or the admin's page.
+                problems.append(
+                    f"queue_controls row of queue {queue!r}: overrides could not be decoded "
+                    f"({type(error).__name__}); the settings apply"
+                )
+                overrides = {}
         if not isinstance(overrides, dict):
             problems.append(
                 f"queue_controls row of queue {queue!r}: overrides must be a JSON object, not "
@@ -123,7 +142,8 @@ class Control:
                 usable[key] = check_value(key, value)
             except ValueError as error:
                 problems.append(
-                    f"queue_controls row of queue {queue!r}: {key!r} {error}; the setting applies"
+                    f"queue_controls row of queue {queue!r}: {_shown(key)} {error}; "
+                    "the setting applies"
                 )
         return cls(paused=bool(paused), overrides=usable, problems=tuple(problems))
 

@@ -56,10 +56,14 @@ SELECT {_CONTROL_COLUMNS}, pg_notify(%(channel)s, queue) FROM c
 #: Every queue's row (few: one per queue an operator changed).
 QUEUE_CONTROLS = f"SELECT {_CONTROL_COLUMNS} FROM queue_controls ORDER BY queue"
 
-#: One queue's row, as its workers read it: whether it is paused, and its overrides.
+#: One queue's row, as its workers read it: whether it is paused, and its overrides (as text:
+#: ``Control.from_row`` decodes it, and says so if it cannot, where the driver's loader would
+#: raise on the lane).
 #:
 #: Positional parameter: queue text.
-READ_QUEUE_CONTROL = "SELECT paused_at IS NOT NULL, overrides FROM queue_controls WHERE queue = %s"
+READ_QUEUE_CONTROL = (
+    "SELECT paused_at IS NOT NULL, overrides::text FROM queue_controls WHERE queue = %s"
+)
 
 
 # -- queue_minutes: the admin's charts -----------------------------------------------------------

@@ -1,0 +1,61 @@
+"""Queues paused, resumed and resized at run time, attacked with real ``runworkers`` processes:
+rows written by hand, pauses racing claims and stops, resizes racing running jobs."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_pgoutbox import enqueue_many
+from django_pgoutbox.conf import CONTROL_CHANNEL
+from django_pgoutbox.models import Job, JobStatus
+from tests.processes import holds_for, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _jobs(count: int, **payload: Any) -> list[dict[str, Any]]:
+    return [{"job_type": "tests.behave", "payload": {"record": False, **payload}}] * count
+
+
+def _completed() -> int:
+    return Job.objects.filter(status=JobStatus.COMPLETED).count()
+
+
+def _write_by_hand(overrides: str, queue: str = "default") -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO queue_controls (queue, overrides) VALUES (%s, %s::jsonb) "
+            "ON CONFLICT (queue) DO UPDATE SET overrides = EXCLUDED.overrides",
+            [queue, overrides],
+        )
+        cursor.execute("SELECT pg_notify(%s, %s)", [CONTROL_CHANNEL, queue])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        '{"RATE_LIMIT": 1e400}',  # jsonb keeps it as a 401-digit integer
+        '{"CONCURRENCY": 2, "X": ' + "[" * 3000 + "]" * 3000 + "}",  # deeper than json.loads goes
+    ],
+    ids=["huge-number", "deep-nesting"],
+)
+def test_a_row_python_cannot_decode_stops_no_worker(start_worker: Any, overrides: str) -> None:
+    worker = start_worker("--concurrency", "2", POLL_INTERVAL=0.5)
+    wait_for(worker.listening, timeout=30)
+    enqueue_many(_jobs(2))
+    wait_for(lambda: _completed() == 2, timeout=30)
+    _write_by_hand(overrides)
+    time.sleep(1.5)  # the notification and a periodic read (with the lease recovery)
+    enqueue_many(_jobs(2))
+
+    def alive_and_running() -> bool:
+        """the worker lives on and runs the new jobs"""
+        return worker.process.poll() is None and _completed() == 4
+
+    wait_for(alive_and_running, timeout=30)
+    holds_for(lambda: worker.process.poll() is None, 1.5)
+    assert worker.output().count("queue_controls row of queue 'default'") == 1, worker.output()
