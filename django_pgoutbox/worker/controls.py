@@ -70,12 +70,28 @@ class Controls:
         self.known = False
         self.reading = False
         self.asked = True  # read now: at start, or a notification came
+        #: The notifications taken, and how many of them the last answer had seen: a claim
+        #: waits until the read sent after the last one is answered (``may_claim``).
+        self.notices = 0
+        self._covered = 0
+        self._reading_covers = 0
         self._said: set[str] = set()
 
     @property
     def claimable(self) -> bool:
         """Whether the queue may claim: its row read, and not paused."""
         return self.known and not self.control.paused
+
+    @property
+    def may_claim(self) -> bool:
+        """Whether to send a claim now: ``claimable``, and no notification of a change waits
+        for its read (a pause notified, then a job: the job is not claimed meanwhile)."""
+        return self.claimable and self._covered == self.notices
+
+    def notified(self) -> None:
+        """A notification (or a reconnect): the row may have changed; read it now."""
+        self.asked = True
+        self.notices += 1
 
     def due(self) -> bool:
         """Whether to read the row now on its own: at start, after a notification or a failed
@@ -84,6 +100,7 @@ class Controls:
 
     def read(self) -> ReadControl:
         self.reading, self.asked = True, False
+        self._reading_covers = self.notices
         return ReadControl(self.base.name)
 
     def periodic(self) -> ReadControl | None:
@@ -106,6 +123,7 @@ class Controls:
         """A read came back with ``control``; the coordinator runs with ``settings`` and
         ``concurrency`` threads now. Returns what to change."""
         self.reading = False
+        self._covered = self._reading_covers
         queue = self.base.name
         for problem in control.problems:
             if problem not in self._said:  # said once, not at every poll

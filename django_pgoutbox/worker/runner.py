@@ -153,7 +153,11 @@ class QueueRunner:
         self._mailbox.post((mailbox.STOP,))
 
     def controls_changed(self) -> None:
-        """The queue was paused, resumed or resized (a notification): read its row now."""
+        """The queue was paused, resumed or resized (a notification): read its row now. The
+        claim the first lane holds is disarmed first, from this thread: a job's notification
+        that follows (the listener's next) would else fire it before the coordinator knows."""
+        if (disarm_lane := self._standby.disarm_lane) is not None:
+            disarm_lane()
         self._mailbox.post((mailbox.CONTROL,))
 
     def check_cancellations(self) -> None:
@@ -223,7 +227,7 @@ class QueueRunner:
             elif kind is mailbox.CANCELS:
                 self._upkeep.check_cancel = True
             elif kind is mailbox.CONTROL:
-                self._controls.asked = True
+                self._controls.notified()
             elif kind is mailbox.LOST:
                 replace = state.lost(message[1], message[2])
                 if replace is not None:
@@ -283,7 +287,7 @@ class QueueRunner:
         elif self.burst and self._controls.known and self._controls.control.paused:
             self._exiting = True  # a burst runs what is due: nothing is, in a paused queue
         elif not (self._stopping or self._exiting or self.burst):
-            holding = self._suspects.holding or not self._controls.claimable
+            holding = self._suspects.holding or not self._controls.may_claim
             self._standby.arm_if_idle(now, holding=holding)
 
     def _renew_if_due(self, now: float) -> None:
@@ -399,11 +403,12 @@ class QueueRunner:
         """Write the outcomes waiting and, with them or alone, claim for the free threads."""
         state, claims = self._state, self._claims
         claims.poll(now)
+        may_claim = self._controls.may_claim
         if self._standby.armed is not None:  # the first lane holds the claim: fired if wanted
-            if claims.wanted:
+            if claims.wanted and may_claim:
                 self._standby.fire()
             return
-        claimable = not self._suspects.holding and self._controls.claimable
+        claimable = not self._suspects.holding and may_claim
         hurry = bool(self._upkeep.asked)  # a handler waits on a renewal: no gathering
         while sending := claims.next(now, state, claimable=claimable, hurry=hurry):
             outcomes, limit = sending

@@ -115,6 +115,11 @@ class StandbyLane:
         #: that no claim fired then or later (one in flight, or one the coordinator leaves on
         #: the lane before it takes the stop) starts its jobs.
         self.stop_lane: Callable[[], None] | None = getattr(self._lane, "stopping", None)
+        #: The lane's ``disarm``, which ``QueueRunner.controls_changed`` posts from the
+        #: listener's thread (a pause must reach the lane before the next wake-up's fire).
+        self.disarm_lane: Callable[[], None] | None = (
+            None if self.fire_lane is None else getattr(self._lane, "disarm", None)
+        )
         self.armed: Standby | None = None
         self._asked = False  # the lane was asked to fire or to disarm since it was armed
         #: The last wake-up posted (by number), as the coordinator took it.

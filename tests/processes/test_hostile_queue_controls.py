@@ -59,3 +59,40 @@ def test_a_row_python_cannot_decode_stops_no_worker(start_worker: Any, overrides
     wait_for(alive_and_running, timeout=30)
     holds_for(lambda: worker.process.poll() is None, 1.5)
     assert worker.output().count("queue_controls row of queue 'default'") == 1, worker.output()
+
+
+def test_a_burst_on_a_paused_queue_ends_and_claims_nothing(start_worker: Any) -> None:
+    from django_pgoutbox.queue_controls import pause_queue
+
+    pause_queue("default")
+    enqueue_many(_jobs(5))
+    worker = start_worker("--burst", "--queues", "default")
+    assert worker.wait(30) == 0, worker.output()
+    assert not Job.objects.exclude(status=JobStatus.PENDING).exists()
+    assert not Job.objects.filter(attempts__gt=0).exists()
+
+
+def test_a_job_enqueued_after_the_pause_commits_is_not_run_by_an_idle_worker(
+    start_worker: Any,
+) -> None:
+    """The idle queue's first lane holds a claim that a job's notification fires from the
+    listener thread: the pause's notification, delivered first, must keep it from running the
+    job enqueued after the pause."""
+    from django.db import transaction
+
+    from django_pgoutbox.queue_controls import pause_queue
+
+    worker = start_worker("--concurrency", "2", "--queues", "default", POLL_INTERVAL=60.0)
+    wait_for(worker.listening, timeout=30)
+    enqueue_many(_jobs(1))
+    wait_for(lambda: _completed() == 1, timeout=30)
+    time.sleep(0.5)  # idle again: the standby claim is armed
+    with transaction.atomic():
+        pause_queue("default")
+        enqueue_many(_jobs(1))
+
+    def untouched() -> bool:
+        """the job enqueued after the pause is not claimed"""
+        return Job.objects.filter(attempts__gt=0).count() == 1
+
+    holds_for(untouched, 2)
