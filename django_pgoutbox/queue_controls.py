@@ -114,6 +114,10 @@ class Control:
     paused: bool = False
     overrides: Mapping[str, int | float | None] = field(default_factory=dict)
     problems: tuple[str, ...] = ()
+    #: None: the row was read. Else it could not be (``problems`` says why), and whether that
+    #: lasts (no table, no privilege: the settings apply) or may pass (a lock timeout: a worker
+    #: keeps what it last read).
+    unread: bool | None = None
 
     @classmethod
     def from_row(cls, queue: str, paused: Any, overrides: Any) -> Control:

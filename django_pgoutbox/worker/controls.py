@@ -24,13 +24,20 @@ from django_pgoutbox.retry import summarize
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
+#: The SQLSTATEs of a read of ``queue_controls`` that will fail again until an operator acts:
+#: no table (a release whose migration 0009 is not applied yet), no column, no privilege; the
+#: queue then runs as its settings say. Any other failure (a lock timeout) may pass: a pause is
+#: not lifted by it, and a worker that has not read the row yet claims nothing meanwhile.
+LASTING_FAILURES = frozenset({"42P01", "42703", "42501"})
+
 
 @dataclass(eq=False)
 class ReadControl:
     """Read one queue's row of ``queue_controls``; returns its ``Control``.
 
-    A lost connection is the lane's to retry; any other error (the table gone, a permission
-    taken away) is not the worker's end: the queue runs as its settings say, and says why."""
+    A lost connection is the lane's to retry; any other error is not the worker's end: one that
+    lasts (the table gone, a permission taken away) runs the queue as its settings say, one that
+    may pass (a lock timeout) keeps what was last read (``Controls``), and each says why."""
 
     queue: str
 
@@ -42,8 +49,9 @@ class ReadControl:
         except psycopg.Error as error:
             if classify_error(error) in (ErrorKind.CONNECTION, ErrorKind.CONFLICT):
                 raise
-            problem = f"queue_controls could not be read ({summarize(error)}); the settings apply"
-            return Control(problems=(problem,))
+            problem = f"queue_controls could not be read ({summarize(error)})"
+            lasting = getattr(error, "sqlstate", None) in LASTING_FAILURES
+            return Control(problems=(problem,), unread=lasting)
         return Control() if row is None else Control.from_row(self.queue, *row)
 
 
@@ -125,10 +133,22 @@ class Controls:
         self.reading = False
         self._covered = self._reading_covers
         queue = self.base.name
+        kept = control.unread is False  # a failure that may pass: what was read stays
         for problem in control.problems:
             if problem not in self._said:  # said once, not at every poll
                 self._said.add(problem)
-                logger.error("queue %s: %s", queue, problem, extra={"queue": queue})
+                then = (
+                    ""
+                    if control.unread is None
+                    else "; the settings apply"
+                    if not kept
+                    else "; the values last read apply"
+                    if self.known
+                    else "; claiming none of its jobs until it is read"
+                )
+                logger.error("queue %s: %s%s", queue, problem, then, extra={"queue": queue})
+        if kept:  # a pause is not lifted, nor a limit, by a read that failed
+            return Change()
         before, first = self.control, not self.known
         self.control, self.known = control, True
         paused = None

@@ -96,3 +96,32 @@ def test_a_job_enqueued_after_the_pause_commits_is_not_run_by_an_idle_worker(
         return Job.objects.filter(attempts__gt=0).count() == 1
 
     holds_for(untouched, 2)
+
+
+def test_a_read_that_fails_for_a_moment_does_not_resume_a_paused_queue(
+    start_worker: Any,
+) -> None:
+    """A lock timeout on queue_controls (a migration holds the table) is not a resume."""
+    import psycopg
+
+    from django_pgoutbox.db import raw_connection_params
+    from django_pgoutbox.queue_controls import pause_queue
+
+    pause_queue("default")
+    enqueue_many(_jobs(20))
+    worker = start_worker(
+        "--queues", "default", POLL_INTERVAL=0.3, env={"PGOPTIONS": "-c lock_timeout=100"}
+    )
+    wait_for(worker.listening, timeout=30)
+
+    def untouched() -> bool:
+        """no job of the paused queue is claimed"""
+        return not Job.objects.filter(attempts__gt=0).exists()
+
+    holds_for(untouched, 1)
+    with psycopg.connect(**raw_connection_params("default")) as holder:
+        holder.execute("LOCK TABLE queue_controls IN ACCESS EXCLUSIVE MODE")
+        holds_for(untouched, 3)
+        holder.rollback()
+    holds_for(untouched, 1)
+    assert worker.process.poll() is None
