@@ -243,7 +243,11 @@ class QueueRunner:
         state, suspects, upkeep = self._state, self._suspects, self._upkeep
         if suspects.alone is not None:
             suspects.end_alone(now)
-        if suspects.held is not None and not self._stopping and self._controls.claimable:
+        if suspects.held is not None and not self._stopping and not self._controls.claimable:
+            if not suspects.marking:  # paused: it has not started, it goes back as the rest
+                held, suspects.held = suspects.held, None
+                state.give_back([held])
+        elif suspects.held is not None and not self._stopping:
             suspects.turn(
                 state,
                 now,
@@ -378,7 +382,7 @@ class QueueRunner:
                 result,
                 now,
                 self.lease_seconds,
-                stopping=self._stopping,
+                stopping=self._stopping or not self._controls.claimable,
                 state=self._state,
                 submit=self._handlers.submit,
             )
@@ -480,12 +484,9 @@ class QueueRunner:
             self.concurrency += change.threads
             self._claims.concurrency = self.concurrency
             self._claims.wanted = True  # work for the threads added now, not at the poll
-        if change.paused:  # what no thread started yet goes back, the held suspect too
+        if change.paused:  # what no thread started yet goes back (the held suspect: ``_turn``)
             self._standby.disarm()
             self._state.give_back(self._handlers.take_waiting())
-            if self._suspects.held is not None and not self._suspects.marking:
-                self._state.give_back([self._suspects.held])
-                self._suspects.held = None
         elif change.paused is False:
             self._claims.wanted = True
 

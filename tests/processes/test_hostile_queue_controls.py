@@ -125,3 +125,61 @@ def test_a_read_that_fails_for_a_moment_does_not_resume_a_paused_queue(
         holder.rollback()
     holds_for(untouched, 1)
     assert worker.process.poll() is None
+
+
+def test_a_hundred_pauses_and_resizes_within_milliseconds_lose_and_repeat_no_job(
+    start_worker: Any,
+) -> None:
+    import random
+
+    from django.db.models import Count
+
+    from django_pgoutbox.queue_controls import pause_queue, resize_queue, resume_queue
+    from testproject.testjobs.models import SideEffect
+
+    rng = random.Random(7)
+    enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.005}}] * 800)
+    workers = [start_worker("--concurrency", "4", "--queues", "default") for _ in range(2)]
+    wait_for(lambda: SideEffect.objects.filter(event="end").count() > 50, timeout=60)
+    last = 4
+    for _ in range(100):
+        pause_queue("default")
+        if rng.random() < 0.5:
+            last = rng.choice([1, 2, 3, 50, 200])
+            resize_queue("default", concurrency=last)
+        resume_queue("default")
+        time.sleep(rng.choice([0, 0, 0.001, 0.01]))
+
+    def drained() -> bool:
+        """every job completed"""
+        return not Job.objects.exclude(status=JobStatus.COMPLETED).exists()
+
+    wait_for(drained, timeout=120)
+    starts = SideEffect.objects.filter(event="start").values("job_id").annotate(n=Count("id"))
+    assert len(starts) == 800
+    assert max(row["n"] for row in starts) == 1
+    assert set(Job.objects.values_list("attempts", flat=True)) == {1}
+    # The last write is what each worker runs with: three jobs at once, no more, on each.
+    resize_queue("default", concurrency=3)
+    SideEffect.objects.all().delete()
+    enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.3}}] * 30)
+    wait_for(drained, timeout=60)
+    for worker in workers:
+        assert worker.process.poll() is None
+    most = {pid: _most_at_once(pid) for pid in SideEffect.objects.values_list("pid", flat=True)}
+    assert max(most.values()) == 3, most
+
+
+def _most_at_once(pid: int) -> int:
+    """The most jobs process ``pid`` ran at once (from the test handler's start and end rows)."""
+    from testproject.testjobs.models import SideEffect
+
+    edges = sorted(
+        (at, 1 if event == "start" else -1)
+        for at, event in SideEffect.objects.filter(pid=pid).values_list("at", "event")
+    )
+    running = most = 0
+    for _, step in edges:
+        running += step
+        most = max(most, running)
+    return most

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from django_pgoutbox.conf import QueueSettings
 from django_pgoutbox.queue_controls import Control
-from django_pgoutbox.worker.controls import Controls
+from django_pgoutbox.worker.controls import Controls, ReadControl
 
 SETTINGS = QueueSettings(name="default", concurrency=2, lease_seconds=30, poll_interval=1)
 PASSING = Control(problems=("queue_controls could not be read (LockNotAvailable)",), unread=False)
@@ -51,3 +51,37 @@ def test_no_claim_while_a_notified_change_waits_for_its_read() -> None:
     controls.notified()
     _answer(controls, Control())
     assert controls.may_claim
+
+
+def test_a_pause_gives_back_the_suspect_that_waits_to_run_alone() -> None:
+    """A suspect claimed before the pause waits for the attempt beside it to end: it has not
+    started, so the pause gives it back rather than start it alone once that attempt ends."""
+    from django_pgoutbox.worker.claims import RecordAndClaim
+    from django_pgoutbox.worker.leases import GiveBack, MarkAlone
+    from tests.unit.fakes import Harness, claim_row
+
+    harness = Harness()
+    harness.start_up()
+    harness.answer(RecordAndClaim, rows=[claim_row(), claim_row(suspect=True)])
+    harness.step()
+    (running,) = harness.threads.submitted
+    harness.threads.begin(running)
+    suspect = harness.runner._suspects.held
+    assert suspect is not None
+    harness.runner.controls_changed()
+    harness.step()
+    harness.answer(ReadControl, Control(paused=True))
+    harness.step()
+    harness.threads.finish(running)
+    for _ in range(5):
+        harness.step(1.0)
+        for request in list(harness.lanes[0].sent):
+            if isinstance(request, MarkAlone):
+                harness.answer(MarkAlone, True)
+            elif isinstance(request, GiveBack):
+                harness.answer(GiveBack, len(request.keys))
+            elif isinstance(request, RecordAndClaim):
+                harness.answer(RecordAndClaim, rows=[])
+            else:
+                break
+    assert suspect not in harness.threads.submitted, "a paused queue started a suspect"
