@@ -183,3 +183,121 @@ def _most_at_once(pid: int) -> int:
         running += step
         most = max(most, running)
     return most
+
+
+def _running_now() -> int:
+    """Jobs whose handler has started and not ended, as the test handler records them."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FILTER (WHERE event = 'start') - count(*) FILTER (WHERE event = 'end')"
+            " FROM testjobs_sideeffect"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.parametrize(
+    "queue",
+    [
+        {"CONNECTIONS": 1},
+        {"CONNECTIONS": 2},
+        {"FAIR": True},
+        {"LIMIT_BY": "organization", "MAX_RUNNING": 50},
+    ],
+    ids=["one-connection", "two-connections", "fair", "by-organization"],
+)
+def test_a_cap_set_at_run_time_holds_on_two_workers_within_seconds(
+    start_worker: Any, queue: dict[str, Any]
+) -> None:
+    from django_pgoutbox.queue_controls import resize_queue
+
+    enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.05}}] * 1500)
+    workers = [
+        start_worker(
+            "--concurrency",
+            "4",
+            "--queues",
+            "default",
+            QUEUES={"default": queue},
+        )
+        for _ in range(2)
+    ]
+    wait_for(lambda: _running_now() >= 4, timeout=60)
+    resize_queue("default", max_running=1)
+    time.sleep(2)
+    seen = []
+    for _ in range(60):
+        seen.append(_running_now())
+        time.sleep(0.03)
+    assert max(seen) <= 1, seen
+    assert Job.objects.filter(status=JobStatus.PENDING).exists()
+    for worker in workers:
+        assert worker.process.poll() is None
+
+
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def test_resizing_up_to_a_thousand_and_down_to_one_leaves_one_thread_per_worker(
+    start_worker: Any,
+) -> None:
+    from django_pgoutbox.queue_controls import resize_queue
+
+    worker = start_worker("--concurrency", "1", "--queues", "default", POLL_INTERVAL=0.5)
+    wait_for(worker.listening, timeout=30)
+    base = _threads(worker.pid)
+    for _ in range(4):
+        enqueue_many(_jobs(300, sleep=0.01))
+        resize_queue("default", concurrency=1000)
+        wait_for(lambda: _threads(worker.pid) >= base + 999, timeout=30)
+        resize_queue("default", concurrency=1)
+        wait_for(lambda: _threads(worker.pid) <= base, timeout=30)
+    wait_for(lambda: not Job.objects.exclude(status=JobStatus.COMPLETED).exists(), timeout=60)
+    holds_for(lambda: _threads(worker.pid) <= base, 1)
+    enqueue_many(_jobs(3))
+    wait_for(lambda: _completed() == 1203, timeout=30)
+    assert worker.process.poll() is None
+
+
+def test_a_stop_right_after_a_pause_ends_cleanly_and_leaves_no_lease(start_worker: Any) -> None:
+    import signal
+
+    from django_pgoutbox.queue_controls import pause_queue
+
+    enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.3}}] * 200)
+    worker = start_worker("--concurrency", "3", "--queues", "default")
+    wait_for(lambda: _running_now() >= 3, timeout=60)
+    pause_queue("default")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    assert not Job.objects.filter(status=JobStatus.LEASED).exists()
+    # Every job started finished; none that went back lost an attempt.
+    assert _running_now() == 0
+    assert not Job.objects.filter(status=JobStatus.PENDING, attempts__gt=0).exists()
+    assert "Traceback" not in worker.output()
+
+
+def test_a_shrink_while_handlers_hang_past_their_timeout_ends_at_the_new_size(
+    start_worker: Any,
+) -> None:
+    from django_pgoutbox.queue_controls import resize_queue
+
+    worker = start_worker("--concurrency", "4", "--queues", "default", POLL_INTERVAL=0.5)
+    wait_for(worker.listening, timeout=30)
+    base = _threads(worker.pid)  # four handler threads
+    enqueue_many([{"job_type": "tests.poison_hang", "payload": {"seconds": 4}}] * 4)
+    # Past the timeout, four threads stand in for the four held by the hung handlers.
+    wait_for(lambda: _threads(worker.pid) >= base + 4, timeout=30)
+    resize_queue("default", concurrency=1)
+    enqueue_many(_jobs(20, sleep=0.05))
+    wait_for(lambda: _completed() == 20, timeout=30)
+    # Once the hung handlers return: one handler thread, as the resize said.
+    wait_for(lambda: _threads(worker.pid) == base - 3, timeout=30)
+    holds_for(lambda: _threads(worker.pid) == base - 3, 1)
+    enqueue_many(_jobs(5))
+    wait_for(lambda: _completed() == 25, timeout=30)
+    assert worker.process.poll() is None
