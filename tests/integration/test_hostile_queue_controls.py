@@ -3,6 +3,8 @@ admin, health and metrics: rows written by hand, odd values, odd names."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import Permission, User
 from django.db import connection
@@ -65,3 +67,102 @@ def test_a_row_python_cannot_decode_breaks_no_page_report_or_command(overrides: 
     assert "default" in out.getvalue()
     page = _staff("view_job", "change_job").get(reverse("admin:pgoutbox_overview"))
     assert page.status_code == 200
+
+
+def _act(client: Client, queue: str, action: str, **data: str) -> Any:
+    url = reverse("admin:pgoutbox_queue_action", kwargs={"name": queue, "action": action})
+    return client.post(url, data, follow=True)
+
+
+def _rows() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM queue_controls")
+        return int(cursor.fetchone()[0])
+
+
+def test_who_paused_is_shown_escaped_on_the_overview() -> None:
+    from django_pgoutbox.queue_controls import pause_queue, resize_queue
+
+    pause_queue("reports", by='<script>alert("p")</script>')
+    resize_queue("default", concurrency=3, by="<img src=x onerror=alert(1)>")
+    page = _staff("view_job").get(reverse("admin:pgoutbox_overview"))
+    assert page.status_code == 200
+    assert b"<script>alert" not in page.content
+    assert b"<img src=x" not in page.content
+    assert b"&lt;script&gt;alert" in page.content
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        {"concurrency": "1.5"},
+        {"concurrency": "-1"},
+        {"concurrency": " "},
+        {"concurrency": "1e3"},
+        {"concurrency": "9" * 5000},
+        {"concurrency": "1001"},
+        {"max_running": "-0"},
+        {"max_running": "99999999999999999999"},
+        {"max_running": "2.0"},
+        {"rate_limit": "inf"},
+        {"rate_limit": "nan"},
+        {"rate_limit": "1e400"},
+        {"rate_limit": "0"},
+        {"rate_limit": "-3"},
+        {"rate_limit": "1" * 400},
+        {"rate_limit": "\x00"},
+    ],
+)
+def test_the_resize_form_refuses_odd_values_and_writes_nothing(form: dict[str, str]) -> None:
+    client = _staff("view_job", "change_job")
+    was = {"was_concurrency": "1", "was_max_running": "", "was_rate_limit": ""}
+    fields = {"concurrency": "1", "max_running": "", "rate_limit": "", **form}
+    response = _act(client, "reports", "resize", **fields, **was)
+    assert response.status_code == 200
+    assert b"Nothing was changed" in response.content
+    assert _rows() == 0
+
+
+def test_the_overview_forms_refuse_without_csrf_permission_or_a_queue() -> None:
+    csrf = Client(enforce_csrf_checks=True)
+    user = User.objects.create_user("ch", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="change_job"))
+    csrf.force_login(user)
+    url = reverse("admin:pgoutbox_queue_action", kwargs={"name": "reports", "action": "pause"})
+    assert csrf.post(url).status_code == 403
+    other = User.objects.create_user("other", password="pw", is_staff=True)
+    other.user_permissions.add(Permission.objects.get(codename="change_user"))
+    client = Client()
+    client.force_login(other)
+    assert client.post(url).status_code == 403
+    changer = Client()
+    changer.force_login(user)
+    for name in ["x" * 5000, "réports", "reports\x00", " reports", "reports%2F.."]:
+        response = _act(changer, name, "pause")
+        assert response.status_code == 200
+        assert b"Nothing was changed" in response.content
+    assert changer.post(url.replace("/reports/", "/a/b/")).status_code in (302, 404)
+    assert _rows() == 0
+
+
+def test_a_paused_queue_no_longer_configured_is_not_shown_as_running() -> None:
+    """A queue paused, then taken out of PGOUTBOX['QUEUES'] while its jobs wait: the overview
+    shows their row (unregistered) without claiming that a worker runs them."""
+    import uuid
+
+    from django_pgoutbox.models import Job
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO queue_controls (queue, paused_at, paused_by) "
+            "VALUES ('retired', now(), 'ops')"
+        )
+    Job.objects.create(id=uuid.uuid4(), job_type="tests.noop", queue="retired", payload={})
+    page = _staff("view_job", "change_job").get(reverse("admin:pgoutbox_overview"))
+    assert page.status_code == 200
+    text = page.content.decode()
+    rows = [row for row in text.split("<tr") if "queue-state" in row]
+    configured = set(queue_statuses())
+    unconfigured = [row for row in rows if not any(f'id="queue-{n}"' in row for n in configured)]
+    assert unconfigured, "the unregistered jobs' row is shown"
+    assert all(">running<" not in row for row in unconfigured), unconfigured
