@@ -166,3 +166,40 @@ def test_a_paused_queue_no_longer_configured_is_not_shown_as_running() -> None:
     unconfigured = [row for row in rows if not any(f'id="queue-{n}"' in row for n in configured)]
     assert unconfigured, "the unregistered jobs' row is shown"
     assert all(">running<" not in row for row in unconfigured), unconfigured
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--concurrency", "1e3"],
+        ["--concurrency", "none"],
+        ["--concurrency", "0x10"],
+        ["--rate-limit", "inf"],
+        ["--rate-limit", "nan"],
+        ["--rate-limit", "-0"],
+        ["--max-running", "-0"],
+        ["--max-running", "1.0"],
+        ["--max-running", "9" * 5000],
+    ],
+)
+def test_the_command_refuses_odd_values_and_writes_nothing(args: list[str]) -> None:
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises((CommandError, SystemExit)):
+        call_command("pgoutbox", "queues", "resize", "default", *args)
+    assert _rows() == 0
+
+
+def test_the_command_takes_none_and_default_in_any_case() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    call_command(
+        "pgoutbox", "queues", "resize", "default", "--max-running", "NONE", stdout=StringIO()
+    )
+    assert queue_statuses()["default"].overridden == {"MAX_RUNNING"}
+    call_command(
+        "pgoutbox", "queues", "resize", "default", "--max-running", "Default", stdout=StringIO()
+    )
+    assert queue_statuses()["default"].overridden == frozenset()

@@ -301,3 +301,47 @@ def test_a_shrink_while_handlers_hang_past_their_timeout_ends_at_the_new_size(
     enqueue_many(_jobs(5))
     wait_for(lambda: _completed() == 25, timeout=30)
     assert worker.process.poll() is None
+
+
+def test_a_table_gone_while_workers_run_stops_none_and_is_said_once(start_worker: Any) -> None:
+    worker = start_worker("--concurrency", "2", "--queues", "default", POLL_INTERVAL=0.2)
+    wait_for(worker.listening, timeout=30)
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE queue_controls RENAME TO queue_controls_away")
+    try:
+        time.sleep(2)  # ten periodic reads
+        enqueue_many(_jobs(5))
+        wait_for(lambda: _completed() == 5, timeout=30)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, 'default')", [CONTROL_CHANNEL])
+        time.sleep(0.5)
+        assert worker.process.poll() is None
+        assert worker.output().count("queue_controls could not be read") == 1, worker.output()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE queue_controls_away RENAME TO queue_controls")
+
+
+@pytest.mark.parametrize("then", ["pause", "resume"])
+def test_a_change_made_while_the_worker_is_cut_off_applies_once_it_is_back(
+    start_worker: Any, then: str
+) -> None:
+    """The worker's connections are cut (its lanes back off, its LISTEN is gone) and the queue
+    is paused or resumed meanwhile: the notification is lost, yet the change applies."""
+    from django_pgoutbox.queue_controls import pause_queue, resume_queue
+    from tests.processes import other_backends
+
+    if then == "resume":
+        pause_queue("default")
+    worker = start_worker("--concurrency", "2", "--queues", "default", POLL_INTERVAL=60.0)
+    wait_for(worker.listening, timeout=30)
+    where = f"application_name = '{worker.application_name}'"
+    assert other_backends(where, "pg_terminate_backend(pid)") > 0
+    (pause_queue if then == "pause" else resume_queue)("default")
+    enqueue_many(_jobs(5))
+    if then == "pause":
+        wait_for(worker.listening, timeout=30)
+        holds_for(lambda: not Job.objects.filter(attempts__gt=0).exists(), 2)
+    else:
+        wait_for(lambda: _completed() == 5, timeout=30)
+    assert worker.process.poll() is None
