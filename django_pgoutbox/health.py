@@ -257,7 +257,8 @@ def health_report(
     holder = gauges.horizon_holder(alias)
     abandoned = gauges.abandoned_events(alias)
     deliveries = gauges.delivery_gauges(alias)
-    paused = [status for status in queue_controls.queue_statuses(alias).values() if status.paused]
+    statuses, controls_problem = queue_controls.statuses_for_monitoring(alias)
+    paused = [status for status in statuses.values() if status.paused]
     return HealthReport(
         healthy=all(roles_ok.values()) and not stuck,
         roles=roles_ok,
@@ -277,5 +278,6 @@ def health_report(
                 "claims its jobs until it is resumed"
                 for status in paused
             ]
+            + ([controls_problem] if controls_problem else [])
         ),
     )

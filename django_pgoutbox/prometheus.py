@@ -200,7 +200,8 @@ def queue_control_gauges(using: str | None) -> Iterator[Any]:
         "every worker); a limit that is not set has no sample.",
         labels=["queue", "limit"],
     )
-    for status in queue_controls.queue_statuses(using).values():
+    statuses, _ = queue_controls.statuses_for_monitoring(using)  # unknown: no samples
+    for status in statuses.values():
         name = metrics.label_value("queue", status.queue)
         paused.add_metric([name], 1.0 if status.paused else 0.0)
         for limit in ("concurrency", "max_running", "rate_limit"):

@@ -326,6 +326,21 @@ def queue_statuses(using: str | None = None) -> dict[str, QueueStatus]:
     return {name: _status(queue, rows.get(name)) for name, queue in get_settings().queues.items()}
 
 
+def statuses_for_monitoring(using: str | None = None) -> tuple[dict[str, QueueStatus], str | None]:
+    """``queue_statuses()`` for health, metrics and the overview, which answer without them: no
+    statuses and why, if ``queue_controls`` cannot be read (migration 0009 not applied yet, a
+    privilege taken away). In a savepoint, so that the caller's transaction goes on."""
+    from django.db import DatabaseError, transaction
+
+    alias = _alias(using)
+    try:
+        with transaction.atomic(using=alias):
+            return queue_statuses(alias), None
+    except (QueueControlError, DatabaseError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        return {}, f"queue_controls could not be read, paused queues are unknown: {reason}"
+
+
 def paused_queues(using: str | None = None) -> list[str]:
     """The configured queues that are paused now."""
     return [name for name, status in queue_statuses(using).items() if status.paused]

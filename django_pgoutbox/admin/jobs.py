@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION
 from django.core.exceptions import PermissionDenied
 from django.db import router
@@ -401,7 +401,9 @@ class JobAdmin(_JobPage):
         gauges = db_gauges.database_gauges(router.db_for_read(Job))
         holder = db_gauges.horizon_holder(router.db_for_read(Job))
         dead_url = reverse("admin:pgoutbox_deadletter_changelist")
-        statuses = queue_controls.queue_statuses(router.db_for_read(Job))
+        statuses, controls_problem = queue_controls.statuses_for_monitoring(router.db_for_read(Job))
+        if controls_problem:
+            self.message_user(request, controls_problem, messages.WARNING)
         hours = window(request.GET.get("hours"))
         minutes = queue_minutes.recent_minutes(hours, using=router.db_for_read(Job))
         rows = [
@@ -439,6 +441,7 @@ class JobAdmin(_JobPage):
             "hours": hours,
             "windows": queue_minutes.WINDOWS,
             "can_change": self.has_cancel_permission(request),
+            "controls_unknown": bool(controls_problem),
             "gauges": gauges,
             "horizon": holder,
             "horizon_warnings": db_gauges.horizon_warnings(holder),

@@ -203,3 +203,33 @@ def test_the_command_takes_none_and_default_in_any_case() -> None:
         "pgoutbox", "queues", "resize", "default", "--max-running", "Default", stdout=StringIO()
     )
     assert queue_statuses()["default"].overridden == frozenset()
+
+
+def test_health_metrics_and_overview_answer_without_the_queue_controls_table() -> None:
+    """A release with queue_controls served against a database whose migration 0009 is not
+    applied yet (the workers run their queues as the settings say): health and metrics still
+    answer, and say why paused queues are unknown, rather than fail with a 500."""
+    from django.test import override_settings
+
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE queue_controls RENAME TO queue_controls_away")
+    try:
+        client = _staff("view_job", "change_job")
+        with override_settings(PGOUTBOX={**_pgoutbox(), "VIEWS_AUTH": {"STAFF": True}}):
+            health = client.get("/pgoutbox/health?require=jobs")
+            metrics = client.get("/pgoutbox/metrics")
+        assert health.status_code in (200, 503), health.content[:300]
+        assert "queue_controls" in " ".join(health.json().get("warnings", [])), health.json()
+        assert metrics.status_code == 200, metrics.content[:300]
+        assert b"pgoutbox_jobs" in metrics.content
+        page = client.get(reverse("admin:pgoutbox_overview"))
+        assert page.status_code == 200
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE queue_controls_away RENAME TO queue_controls")
+
+
+def _pgoutbox() -> dict[str, Any]:
+    from django.conf import settings
+
+    return dict(settings.PGOUTBOX)
