@@ -24,6 +24,10 @@ from django_pgoutbox.retry import summarize
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
+#: The longest that notifications of changes hold a queue's claims back while their reads are
+#: answered (seconds): they are read within a second, as a pause's reach is.
+NOTICE_HOLD = 0.5
+
 #: The SQLSTATEs of a read of ``queue_controls`` that will fail again until an operator acts:
 #: no table (a release whose migration 0009 is not applied yet), no column, no privilege; the
 #: queue then runs as its settings say. Any other failure (a lock timeout) may pass: a pause is
@@ -79,10 +83,12 @@ class Controls:
         self.reading = False
         self.asked = True  # read now: at start, or a notification came
         #: The notifications taken, and how many of them the last answer had seen: a claim
-        #: waits until the read sent after the last one is answered (``may_claim``).
+        #: waits until the read sent after the last one is answered (``may_claim``), or
+        #: ``NOTICE_HOLD`` since the first not seen yet.
         self.notices = 0
         self._covered = 0
         self._reading_covers = 0
+        self._unseen_since = 0.0
         self._said: set[str] = set()
 
     @property
@@ -90,14 +96,19 @@ class Controls:
         """Whether the queue may claim: its row read, and not paused."""
         return self.known and not self.control.paused
 
-    @property
-    def may_claim(self) -> bool:
+    def may_claim(self, now: float) -> bool:
         """Whether to send a claim now: ``claimable``, and no notification of a change waits
-        for its read (a pause notified, then a job: the job is not claimed meanwhile)."""
-        return self.claimable and self._covered == self.notices
+        for its read (a pause notified, then a job: the job is not claimed meanwhile). Not
+        longer than ``NOTICE_HOLD``: notifications that keep coming faster than a read is
+        answered would else hold the claims for as long as they come."""
+        return self.claimable and (
+            self._covered == self.notices or now >= self._unseen_since + NOTICE_HOLD
+        )
 
-    def notified(self) -> None:
+    def notified(self, now: float) -> None:
         """A notification (or a reconnect): the row may have changed; read it now."""
+        if self._covered == self.notices:
+            self._unseen_since = now
         self.asked = True
         self.notices += 1
 

@@ -227,7 +227,7 @@ class QueueRunner:
             elif kind is mailbox.CANCELS:
                 self._upkeep.check_cancel = True
             elif kind is mailbox.CONTROL:
-                self._controls.notified()
+                self._controls.notified(now)
             elif kind is mailbox.LOST:
                 replace = state.lost(message[1], message[2])
                 if replace is not None:
@@ -291,7 +291,7 @@ class QueueRunner:
         elif self.burst and self._controls.known and self._controls.control.paused:
             self._exiting = True  # a burst runs what is due: nothing is, in a paused queue
         elif not (self._stopping or self._exiting or self.burst):
-            holding = self._suspects.holding or not self._controls.may_claim
+            holding = self._suspects.holding or not self._controls.may_claim(now)
             self._standby.arm_if_idle(now, holding=holding)
 
     def _renew_if_due(self, now: float) -> None:
@@ -407,7 +407,7 @@ class QueueRunner:
         """Write the outcomes waiting and, with them or alone, claim for the free threads."""
         state, claims = self._state, self._claims
         claims.poll(now)
-        may_claim = self._controls.may_claim
+        may_claim = self._controls.may_claim(now)
         if self._standby.armed is not None:  # the first lane holds the claim: fired if wanted
             if claims.wanted and may_claim:
                 self._standby.fire()

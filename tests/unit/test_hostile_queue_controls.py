@@ -26,31 +26,51 @@ def test_a_read_that_may_pass_neither_resumes_nor_starts_a_queue() -> None:
     assert controls.control.paused
     assert not controls.claimable
     _answer(controls, Control())
-    assert controls.may_claim
+    assert controls.may_claim(0.0)
 
 
 def test_a_read_that_fails_for_good_runs_the_queue_as_its_settings_say() -> None:
     controls = Controls(SETTINGS, 2)
     _answer(controls, LASTING)
-    assert controls.may_claim
+    assert controls.may_claim(0.0)
 
 
 def test_no_claim_while_a_notified_change_waits_for_its_read() -> None:
     controls = Controls(SETTINGS, 2)
     _answer(controls, Control())
-    assert controls.may_claim
+    assert controls.may_claim(0.0)
     stale = controls.read()  # a periodic read, sent before the notification
     assert stale is not None
-    controls.notified()
-    assert not controls.may_claim
+    controls.notified(0.0)
+    assert not controls.may_claim(0.0)
     controls.answered(Control(), SETTINGS, 2)  # its answer may predate the change
-    assert not controls.may_claim
+    assert not controls.may_claim(0.1)
     assert controls.due()
     _answer(controls, Control(paused=True))
-    assert not controls.may_claim
-    controls.notified()
+    assert not controls.may_claim(0.2)
+    controls.notified(0.2)
     _answer(controls, Control())
-    assert controls.may_claim
+    assert controls.may_claim(0.3)
+
+
+def test_notifications_that_never_stop_hold_the_claims_back_no_longer_than_a_moment() -> None:
+    from django_pgoutbox.worker.controls import NOTICE_HOLD
+
+    controls = Controls(SETTINGS, 2)
+    _answer(controls, Control())
+    now = 0.0
+    controls.notified(now)
+    while now < 3 * NOTICE_HOLD:  # each read answered after the next notification came
+        controls.read()
+        now += 0.01
+        controls.notified(now)
+        controls.answered(Control(), SETTINGS, 2)
+        if now >= NOTICE_HOLD:
+            assert controls.may_claim(now)
+    controls.read()
+    controls.notified(now)
+    controls.answered(Control(paused=True), SETTINGS, 2)
+    assert not controls.may_claim(now)  # a pause read meanwhile applies at once
 
 
 def test_a_pause_gives_back_the_suspect_that_waits_to_run_alone() -> None:
