@@ -345,3 +345,26 @@ def test_a_change_made_while_the_worker_is_cut_off_applies_once_it_is_back(
     else:
         wait_for(lambda: _completed() == 5, timeout=30)
     assert worker.process.poll() is None
+
+
+def test_a_lock_held_on_queue_controls_does_not_stall_the_queue(start_worker: Any) -> None:
+    """A migration holds queue_controls (ACCESS EXCLUSIVE) for seconds: the workers' reads of
+    the row wait on it, and the jobs enqueued meanwhile must not wait with them."""
+    import psycopg
+
+    from django_pgoutbox.db import raw_connection_params
+
+    worker = start_worker("--concurrency", "2", "--queues", "default", POLL_INTERVAL=0.3)
+    wait_for(worker.listening, timeout=30)
+    with psycopg.connect(**raw_connection_params("default")) as holder:
+        holder.execute("LOCK TABLE queue_controls IN ACCESS EXCLUSIVE MODE")
+        time.sleep(1)  # the periodic read waits on the lock
+        enqueue_many(_jobs(5))
+        wait_for(lambda: _completed() == 5, timeout=3)
+        with connection.cursor() as cursor:  # a change notified: its read waits on the lock too
+            cursor.execute("SELECT pg_notify(%s, 'default')", [CONTROL_CHANNEL])
+        time.sleep(0.5)
+        enqueue_many(_jobs(5))
+        wait_for(lambda: _completed() == 10, timeout=3)
+        holder.rollback()
+    assert worker.process.poll() is None
