@@ -208,7 +208,7 @@ def _running_now() -> int:
 def test_a_cap_set_at_run_time_holds_on_two_workers_within_seconds(
     start_worker: Any, queue: dict[str, Any]
 ) -> None:
-    from django_pgoutbox.queue_controls import resize_queue
+    from django_pgoutbox.queue_controls import DEFAULT, resize_queue
 
     enqueue_many([{"job_type": "tests.behave", "payload": {"sleep": 0.05}}] * 1500)
     workers = [
@@ -230,6 +230,9 @@ def test_a_cap_set_at_run_time_holds_on_two_workers_within_seconds(
         time.sleep(0.03)
     assert max(seen) <= 1, seen
     assert Job.objects.filter(status=JobStatus.PENDING).exists()
+    # Lifted again: the settings apply, and the workers run several jobs at once again.
+    resize_queue("default", max_running=DEFAULT)
+    wait_for(lambda: _running_now() >= 4, timeout=10)
     for worker in workers:
         assert worker.process.poll() is None
 
