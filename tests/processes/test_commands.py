@@ -287,6 +287,8 @@ def test_commands_refuse_an_unmigrated_database(command: list[str]) -> None:
         "CommandError: The database 'default' lacks django-pgoutbox's migrations "
         "pgoutbox.0001_initial, pgoutbox.0002_limits_cancellation, pgoutbox.0003_poison_isolation, "
         "pgoutbox.0004_suspects_alone, pgoutbox.0005_gauge_indexes, pgoutbox.0006_inbox_messages, "
-        "pgoutbox.0007_outbox_deliveries, pgoutbox.0008_publish_order: "
+        "pgoutbox.0007_outbox_deliveries, pgoutbox.0008_publish_order, "
+        "pgoutbox.0009_queue_controls, pgoutbox.0010_queue_minutes, pgoutbox.0011_attempt_history, "
+        "pgoutbox.0012_dead_letter_causes, pgoutbox.0013_dead_letter_indexes: "
         "run 'manage.py migrate --database default' first."
     ) in result.stderr

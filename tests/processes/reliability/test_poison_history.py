@@ -35,7 +35,10 @@ def test_a_poison_failing_with_a_hostile_megabyte_keeps_a_bounded_history(
     dead = jobs[3]
     innocents = [*jobs[:3], *jobs[4:]]
     Job.objects.filter(pk=dead.pk).update(max_attempts=ATTEMPTS)
-    worker = start_worker("--queues", "default", "--concurrency", "4", RETRY=RETRY)
+    # Each retry is due 10 ms later, after the claim that wrote it: the poll finds it.
+    worker = start_worker(
+        "--queues", "default", "--concurrency", "4", RETRY=RETRY, POLL_INTERVAL=0.2
+    )
 
     def finished() -> bool:
         return not Job.objects.exclude(status__in=(JobStatus.COMPLETED, JobStatus.DEAD)).exists()
