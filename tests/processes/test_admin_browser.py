@@ -34,7 +34,8 @@ if not (CHROMIUM and CHROMEDRIVER) and os.environ.get("PGOUTBOX_REQUIRE_BROWSER"
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.support.ui import Select  # noqa: E402
+from selenium.webdriver.support import expected_conditions  # noqa: E402
+from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("PGOUTBOX_SCREENSHOTS", ROOT / "artifacts" / "screenshots"))
@@ -71,6 +72,14 @@ def shot(driver: Any, name: str, element: Any = None) -> Path:
     else:
         driver.save_screenshot(str(path))
     return path
+
+
+def click_through(browser: Any, element: Any) -> None:
+    """Click ``element`` and wait for the page it loads: until then, what the next look finds
+    may be the old page's (its message list, say) and vanish under it."""
+    page = browser.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page))
 
 
 def log_in(browser: Any, live_server: Any, next_url: str) -> None:
@@ -112,7 +121,7 @@ def test_retry_a_dead_letter_from_the_admin(
     confirm = browser.find_element(By.ID, "confirm-action")
     assert "Retry dead letters" in browser.title
     shot(browser, "confirm-retry")
-    confirm.click()
+    click_through(browser, confirm)
     assert "Retried 1 dead letter." in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
 
     wait_for(lambda: Job.objects.filter(pk=job.pk, status=JobStatus.COMPLETED).exists(), timeout=20)
@@ -148,7 +157,7 @@ def test_pause_resize_and_resume_a_queue_and_read_its_charts(
     # Its poll interval is long: the pause and the resume reach it by notification.
     start_worker("--roles", "jobs", "--queues", "reports", POLL_INTERVAL=60)
     log_in(browser, live_server, "/admin/pgoutbox/job/overview/")
-    browser.find_element(By.ID, "pause-reports").click()
+    click_through(browser, browser.find_element(By.ID, "pause-reports"))
     assert "Queue reports is paused" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
     assert "paused" in browser.find_element(By.CSS_SELECTOR, "#queue-reports .queue-state").text
     shot(browser, "overview-paused", browser.find_element(By.ID, "queues"))
@@ -159,15 +168,15 @@ def test_pause_resize_and_resume_a_queue_and_read_its_charts(
     concurrency = browser.find_element(By.CSS_SELECTOR, "#queue-reports input[name=concurrency]")
     concurrency.clear()
     concurrency.send_keys("3")
-    browser.find_element(By.ID, "resize-button-reports").click()
+    click_through(browser, browser.find_element(By.ID, "resize-button-reports"))
     assert "concurrency 3 per worker" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
     assert "set at run time" in browser.find_element(By.CSS_SELECTOR, "#queue-reports").text
     shot(browser, "overview-resized", browser.find_element(By.ID, "queues"))
 
-    browser.find_element(By.ID, "resume-reports").click()
+    click_through(browser, browser.find_element(By.ID, "resume-reports"))
     assert "Queue reports is resumed" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
     wait_for(lambda: Job.objects.filter(pk=job.pk, status=JobStatus.COMPLETED).exists(), timeout=10)
-    browser.find_element(By.ID, "reset-reports").click()
+    click_through(browser, browser.find_element(By.ID, "reset-reports"))
     assert (
         "runs with its settings again" in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
     )
@@ -214,11 +223,11 @@ def test_retry_every_dead_letter_of_one_cause(
     assert "partner timed out after <n>s for order <n>" in first
     assert "coupon '…' does not exist" in rows[1].text
     shot(browser, "dead-letter-causes")
-    rows[0].find_element(By.LINK_TEXT, "Retry all").click()
+    click_through(browser, rows[0].find_element(By.LINK_TEXT, "Retry all"))
     confirm = browser.find_element(By.ID, "confirm-action")
     assert "7" in browser.find_element(By.ID, "content").text
     shot(browser, "confirm-retry-cause")
-    confirm.click()
+    click_through(browser, confirm)
     assert "Retried 7 dead letters." in browser.find_element(By.CSS_SELECTOR, ".messagelist").text
     wait_for(lambda: Job.objects.filter(status=JobStatus.COMPLETED).count() == 7, timeout=20)
     assert Job.objects.filter(status=JobStatus.DEAD).count() == 2
