@@ -15,15 +15,15 @@ the median, with the status code (302: the admin refused the parameters and sent
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import use_database
 
 EVENTS = "/admin/pgoutbox/outboxevent/"
 JOBS = "/admin/pgoutbox/job/"
@@ -54,29 +54,14 @@ def pages(event_id: str, key: str) -> list[str]:
 
 def setup(database: str, reuse: bool) -> bool:
     """Point Django at ``database`` and migrate it; True if it already holds the rows."""
-    import psycopg
-
-    from testproject.database import database_url, maintenance_url
-
-    base = maintenance_url(database_url())
-    with psycopg.connect(base, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
-        if not (reuse and exists):
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{database}"')
-    os.environ["DATABASE_URL"] = urlunsplit(urlsplit(base)._replace(path=f"/{database}"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    os.environ.setdefault("PGOUTBOX_DEBUG", "0")
-    import django
-
-    django.setup()
+    kept = use_database(database, keep=reuse)
     from django.core.management import call_command
     from django.db import connection
 
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
         cursor.execute("SELECT EXISTS (SELECT FROM outbox_events)")
-        return bool(reuse and exists and cursor.fetchone()[0])
+        return bool(kept and cursor.fetchone()[0])
 
 
 #: Ids that grow with ``n``, as the app's UUIDv7 ids grow with time ("newest first" is a

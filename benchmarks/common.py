@@ -18,6 +18,16 @@ BENCH_DB = "pgoutbox_bench"
 def setup_django(name: str = BENCH_DB) -> None:
     """Point DATABASE_URL at a fresh database ``name`` (default ``pgoutbox_bench``), set Django
     up, migrate."""
+    use_database(name, keep=False)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def use_database(name: str, *, keep: bool) -> bool:
+    """Point DATABASE_URL at database ``name`` and set Django up (not migrated). ``keep``: a
+    database of that name is kept as it is (a benchmark's ``--reuse``), else it is dropped and
+    made again. Returns whether it was kept."""
     sys.path.insert(0, str(ROOT))
     import psycopg
     from psycopg import sql
@@ -26,19 +36,19 @@ def setup_django(name: str = BENCH_DB) -> None:
 
     base = maintenance_url(database_url())
     with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        kept = keep and exists is not None
+        if not kept:
+            ident = sql.Identifier(name)
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(ident))
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(ident))
     os.environ["DATABASE_URL"] = urlunsplit(urlsplit(base)._replace(path=f"/{name}"))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
     os.environ.setdefault("PGOUTBOX_DEBUG", "0")
     import django
 
     django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    return kept
 
 
 def truncate(*tables: str) -> None:

@@ -15,15 +15,15 @@ confirmation page five times each through Django's test client, printing the med
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import use_database
 
 #: (job type, queue, error code, summary): ``{n}`` a number, ``{uuid}``, ``{email}``, ``{hex}``
 #: (12 hex digits), ``{token}`` (24 letters and digits), ``{word}`` (a quoted word), each drawn
@@ -245,31 +245,16 @@ ORDERED_ID = "('00000000-0000-7000-8000-' || lpad(to_hex(n), 12, '0'))::uuid"
 
 def setup(database: str, reuse: bool) -> bool:
     """Point Django at ``database`` and migrate it to 0011; True if it already holds the rows."""
-    import psycopg
-
-    from testproject.database import database_url, maintenance_url
-
-    base = maintenance_url(database_url())
-    with psycopg.connect(base, autocommit=True) as conn:
-        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [database]).fetchone()
-        if not (reuse and exists):
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-            conn.execute(f'CREATE DATABASE "{database}"')
-    os.environ["DATABASE_URL"] = urlunsplit(urlsplit(base)._replace(path=f"/{database}"))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-    os.environ.setdefault("PGOUTBOX_DEBUG", "0")
-    import django
-
-    django.setup()
+    kept = use_database(database, keep=reuse)
     from django.core.management import call_command
     from django.db import connection
 
-    if not (reuse and exists):
+    if not kept:
         call_command("migrate", verbosity=0)
         call_command("migrate", "pgoutbox", "0011", verbosity=0)
     with connection.cursor() as cursor:
         cursor.execute("SELECT EXISTS (SELECT FROM jobs)")
-        return bool(reuse and exists and cursor.fetchone()[0])
+        return bool(kept and cursor.fetchone()[0])
 
 
 def _summary_sql() -> str:
