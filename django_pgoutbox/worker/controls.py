@@ -105,6 +105,14 @@ class Controls:
             self._covered == self.notices or now >= self._unseen_since + NOTICE_HOLD
         )
 
+    def hold_deadline(self, now: float) -> float | None:
+        """When claims held back by a notification not yet read may go again (``may_claim``),
+        if that is still to come: the coordinator must wake for it, though no message comes."""
+        if self._covered == self.notices:
+            return None
+        at = self._unseen_since + NOTICE_HOLD
+        return at if now < at else None
+
     def notified(self, now: float) -> None:
         """A notification (or a reconnect): the row may have changed; read it now."""
         if self._covered == self.notices:

@@ -8,6 +8,7 @@ a lane counts only while one is free: else a lane's reply wakes the coordinator.
 from __future__ import annotations
 
 from django_pgoutbox.worker.claims import Claims
+from django_pgoutbox.worker.controls import Controls
 from django_pgoutbox.worker.lanes import Lanes
 from django_pgoutbox.worker.leases import Upkeep
 from django_pgoutbox.worker.state import QueueState
@@ -25,6 +26,7 @@ def next_deadline(
     lane_free: bool,
     ending: bool,
     claims: Claims,
+    controls: Controls,
     upkeep: Upkeep,
     lanes: Lanes,
     state: QueueState,
@@ -47,6 +49,8 @@ def next_deadline(
             deadlines.append(overtake)
         if (slow := upkeep.slow_recovery_deadline(now)) is not None:
             deadlines.append(slow)
+        if (held := controls.hold_deadline(now)) is not None:
+            deadlines.append(held)  # claims held back by a notification not yet read
     deadlines += lanes.backing_off(now)
     deadlines += [a.deadline for a in state.timed.values() if a.deadline is not None]
     if suspects.held is not None and now < suspects.held_since + lease_seconds:

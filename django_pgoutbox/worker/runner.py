@@ -308,6 +308,7 @@ class QueueRunner:
             lane_free=self._free_lane(now) is not None or self._standby.waiting,
             ending=self._stopping or self._exiting,
             claims=self._claims,
+            controls=self._controls,
             upkeep=self._upkeep,
             lanes=self._lanes,
             state=self._state,

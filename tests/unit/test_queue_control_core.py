@@ -112,3 +112,25 @@ def test_a_row_that_cannot_be_read_is_not_the_coordinators_end() -> None:
     harness.answer(Recover)
     harness.step()
     assert len(claims(harness)) == 1  # the settings apply
+
+
+def test_a_notification_holds_the_claims_no_longer_than_the_hold() -> None:
+    """A notification holds the claims until its read is answered, at most ``NOTICE_HOLD``:
+    the coordinator wakes for the hold's end itself (it slept until the poll, 100 s here), and
+    a wake-up that came meanwhile is claimed for once a lane is free."""
+    from django_pgoutbox.worker.controls import NOTICE_HOLD
+
+    harness = Harness()
+    harness.start_up()
+    harness.claim([])  # idle
+    harness.runner.controls_changed()
+    harness.step()
+    assert harness.sent(ReadControl)  # in flight, and slow: not answered
+    harness.runner.wake()  # a job's notification: held back
+    harness.step()
+    assert not claims(harness)
+    assert harness.runner._next_deadline() == harness.clock.now + NOTICE_HOLD
+    harness.step(NOTICE_HOLD)
+    harness.answer(ReadControl, Control())
+    harness.step()
+    assert len(claims(harness)) == 1
