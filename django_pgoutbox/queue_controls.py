@@ -24,11 +24,11 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final
 
-from django.db import connections, router
+from django.db import connections
 
 from django_pgoutbox import queries
 from django_pgoutbox.conf import CONTROL_CHANNEL, MAX_CONCURRENCY, QueueSettings, get_settings
-from django_pgoutbox.db import tables_required
+from django_pgoutbox.db import tables_required, write_database
 from django_pgoutbox.errors import InvalidInput
 from django_pgoutbox.models import Job
 
@@ -193,15 +193,8 @@ class QueueStatus:
 
 
 def _alias(using: str | None) -> str:
-    if using is None:
-        return router.db_for_write(Job)
-    from django.conf import settings
-
-    if not isinstance(using, str) or using not in settings.DATABASES:
-        raise QueueControlError(
-            "using", f"no database {using!r} in DATABASES ({', '.join(settings.DATABASES)})"
-        )
-    return using
+    """The jobs' database, or ``using`` if it is a PostgreSQL alias of ``DATABASES``."""
+    return write_database(using, Job, QueueControlError)
 
 
 def _queue(name: Any) -> QueueSettings:
