@@ -36,7 +36,9 @@ def _leased() -> int:
 
 
 def test_a_pause_reaches_two_workers_within_a_second_and_a_restart(start_worker: Any) -> None:
-    enqueue_many(_jobs(3000, sleep=0.02))
+    # Enough for both workers to be busy when the pause comes, and few enough that the one
+    # restarted worker drains the rest in seconds once the queue is resumed.
+    enqueue_many(_jobs(1200, sleep=0.02))
     workers = [start_worker("--concurrency", "2", **SLOW_POLL) for _ in range(2)]
 
     def both_claiming() -> bool:

@@ -26,7 +26,7 @@ ONLY_TICK = {
         "pgoutbox.reconcile_outbox": None,
     }
 }
-SLOTS = 50
+SLOTS = 20
 
 
 def tick_slots() -> list[tuple[datetime, datetime]]:

@@ -241,7 +241,8 @@ def test_the_drain_keeps_its_rate_while_the_horizon_is_held_for_a_minute(
 
 
 def test_the_relay_keeps_its_rate_while_the_horizon_is_held(start_worker: Any) -> None:
-    drain_while_held(start_worker, held=40.0, drain=EVENTS)
+    # The relay's claim from the head fell to a sixth of its rate within 12 s held.
+    drain_while_held(start_worker, held=24.0, drain=EVENTS)
 
 
 @pytest.mark.skipif(not LONG, reason="the long variant: PGOUTBOX_LONG_TESTS=1")
