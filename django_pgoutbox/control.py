@@ -162,9 +162,9 @@ def dead_letter_causes(*, limit: int = MAX_CAUSES, using: str | None = None) -> 
     normalised summary, count, when one of them first and last died, and its newest dead letter.
 
     A cause of fewer than ``CAUSE_COUNT_CAP`` dead letters is counted; a bigger one is estimated
-    from the statistics of ``jobs_dead_cause_idx`` that ANALYZE last gathered (only the index's
-    owner may read them; without them, or for a cause that ANALYZE did not see often enough, the
-    estimate is ``CAUSE_COUNT_CAP``). At most ``limit`` causes are read.
+    from the statistics of ``jobs.dead_cause`` that ANALYZE last gathered (for a cause that
+    ANALYZE did not see often enough, the estimate is ``CAUSE_COUNT_CAP``; :func:`count_dead_cause`
+    counts one exactly). At most ``limit`` causes are read.
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_CAUSES:
         raise InvalidInput("limit", f"must be an integer from 1 to {MAX_CAUSES}, not {limit!r}")
@@ -232,13 +232,15 @@ def dead_cause_batches(
 def count_dead_cause(
     fingerprint: str, *, as_of: datetime | None = None, using: str | None = None
 ) -> int:
-    """How many dead letters of a cause died at or before ``as_of`` (default: now), exactly.
-    Reads each of them: about a second per 40,000 where the table is not in memory
-    (docs/admin.md, "Dead letters by cause")."""
-    moment = as_of or database_now(using)
-    return sum(
-        len(ids) for ids in dead_cause_batches(fingerprint, as_of=moment, batch=10_000, using=using)
-    )
+    """How many dead letters of a cause died at or before ``as_of`` (default: now), exactly,
+    from the entries of ``jobs_dead_cause_idx`` (docs/admin.md, "Dead letters by cause")."""
+    alias = using or router.db_for_read(Job)
+    params = {
+        "fingerprint": checked_fingerprint(fingerprint),
+        "as_of": as_of or database_now(alias),
+    }
+    ((count,),) = _read_planned(alias, queries.COUNT_DEAD_CAUSE, params)
+    return int(count)
 
 
 def newest_dead_of_cause(

@@ -144,16 +144,18 @@ class _CopyRows:
     #: The binary COPY header: signature, flags, header extension length.
     HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
     TRAILER = b"\xff\xff"
-    _ID = struct.Struct(">hiQQ").pack  # 8 fields, then the id: 16 bytes as two halves
+    _ID = struct.Struct(">hiQQ").pack  # 9 fields, then the id: 16 bytes as two halves
     _JSONB = struct.Struct(">ib").pack  # length, jsonb format version 1
     _TAIL = struct.Struct(">iiiqii").pack  # priority, run_at (microseconds), max_attempts
+    _NULL = b"\xff\xff\xff\xff"
+    _UUID = b"\x00\x00\x00\x10"
     _LENGTH = struct.Struct(">i").pack
 
     def __init__(self, now: datetime) -> None:
         self._now = now
         self._now_us = _micros(now)
         self._middles: dict[tuple[uuid.UUID | None, str, str], bytes] = {}
-        self._tails: dict[tuple[int, int, int], bytes] = {}
+        self._tails: dict[tuple[int, int, int, uuid.UUID | None], bytes] = {}
 
     def row(self, row: JobRow) -> bytes:
         key = (row.organization_id, row.queue, row.job_type)
@@ -165,16 +167,17 @@ class _CopyRows:
             if row.run_at is None and not row.delay
             else _micros(scheduled_run_at(row, self._now))
         )
-        tail_key = (row.priority, run_at, row.max_attempts)
+        tail_key = (row.priority, run_at, row.max_attempts, row.event_id)
         tail = self._tails.get(tail_key)
         if tail is None:
-            tail = self._tails[tail_key] = self._TAIL(
-                4, row.priority, 8, run_at, 4, row.max_attempts
+            event = self._NULL if row.event_id is None else self._UUID + row.event_id.bytes
+            tail = self._tails[tail_key] = (
+                self._TAIL(4, row.priority, 8, run_at, 4, row.max_attempts) + event
             )
         payload = row.payload_json.encode()
         return b"".join(
             (
-                self._ID(8, 16, row.id.int >> 64, row.id.int & 0xFFFF_FFFF_FFFF_FFFF),
+                self._ID(9, 16, row.id.int >> 64, row.id.int & 0xFFFF_FFFF_FFFF_FFFF),
                 middle,
                 self._JSONB(len(payload) + 1, 1),
                 payload,

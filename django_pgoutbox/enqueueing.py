@@ -85,7 +85,22 @@ def enqueue_prepared(prepared: PreparedJob) -> Job:
     return prepared.insert()
 
 
+#: The relay's state on this thread: the batch's ``collector`` (``deferred_enqueues``) and the
+#: ``event_id`` whose subscriber runs (``for_event``).
 _deferring = threading.local()
+
+
+@contextmanager
+def for_event(event_id: uuid.UUID) -> Iterator[None]:
+    """Within this block (on this thread), every job enqueued records ``event_id`` as the event
+    it came from (``Job.event_id``): the relay and the delivery runner call each subscriber in
+    one, so an event's page lists the jobs its subscribers enqueued."""
+    previous = getattr(_deferring, "event_id", None)
+    _deferring.event_id = event_id
+    try:
+        yield
+    finally:
+        _deferring.event_id = previous
 
 
 class DeferredEnqueues:
@@ -189,6 +204,9 @@ def prepare_job(
         prefix="",
         declared=declared,
     )
+    # The event whose subscriber is running, if one is: the job came from it, even if it is
+    # written later (on commit).
+    row.event_id = getattr(_deferring, "event_id", None)
     return PreparedJob(row.id, alias, row)
 
 
@@ -213,6 +231,9 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None
     if not items:
         return []
     rows = validate_items(items, conf)
+    event_id = getattr(_deferring, "event_id", None)
+    if event_id is not None:
+        rows = _from_event(rows, event_id)
     with tables_required(alias, EnqueueError):
         return _write_items(alias, items, rows, conf.notify)
 
@@ -230,6 +251,12 @@ def _write_items(
     checked = list(rows)
     with transaction.atomic(using=alias, savepoint=False):
         return _write(alias, checked, notify)
+
+
+def _from_event(rows: Iterator[JobRow], event_id: uuid.UUID) -> Iterator[JobRow]:
+    for row in rows:
+        row.event_id = event_id
+        yield row
 
 
 def _any_key(items: Sequence[Any]) -> bool:

@@ -88,6 +88,7 @@ def _many(rows: Sequence[JobRow], notify: bool) -> dict[str, Any]:
         "run_ats": [r.run_at for r in rows],
         "delays": [r.delay for r in rows],
         "max_attempts": [r.max_attempts for r in rows],
+        "event_ids": [r.event_id for r in rows],
         "channel": JOBS_CHANNEL,
         "notify": notify,
     }
@@ -110,6 +111,7 @@ def _insert_one(alias: str, row: JobRow, notify: bool) -> Job:
                     "run_at": row.run_at,
                     "delay": row.delay,
                     "max_attempts": row.max_attempts,
+                    "event_id": row.event_id,
                     "notify": notify,
                     "channel": JOBS_CHANNEL,
                 },

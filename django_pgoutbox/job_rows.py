@@ -50,6 +50,8 @@ class JobRow:
     run_at: datetime | None
     delay: float  # seconds after run_at (or now)
     max_attempts: int
+    #: The outbox event whose subscriber enqueues the job (``enqueueing.for_event``).
+    event_id: uuid.UUID | None = None
 
 
 def job_database(using: str | None) -> str:
@@ -267,6 +269,7 @@ def jobs_from_rows(
         values["priority"] = row.priority
         values["run_at"] = run_at(row)
         values["max_attempts"] = row.max_attempts
+        values["event_id"] = row.event_id
         values["worker_ids"] = []
         jobs.append(instance_from_row(Job, alias, values))
     return jobs

@@ -40,7 +40,8 @@ class TransactionNow(models.Func):
 class ErrorFingerprint(models.Func):
     """A dead letter's cause: ``pgoutbox_error_fingerprint(job_type, last_error_code,
     last_error_summary)``, 16 hex digits (migration 0012 creates the function; docs/admin.md,
-    "Dead letters by cause", has its rules). What ``jobs_dead_cause_idx`` leads with."""
+    "Dead letters by cause", has its rules). What migration 0012's index led with; since 0014
+    the column ``dead_cause`` holds it."""
 
     function = "pgoutbox_error_fingerprint"
     output_field = models.TextField()
@@ -223,6 +224,14 @@ class Job(models.Model):
     # Added: the attempts that did not complete the job, oldest first, the newest 20 of them
     # (queries.attempts); NULL while there is none. Read it through ``attempt_history``.
     attempt_log = models.JSONField(null=True, blank=True)
+    # Added: the cause of the job's last death, 16 hex digits (docs/admin.md, "Dead letters by
+    # cause"): set by the trigger jobs_dead_cause whenever the row is written dead (migration
+    # 0014), kept as it was when the job is retried. Only dead jobs are in its index.
+    dead_cause = models.TextField(null=True, blank=True, editable=False)
+    # Added: the outbox event whose subscriber enqueued this job, by the relay or a delivery
+    # (migration 0015); NULL for a job enqueued anywhere else. Not a foreign key: retention
+    # deletes events and jobs apart.
+    event_id = models.UUIDField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "jobs"
@@ -319,14 +328,19 @@ class Job(models.Model):
             ),
             # Dead letters by cause (the admin's "Dead letters by cause", ``pgoutbox deadletters
             # causes``): one descent finds each cause, and its newest and oldest dead letters;
-            # a cause's dead letters are read in (finished_at, id) order, a keyset at a time.
-            # Only dead jobs have entries.
+            # a cause's dead letters are read in (finished_at, id) order, a keyset at a time,
+            # and counted from the index alone. Only dead jobs have entries.
             models.Index(
-                ErrorFingerprint(),
-                F("finished_at"),
-                F("id"),
+                fields=["dead_cause", "finished_at", "id"],
                 name="jobs_dead_cause_idx",
                 condition=models.Q(status=JobStatus.DEAD),
+            ),
+            # The jobs an event's subscribers enqueued (the admin's event page). Only those jobs
+            # have entries.
+            models.Index(
+                fields=["event_id", "id"],
+                name="jobs_event_idx",
+                condition=models.Q(event_id__isnull=False),
             ),
         ]
 

@@ -10,6 +10,7 @@ from django.contrib import admin
 from django.db import router
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
@@ -23,6 +24,9 @@ from django_pgoutbox.admin.filters import DeadForFilter, EventStateFilter, Event
 from django_pgoutbox.models import Job, OutboxEvent, ScheduleCursor
 from django_pgoutbox.publishers import PUBLISH_JOB
 from django_pgoutbox.schedules import Schedule, load_schedules
+
+#: The most jobs an event's page lists among those its subscribers enqueued (a link shows all).
+SHOWN_JOBS = 20
 
 #: The schedules of the changelist being rendered (``ScheduleAdmin.changelist_view``).
 _PAGE_SCHEDULES: ContextVar[dict[str, Schedule] | None] = ContextVar(
@@ -50,7 +54,7 @@ class OutboxEventAdmin(ButtonsAdmin):
     ordering = ("-id",)
     sortable_by = ("id",)
     heavy_fields = ("payload", "last_error")
-    readonly_fields = ("publisher_jobs", "error_in_full", "pretty_payload")
+    readonly_fields = ("publisher_jobs", "enqueued_jobs", "error_in_full", "pretty_payload")
     exclude = ("payload",)
     fieldsets = (
         (
@@ -64,6 +68,7 @@ class OutboxEventAdmin(ButtonsAdmin):
                     "aggregate_id",
                     "organization_id",
                     "publisher_jobs",
+                    "enqueued_jobs",
                 )
             },
         ),
@@ -114,6 +119,30 @@ class OutboxEventAdmin(ButtonsAdmin):
             else format_html("{}: no job (not projected yet, or deleted)", name)
             for key, name in sorted(keys.items(), key=lambda item: item[1])
         ]
+        return format_html_join(mark_safe("<br>"), "{}", ((line,) for line in lines))
+
+    @admin.display(description="jobs its subscribers enqueued")
+    def enqueued_jobs(self, obj: OutboxEvent) -> str:
+        """The jobs that the event's subscribers enqueued (``Job.event_id``, through
+        ``jobs_event_idx``), publishers' jobs aside: the first ``SHOWN_JOBS``, then a link to
+        the Jobs page filtered to the event."""
+        alias = router.db_for_read(Job)
+        found = list(
+            Job._base_manager.using(alias)
+            .filter(event_id=obj.pk)
+            .exclude(job_type=PUBLISH_JOB)
+            .order_by("id")
+            .values_list("pk", "job_type", "status")[: SHOWN_JOBS + 1]
+        )
+        if not found:
+            return "-"
+        lines = [
+            format_html("{} {} ({})", job_type, change_link(self.admin_site, Job, pk, pk), status)
+            for pk, job_type, status in found[:SHOWN_JOBS]
+        ]
+        if len(found) > SHOWN_JOBS:
+            url = reverse("admin:pgoutbox_job_changelist") + f"?event={obj.pk}"
+            lines.append(format_html('<a href="{}">all of them</a>', url))
         return format_html_join(mark_safe("<br>"), "{}", ((line,) for line in lines))
 
     def get_search_results(

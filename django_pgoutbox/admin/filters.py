@@ -5,6 +5,7 @@ DISTINCT`` over rows."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -170,6 +171,27 @@ class MaintenanceFilter(admin.SimpleListFilter):
         return queryset.exclude(job_type__in=MAINTENANCE_JOB_TYPES)
 
 
+class FromEventFilter(admin.SimpleListFilter):
+    """``?event=EVENT_ID``: the jobs that an event's subscribers enqueued, read from
+    ``jobs_event_idx`` (a link of the event's page; it offers no choices of its own). A value
+    that is not a UUID matches nothing."""
+
+    title = "event"
+    parameter_name = "event"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        value = self.value()
+        return [(str(value), "this event")] if value else []
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if not self.value():
+            return queryset
+        try:
+            return queryset.filter(event_id=uuid.UUID(str(self.value())))
+        except ValueError:
+            return queryset.none()
+
+
 class ErrorCodeFilter(_NamesFilter):
     """The error codes of the newest dead letters."""
 
@@ -221,19 +243,55 @@ class SourceFilter(_NamesFilter):
         return inbox_sources(model_admin.get_queryset(request).db)
 
 
+#: The statuses whose jobs an index finds by queue: pending and retrying (``jobs_claim_idx``),
+#: dead (``jobs_dead_idx``), leased (``jobs_leased_idx``: the few running). Completed and
+#: cancelled jobs, most of the table, are in no index by queue or by status alone.
+QUEUE_INDEXED_STATUSES = frozenset(
+    {JobStatus.PENDING, JobStatus.RETRYING, JobStatus.DEAD, JobStatus.LEASED}
+)
+
+
 class StatusFilter(admin.SimpleListFilter):
+    """The six statuses. Completed and cancelled jobs are looked for among the newest
+    ``JOB_TYPE_WINDOW`` jobs: a status with none among ten million read every row."""
+
     title = "status"
     parameter_name = "status"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(status.value, status.label) for status in JobStatus]
+        return [
+            (
+                status.value,
+                status.label
+                if status in QUEUE_INDEXED_STATUSES
+                else f"{status.label} (among the newest {JOB_TYPE_WINDOW:,})",
+            )
+            for status in JobStatus
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if not self.value():
             return queryset
         if self.value() not in JobStatus.values:
             return queryset.none()  # no job has it: not a scan to find none
-        return queryset.filter(status=self.value())
+        filtered = queryset.filter(status=self.value())
+        if self.value() in QUEUE_INDEXED_STATUSES:
+            return filtered
+        return newest(filtered, JOB_TYPE_WINDOW)
+
+
+class JobQueueFilter(QueueFilter):
+    """The Jobs page's queue: with a status that an index finds by queue (pending, retrying,
+    dead, leased), every job of the queue; else (every status, completed, cancelled) among the
+    newest ``JOB_TYPE_WINDOW`` jobs: a queue with no job read every row of the table."""
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        filtered = super().queryset(request, queryset)
+        if not self.value() or request.GET.get(StatusFilter.parameter_name) in (
+            QUEUE_INDEXED_STATUSES
+        ):
+            return filtered
+        return newest(filtered, JOB_TYPE_WINDOW)
 
 
 class EventStateFilter(admin.SimpleListFilter):

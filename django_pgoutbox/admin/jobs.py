@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
 
 from django_pgoutbox import control, queue_controls, queue_minutes, scheduler
 from django_pgoutbox import gauges as db_gauges
@@ -31,6 +32,8 @@ from django_pgoutbox.admin.common import (
 from django_pgoutbox.admin.filters import (
     DeadJobTypeFilter,
     ErrorCodeFilter,
+    FromEventFilter,
+    JobQueueFilter,
     JobTypeFilter,
     MaintenanceFilter,
     QueueFilter,
@@ -81,7 +84,8 @@ def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any
 
 class _JobPage(ButtonsAdmin):
     """A job's detail page: its times in the order they happen, the whole error, the payload
-    and the result pretty-printed, and the event that a publisher's job sends."""
+    and the result pretty-printed, and the event it came from: the one whose subscriber enqueued
+    it, or the one that a publisher's job sends."""
 
     readonly_fields = ("event", "attempts_and_errors", "pretty_payload", "pretty_result")
     exclude = ("payload", "result", "attempt_log", "last_error_code", "last_error_summary")
@@ -133,8 +137,8 @@ class _JobPage(ButtonsAdmin):
     )
 
     def get_fieldsets(self, request: HttpRequest, obj: Model | None = None) -> Any:
-        """The event only on a publisher's job: no other job records the event it came from."""
-        if isinstance(obj, Job) and obj.job_type == PUBLISH_JOB:
+        """The event only on a job that came from one."""
+        if isinstance(obj, Job) and (obj.event_id is not None or obj.job_type == PUBLISH_JOB):
             return self.fieldsets
         first, *rest = self.fieldsets
         fields = tuple(name for name in first[1]["fields"] if name != "event")
@@ -142,17 +146,21 @@ class _JobPage(ButtonsAdmin):
 
     @admin.display(description="event")
     def event(self, obj: Job) -> str:
-        """The event in a publisher's job's payload (``{"event": <id>}``), read alone."""
-        found = (
-            Job._base_manager.using(obj._state.db)
-            .filter(pk=obj.pk)
-            .values_list(KeyTextTransform("event", "payload"), flat=True)
-            .first()
-        )
-        try:
-            event_id = uuid.UUID(str(found))
-        except ValueError:
-            return "-"
+        """The event whose subscriber enqueued the job (``event_id``); else the event in a
+        publisher's job's payload (``{"event": <id>}``, a job enqueued before the column was),
+        read alone."""
+        event_id = obj.event_id
+        if event_id is None:
+            found = (
+                Job._base_manager.using(obj._state.db)
+                .filter(pk=obj.pk)
+                .values_list(KeyTextTransform("event", "payload"), flat=True)
+                .first()
+            )
+            try:
+                event_id = uuid.UUID(str(found))
+            except ValueError:
+                return "-"
         alias = router.db_for_read(OutboxEvent)
         if not OutboxEvent._base_manager.using(alias).filter(pk=event_id).exists():
             return f"{event_id} (no longer kept)"
@@ -193,6 +201,30 @@ class DeadLetterAdmin(_JobPage):
     sortable_by = ("finished_at",)
     heavy_fields = ("payload", "result", "worker_ids", "attempt_log")
     actions = ("retry_now", "cancel", "delete_selected")
+    readonly_fields = (*_JobPage.readonly_fields, "cause")
+
+    def get_fieldsets(self, request: HttpRequest, obj: Model | None = None) -> Any:
+        """A job's, with the dead letter's cause before its errors and attempts."""
+        return [
+            (name, {**options, "fields": ("cause", *options["fields"])})
+            if name == "Errors and attempts"
+            else (name, options)
+            for name, options in super().get_fieldsets(request, obj)
+        ]
+
+    @admin.display(description="cause")
+    def cause(self, obj: Job) -> str:
+        """The dead letter's cause, a link to the dead letters of that cause."""
+        if obj.dead_cause is None or obj.status != JobStatus.DEAD:
+            return "-"
+        url = reverse("admin:pgoutbox_deadletter_changelist") + f"?cause={obj.dead_cause}"
+        causes = reverse("admin:pgoutbox_dead_causes") + f"#cause-{obj.dead_cause}"
+        return format_html(
+            '<a href="{}">{}</a>: the dead letters of this cause (<a href="{}">all causes</a>)',
+            url,
+            obj.dead_cause,
+            causes,
+        )
 
     @admin.display(description="error summary")
     def error(self, obj: Job) -> str:
@@ -313,7 +345,7 @@ class JobAdmin(_JobPage):
         "run_at",
         "created_at",
     )
-    list_filter = (StatusFilter, QueueFilter, JobTypeFilter, MaintenanceFilter)
+    list_filter = (StatusFilter, JobQueueFilter, JobTypeFilter, MaintenanceFilter, FromEventFilter)
     search_fields = ("idempotency_key",)
     search_help_text = "A job id, or an idempotency key."
     ordering = ("-id",)  # UUIDv7: newest first, straight from the primary key index

@@ -123,6 +123,7 @@ from django_pgoutbox.queries.monitoring import (
 from django_pgoutbox.queries.operations import (
     CANCEL_DEAD_JOBS,
     CANCEL_JOBS,
+    COUNT_DEAD_CAUSE,
     DEAD_CAUSE_IDS,
     DEAD_CAUSE_NEWEST,
     DEAD_CAUSE_PLAN,
@@ -165,6 +166,7 @@ __all__ = [
     "CLAIM_RETURNING",
     "COPY_JOBS",
     "COPY_JOBS_NOW",
+    "COUNT_DEAD_CAUSE",
     "DATABASE_NOW",
     "DEAD_CAUSES",
     "DEAD_CAUSE_IDS",

@@ -7,16 +7,18 @@ from django_pgoutbox.queries.params import binary
 # The row insert and the wake-up that both enqueue statements share.
 _INSERT_JOB_ROWS = """INSERT INTO jobs (
         id, organization_id, queue, job_type, payload, idempotency_key,
-        priority, run_at, max_attempts
+        priority, run_at, max_attempts, event_id
     )
     SELECT r.id, r.organization_id, r.queue, r.job_type, r.payload::jsonb, r.idempotency_key,
-           r.priority, COALESCE(r.run_at, now()) + make_interval(secs => r.delay), r.max_attempts
+           r.priority, COALESCE(r.run_at, now()) + make_interval(secs => r.delay), r.max_attempts,
+           r.event_id
     FROM unnest(
         %(ids)s::uuid[], %(organization_ids)s::uuid[], %(queues)s::text[], %(job_types)s::text[],
         %(payloads)s::text[], %(idempotency_keys)s::text[], %(priorities)s::integer[],
-        %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[]
+        %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[],
+        %(event_ids)s::uuid[]
     ) AS r(id, organization_id, queue, job_type, payload, idempotency_key,
-           priority, run_at, delay, max_attempts)"""
+           priority, run_at, delay, max_attempts, event_id)"""
 # Wake the workers of each queue that got a row, once per queue, if ``notify``.
 _WAKE_QUEUES = """woken AS (
     SELECT pg_notify(%(channel)s, queue) FROM (SELECT DISTINCT queue FROM inserted) AS q
@@ -27,9 +29,10 @@ _WAKE_QUEUES = """woken AS (
 #:
 #: Named parameters: ids uuid[], organization_ids uuid[], queues text[], job_types text[],
 #: payloads text[] (JSON), idempotency_keys text[], priorities int[], run_ats timestamptz[]
-#: (NULL = now), delays float8[] (seconds), max_attempts int[], channel text, notify boolean.
+#: (NULL = now), delays float8[] (seconds), max_attempts int[], event_ids uuid[], channel text,
+#: notify boolean.
 #:
-#: Rows are passed as parallel arrays, so 5,000 jobs cost one statement with twelve parameters.
+#: Rows are passed as parallel arrays, so 5,000 jobs cost one statement with thirteen parameters.
 #: ``ON CONFLICT ... DO NOTHING`` on ``jobs_idempotency_uq`` makes a repeated key a no-op, also
 #: against a concurrent transaction inserting the same key (the insert waits for it, then skips);
 #: the caller then reads the existing row. ``run_at`` is computed from the database clock.
@@ -74,7 +77,7 @@ COPY_JOBS_NOW = "SELECT now()"
 WAKE_QUEUES = "SELECT count(pg_notify(%b, q)) FROM unnest(%b::text[]) AS q"
 
 #: Many jobs without idempotency keys, in COPY's binary format, a row per job: id,
-#: organization_id, queue, job_type, payload (jsonb), priority, run_at, max_attempts.
+#: organization_id, queue, job_type, payload (jsonb), priority, run_at, max_attempts, event_id.
 #:
 #: ``enqueue_many`` and the relay's deferred jobs use it for batches of ``COPY_MIN_ROWS`` and more.
 #: The client packs each row with ``struct`` (no arrays for psycopg to dump element by element in
@@ -83,17 +86,18 @@ WAKE_QUEUES = "SELECT count(pg_notify(%b, q)) FROM unnest(%b::text[]) AS q"
 #: (docs/benchmarks.md, "What profiling found", item 11). Rows with keys cannot use it: COPY has no
 #: ``ON CONFLICT``. ``created_at`` is the column's default.
 COPY_JOBS = """COPY jobs (
-    id, organization_id, queue, job_type, payload, priority, run_at, max_attempts
+    id, organization_id, queue, job_type, payload, priority, run_at, max_attempts, event_id
 ) FROM STDIN (FORMAT BINARY)"""
 
 # The one-row insert and its RETURNING, shared by ENQUEUE_JOB and ENQUEUE_JOB_UNKEYED.
 _INSERT_JOB_ROW = """INSERT INTO jobs (
-    id, organization_id, queue, job_type, payload, idempotency_key, priority, run_at, max_attempts
+    id, organization_id, queue, job_type, payload, idempotency_key, priority, run_at, max_attempts,
+    event_id
 )
 VALUES (%(id)b, %(organization_id)b, %(queue)b, %(job_type)b, %(payload)b::jsonb,
         %(idempotency_key)b, %(priority)b,
         COALESCE(%(run_at)b::timestamptz, now()) + make_interval(secs => %(delay)b::float8),
-        %(max_attempts)b)"""
+        %(max_attempts)b, %(event_id)b::uuid)"""
 _INSERT_JOB_ROW_RETURNING = (
     "RETURNING run_at, created_at,"
     " CASE WHEN %(notify)b THEN pg_notify(%(channel)b, queue)::text END"
@@ -103,7 +107,8 @@ _INSERT_JOB_ROW_RETURNING = (
 #:
 #: Named parameters: id uuid, organization_id uuid, queue text, job_type text, payload text (JSON),
 #: idempotency_key text, priority int, run_at timestamptz (NULL = now), delay float8 (seconds),
-#: max_attempts int, notify boolean, channel text. Sent in binary, like ENQUEUE_JOBS_UNKEYED.
+#: max_attempts int, event_id uuid, notify boolean, channel text. Sent in binary, like
+#: ENQUEUE_JOBS_UNKEYED.
 #:
 #: A plain ``VALUES`` row and ``pg_notify`` in ``RETURNING``: no ``unnest``, no CTE, no
 #: ``DISTINCT``, which the server spends more time planning and running than inserting one row

@@ -162,18 +162,14 @@ FROM targets AS t
 
 # -- dead letters by cause -----------------------------------------------------------------------
 # A cause is pgoutbox_error_fingerprint(job_type, last_error_code, last_error_summary) (migration
-# 0010); jobs_dead_cause_idx holds it, with finished_at and id, for every dead job. PostgreSQL
-# reads an expression index with the row beside each entry (an index-only scan needs the columns
-# the expression is made of in the index), so nothing here reads every entry of a big cause: each
-# cause is found by one descent, its newest and oldest dead letters by one descent each, and it
-# is counted entry by entry only up to a cap. The fingerprint is compared, never selected or
-# sorted on where many rows pass: the index has it, the row does not, and worked out again from
-# a row it costs tens of microseconds (the regular expressions of pgoutbox_error_pattern).
+# 0012), which the trigger jobs_dead_cause writes into dead_cause when a job dies (0014);
+# jobs_dead_cause_idx holds it, with finished_at and id, for every dead job. Each cause is found
+# by one descent, its newest and oldest dead letters by one descent each, and a cause is counted
+# from the index's entries alone (an index-only scan, with status in the index's predicate).
 
-#: Run before each statement below, in its transaction: the plans they are written for, one index
-#: entry and its row at a time. The planner prices the fingerprint as a few cheap function calls
-#: and, for a big cause, prefers a bitmap scan; gone lossy, it works the fingerprint out again for
-#: every row of every page it reads: minutes at a million dead letters.
+#: Run before each statement below, in its transaction: the plans they are written for, along
+#: jobs_dead_cause_idx. For a big cause the planner may prefer a bitmap scan, which reads every
+#: row of the cause where the index alone answers.
 DEAD_CAUSE_PLAN = (
     "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),"
     " set_config('enable_bitmapscan', 'off', true)"
@@ -184,27 +180,25 @@ DEAD_CAUSE_PLAN = (
 #:
 #: Named parameters: limit int, cap int. Returns (fingerprint, example id, queue, job type, error
 #: code, normalised summary, first seen, last seen, counted, estimate): ``counted`` is exact when
-#: under ``cap``, else ``cap``; ``estimate`` is the share of the index's entries that ANALYZE
-#: found for the cause (its most common values) times the entries, or NULL when it found too
-#: few to say or the user may not read the index's statistics (only its owner may).
+#: under ``cap``, else ``cap``; ``estimate`` is the share of the rows of ``jobs`` that ANALYZE
+#: found with the cause (the column's most common values) times the rows, or NULL when it found
+#: too few to say.
 #:
 #: A loose index scan of ``jobs_dead_cause_idx``: one descent per cause, never a pass over the
 #: million entries of a ``GROUP BY``; the ``LIMIT`` ends the recursion.
 DEAD_CAUSES = """
 WITH RECURSIVE causes (fingerprint) AS (
-    (SELECT pgoutbox_error_fingerprint(job_type, last_error_code, last_error_summary)
+    (SELECT dead_cause
      FROM jobs
-     WHERE status = 'dead'
-     ORDER BY 1
+     WHERE status = 'dead' AND dead_cause IS NOT NULL
+     ORDER BY dead_cause
      LIMIT 1)
     UNION ALL
     SELECT (
-        SELECT pgoutbox_error_fingerprint(j.job_type, j.last_error_code, j.last_error_summary)
+        SELECT j.dead_cause
         FROM jobs AS j
-        WHERE j.status = 'dead'
-          AND pgoutbox_error_fingerprint(j.job_type, j.last_error_code, j.last_error_summary)
-              > causes.fingerprint
-        ORDER BY 1
+        WHERE j.status = 'dead' AND j.dead_cause > causes.fingerprint
+        ORDER BY j.dead_cause
         LIMIT 1
     )
     FROM causes
@@ -214,13 +208,14 @@ found AS (
     SELECT fingerprint FROM causes WHERE fingerprint IS NOT NULL LIMIT %(limit)s
 ),
 estimates AS (
-    SELECT u.fingerprint, u.share * i.reltuples AS rows
-    FROM pg_class AS i
-    JOIN pg_namespace AS n ON n.oid = i.relnamespace
-    JOIN pg_stats AS s ON s.schemaname = n.nspname AND s.tablename = i.relname
+    SELECT u.fingerprint, u.share * t.reltuples AS rows
+    FROM pg_class AS t
+    JOIN pg_namespace AS n ON n.oid = t.relnamespace
+    JOIN pg_stats AS s
+      ON s.schemaname = n.nspname AND s.tablename = t.relname AND s.attname = 'dead_cause'
     CROSS JOIN LATERAL unnest(s.most_common_vals::text::text[], s.most_common_freqs)
         AS u (fingerprint, share)
-    WHERE i.oid = to_regclass('jobs_dead_cause_idx') AND i.reltuples > 0
+    WHERE t.oid = to_regclass('jobs') AND t.reltuples > 0
 )
 SELECT c.fingerprint, newest.id, newest.queue, newest.job_type, newest.last_error_code,
        pgoutbox_error_pattern(newest.last_error_summary), oldest.finished_at,
@@ -229,18 +224,14 @@ FROM found AS c
 CROSS JOIN LATERAL (
     SELECT j.id, j.queue, j.job_type, j.last_error_code, j.last_error_summary, j.finished_at
     FROM jobs AS j
-    WHERE j.status = 'dead'
-      AND pgoutbox_error_fingerprint(j.job_type, j.last_error_code, j.last_error_summary)
-          = c.fingerprint
+    WHERE j.status = 'dead' AND j.dead_cause = c.fingerprint
     ORDER BY j.finished_at DESC, j.id DESC
     LIMIT 1
 ) AS newest
 CROSS JOIN LATERAL (
     SELECT j.finished_at
     FROM jobs AS j
-    WHERE j.status = 'dead'
-      AND pgoutbox_error_fingerprint(j.job_type, j.last_error_code, j.last_error_summary)
-          = c.fingerprint
+    WHERE j.status = 'dead' AND j.dead_cause = c.fingerprint
     ORDER BY j.finished_at, j.id
     LIMIT 1
 ) AS oldest
@@ -249,9 +240,7 @@ CROSS JOIN LATERAL (
     FROM (
         SELECT
         FROM jobs AS j
-        WHERE j.status = 'dead'
-          AND pgoutbox_error_fingerprint(j.job_type, j.last_error_code, j.last_error_summary)
-              = c.fingerprint
+        WHERE j.status = 'dead' AND j.dead_cause = c.fingerprint
         LIMIT %(cap)s
     ) AS capped
 ) AS counted
@@ -260,32 +249,45 @@ LEFT JOIN estimates AS e ON e.fingerprint = c.fingerprint
 
 #: The next ``limit`` dead letters of one cause, in (finished_at, id) order after a key, among
 #: those dead at or before a moment (the confirmation page's: one that died later is left out).
+#: The moment and the key are compared as rows that lead with the cause, which only
+#: ``jobs_dead_cause_idx`` serves: with ``finished_at`` alone, a planner sure that a cause is
+#: small read ``jobs_dead_finished_idx`` and tested every dead letter's cause (as here) instead.
 #:
 #: Named parameters: fingerprint text, as_of timestamptz, after_at timestamptz, after_id uuid
 #: (``'-infinity'`` and any id to start), limit int. Returns (id, finished_at).
-#:
 DEAD_CAUSE_IDS = """
 SELECT j.id, j.finished_at
 FROM jobs AS j
 WHERE j.status = 'dead'
-  AND pgoutbox_error_fingerprint(j.job_type, j.last_error_code, j.last_error_summary)
-      = %(fingerprint)s
-  AND j.finished_at <= %(as_of)s
-  AND (j.finished_at, j.id) > (%(after_at)s, %(after_id)s)
-ORDER BY j.finished_at, j.id
+  AND j.dead_cause = %(fingerprint)s
+  AND (j.dead_cause, j.finished_at) <= (%(fingerprint)s, %(as_of)s)
+  AND (j.dead_cause, j.finished_at, j.id) > (%(fingerprint)s, %(after_at)s, %(after_id)s)
+ORDER BY j.dead_cause, j.finished_at, j.id
 LIMIT %(limit)s
 """
 
+#: How many dead letters of one cause died at or before a moment: from the entries of
+#: ``jobs_dead_cause_idx`` alone, where the visibility map says their pages hold no change to
+#: check (vacuum sets it; a page changed since is read to check its rows). The moment is
+#: compared as DEAD_CAUSE_IDS compares it.
+#:
+#: Named parameters: fingerprint text, as_of timestamptz. Returns (count).
+COUNT_DEAD_CAUSE = """
+SELECT count(*)
+FROM jobs AS j
+WHERE j.status = 'dead'
+  AND j.dead_cause = %(fingerprint)s
+  AND (j.dead_cause, j.finished_at) <= (%(fingerprint)s, %(as_of)s)
+"""
+
 #: The newest ``limit`` dead letters of one cause, newest first (the dead letters' changelist
-#: filtered to a cause, which shows 10,000 at most).
+#: filtered to a cause, which shows 1,000 at most).
 #:
 #: Named parameters: fingerprint text, limit int. Returns (id).
 DEAD_CAUSE_NEWEST = """
 SELECT j.id
 FROM jobs AS j
-WHERE j.status = 'dead'
-  AND pgoutbox_error_fingerprint(j.job_type, j.last_error_code, j.last_error_summary)
-      = %(fingerprint)s
+WHERE j.status = 'dead' AND j.dead_cause = %(fingerprint)s
 ORDER BY j.finished_at DESC, j.id DESC
 LIMIT %(limit)s
 """

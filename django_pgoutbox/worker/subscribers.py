@@ -15,6 +15,7 @@ import psycopg
 from django.db import connections
 
 from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.enqueueing import for_event
 from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.models import OutboxEvent
 from django_pgoutbox.outbox import Subscriber, subscribers_for
@@ -149,7 +150,8 @@ def run_one(projection: Subscriber, event: OutboxEvent, using: str) -> None:
     connection it closed as ``ClosedBySubscriber``."""
     wrapper = connections[using]
     try:
-        projection(event)
+        with for_event(event.id):
+            projection(event)
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # SystemExit too: a subscriber's, not the process's

@@ -10,7 +10,7 @@ from typing import Any
 
 from django.db import DatabaseError, close_old_connections, connection
 
-from django_pgoutbox import enqueue, subscriber
+from django_pgoutbox import enqueue, enqueue_many, subscriber
 from django_pgoutbox.models import OutboxDelivery, OutboxEvent
 from testproject.testjobs.models import DeliveryRecord, Projection
 
@@ -45,6 +45,18 @@ def stamp(event: OutboxEvent) -> None:
 def to_job(event: OutboxEvent) -> None:
     """Project the event into one job, and nothing else: the outbox benchmark's projection."""
     enqueue("tests.noop", {"event": str(event.id)})
+
+
+@subscriber("tests.fan_out")
+def fan_out(event: OutboxEvent) -> None:
+    """Enqueue by every path: a job without a key (deferred to the batch's end), one with a key
+    (written at once), a few with ``enqueue_many`` (an INSERT) and ``fan_out`` more (a COPY)."""
+    tag = {"event": str(event.id)}
+    enqueue("tests.noop", {**tag, "by": "deferred"})
+    enqueue("tests.noop", {**tag, "by": "keyed"}, idempotency_key=f"fan-out:{event.id}")
+    enqueue_many([{"job_type": "tests.noop", "payload": {**tag, "by": "insert"}}] * 2)
+    many = event.payload.get("fan_out", 0)
+    enqueue_many([{"job_type": "tests.noop", "payload": {**tag, "by": "copy"}}] * many)
 
 
 # -- Three subscribers of one event type, one of them failing the events marked ``fail`` the first

@@ -90,3 +90,43 @@ def test_the_job_type_filter_looks_among_the_newest_jobs(
     assert not any(str(pk) in page for pk in old)  # older than the newest four
     page = admin_client.get(f"{JOBS}?job_type=tests.behave").content.decode()
     assert all(str(pk) in page for pk in new[:3])
+
+
+def test_a_queue_and_the_finished_statuses_look_among_the_newest_jobs(
+    admin_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A queue with no job, or a status with none, read every row of ten million: with no
+    status an index finds by queue, the page looks among the newest jobs; with one it does
+    (pending, retrying, dead, leased), the queue's every job of it."""
+    from django_pgoutbox.admin import filters
+
+    monkeypatch.setattr(filters, "JOB_TYPE_WINDOW", 4)
+    old = [enqueue("tests.noop", {}, queue="webhooks").pk for _ in range(3)]
+    Job.objects.filter(pk=old[0]).update(status=JobStatus.CANCELLED, finished_at=timezone.now())
+    new = [enqueue("tests.noop", {}).pk for _ in range(4)]
+    page = admin_client.get(f"{JOBS}?queue=webhooks&maintenance=included").content.decode()
+    assert not any(str(pk) in page for pk in old)  # older than the newest four
+    page = admin_client.get(f"{JOBS}?queue=default").content.decode()
+    assert all(str(pk) in page for pk in new)
+    # Pending: every one of the queue, through the claim index.
+    page = admin_client.get(f"{JOBS}?queue=webhooks&status=pending").content.decode()
+    assert all(str(pk) in page for pk in old[1:])
+    # Cancelled: among the newest four, where it is not.
+    page = admin_client.get(f"{JOBS}?status=cancelled").content.decode()
+    assert str(old[0]) not in page
+    assert "cancelled (among the newest 4)" in page
+    # Each windowed page bounds its list by the primary key; the pending one does not.
+    for url, bounded in (
+        (f"{JOBS}?queue=webhooks", True),
+        (f"{JOBS}?status=cancelled", True),
+        (f"{JOBS}?queue=webhooks&status=pending", False),
+    ):
+        with CaptureQueriesContext(connection) as captured:
+            assert admin_client.get(url).status_code == 200
+        listed = [
+            q["sql"]
+            for q in captured.captured_queries
+            if "ORDER BY" in q["sql"] and " WHERE " in q["sql"] and "jobs" in q["sql"]
+        ]
+        assert listed, url
+        assert all(('"jobs"."id" >=' in sql) is bounded for sql in listed), (url, listed)

@@ -208,6 +208,112 @@ class TestGroups:
         assert Job.objects.get(pk=later.pk).status == JobStatus.CANCELLED
 
 
+class TestTheCauseColumn:
+    """``jobs.dead_cause``, which the trigger of migration 0014 writes whenever a row is written
+    dead, however it is written."""
+
+    def test_written_by_any_update_that_kills_and_only_then(self) -> None:
+        job = Job.objects.create(queue="default", job_type="tests.behave", payload={})
+        assert Job.objects.get(pk=job.pk).dead_cause is None
+        Job.objects.filter(pk=job.pk).update(
+            status=JobStatus.RETRYING, last_error_code="E", last_error_summary="Order 1 lost"
+        )
+        assert Job.objects.get(pk=job.pk).dead_cause is None  # failing is not dead
+        Job.objects.filter(pk=job.pk).update(status=JobStatus.DEAD, finished_at=timezone.now())
+        first = fingerprint("tests.behave", "E", "Order 9 lost")
+        assert Job.objects.get(pk=job.pk).dead_cause == first
+        # Retried, it leaves every cause; dead again of another error, it joins that one.
+        control.retry_dead_jobs([job.pk])
+        assert [c.fingerprint for c in control.dead_letter_causes().causes] == []
+        Job.objects.filter(pk=job.pk).update(
+            status=JobStatus.DEAD, last_error_code="F", last_error_summary="MemoryError"
+        )
+        second = fingerprint("tests.behave", "F", "MemoryError")
+        assert Job.objects.get(pk=job.pk).dead_cause == second
+        assert [c.fingerprint for c in control.dead_letter_causes().causes] == [second]
+        assert control.count_dead_cause(first) == 0
+
+    def test_a_value_written_by_hand_is_worked_out_again(self) -> None:
+        job = dead("Order 1 not found")
+        Job.objects.filter(pk=job.pk).update(dead_cause="0" * 16)
+        assert Job.objects.get(pk=job.pk).dead_cause == fingerprint(
+            "tests.behave", "PermanentError", "Order 2 not found"
+        )
+
+    def test_the_lease_recovery_kills_with_a_cause(self) -> None:
+        """A leased job on its last attempt whose lease expired: the recovery makes it dead."""
+        from django_pgoutbox import queries
+
+        job = Job.objects.create(
+            queue="default",
+            job_type="tests.behave",
+            payload={},
+            status=JobStatus.LEASED,
+            attempts=3,
+            max_attempts=3,
+            alone_attempt=3,  # a suspect's attempt alone: its loss counts
+            locked_by="gone",
+        )
+        Job.objects.filter(pk=job.pk).update(
+            lease_expires_at=timezone.now() - timedelta(minutes=1),
+            locked_at=timezone.now() - timedelta(minutes=2),
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": None})
+        job.refresh_from_db()
+        assert job.status == JobStatus.DEAD
+        assert job.dead_cause == fingerprint(
+            "tests.behave", job.last_error_code, job.last_error_summary
+        )
+
+    def test_whatever_the_session_search_path(self) -> None:
+        """The trigger's function is bound to the schema the migration ran in: a session that
+        names the table by its schema alone still kills with a cause."""
+        job = Job.objects.create(queue="default", job_type="tests.behave", payload={})
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_schema()")
+            (schema,) = cursor.fetchone()
+            cursor.execute("SET LOCAL search_path TO pg_catalog")
+            cursor.execute(
+                f"UPDATE \"{schema}\".jobs SET status = 'dead', last_error_code = 'E', "
+                "last_error_summary = 'x' WHERE id = %s",
+                [job.pk],
+            )
+            cursor.execute("RESET search_path")
+        assert Job.objects.get(pk=job.pk).dead_cause == fingerprint("tests.behave", "E", "x")
+
+    def test_a_cause_is_counted_from_the_index_alone(self) -> None:
+        """Among dead letters of many causes (where all are of one, any index of dead letters
+        reads the same rows, and the planner may take the smallest)."""
+        from django_pgoutbox import queries
+
+        for n in range(20):
+            dead(f"Order {n} not found")
+        Job.objects.bulk_create(
+            Job(
+                queue="default",
+                job_type="tests.behave",
+                payload={},
+                status=JobStatus.DEAD,
+                last_error_code=f"E{n}",
+                last_error_summary="x",
+                finished_at=timezone.now(),
+            )
+            for n in range(400)
+        )
+        cause = fingerprint("tests.behave", "PermanentError", "Order 1 not found")
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE jobs")
+            cursor.execute(queries.DEAD_CAUSE_PLAN)
+            cursor.execute(
+                "EXPLAIN " + queries.COUNT_DEAD_CAUSE,
+                {"fingerprint": cause, "as_of": timezone.now()},
+            )
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert "Index Only Scan using jobs_dead_cause_idx" in plan, plan
+        assert control.count_dead_cause(cause) == 20
+
+
 @pytest.fixture
 def viewer(client: Client) -> Client:
     user = User.objects.create_user("viewer", password="pw", is_staff=True)
@@ -241,6 +347,16 @@ class TestAdmin:
         assert f'href="{CAUSES}"' in changelist
         overview = admin_client.get("/admin/pgoutbox/job/overview/").content.decode()
         assert f'href="{CAUSES}"' in overview
+
+    def test_a_dead_letters_page_links_its_cause(self, admin_client: Client) -> None:
+        job = dead("Order 7 not found")
+        cause = fingerprint("tests.behave", "PermanentError", "Order 1 not found")
+        page = admin_client.get(f"{DEAD}{job.pk}/change/").content.decode()
+        assert f'href="{DEAD}?cause={cause}"' in page
+        assert f'href="{CAUSES}#cause-{cause}"' in page
+        control.retry_dead_jobs([job.pk])  # no longer dead: no cause to link
+        page = admin_client.get(f"/admin/pgoutbox/job/{job.pk}/change/").content.decode()
+        assert "?cause=" not in page
 
     def test_the_changelist_filtered_to_a_cause(self, admin_client: Client) -> None:
         dead("Order 7 not found")

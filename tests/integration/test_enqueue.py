@@ -552,3 +552,28 @@ class TestBulkEnqueueKilled:
         assert again.returncode == 0, output
         assert Job.objects.filter(job_type="bulk.item").count() == 5_000
         assert Job.objects.filter(job_type="bulk.before").count() == 1
+
+
+class TestFromAnEvent:
+    """Within ``for_event`` (the relay and the delivery runner call each subscriber in one),
+    every job records the event, however it is written; outside it, none does."""
+
+    def test_every_way_of_enqueueing(self) -> None:
+        from django_pgoutbox.enqueueing import for_event, prepare_job
+
+        event_id = uuid.uuid4()
+        with for_event(event_id):
+            one = enqueue("tests.noop", {})
+            keyed = enqueue("tests.noop", {}, idempotency_key="from-an-event")
+            few = enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 3)
+            copied = enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 70)
+            later = prepare_job("tests.noop", {})  # written after the block: on commit
+        outside = enqueue("tests.noop", {})
+        written = later.insert()
+        ids = [one.pk, keyed.pk, *(job.pk for job in few), *(job.pk for job in copied)]
+        assert {job.event_id for job in [one, keyed, *few, *copied, written]} == {event_id}
+        stored = Job.objects.filter(pk__in=[*ids, written.pk]).values_list("event_id", flat=True)
+        assert set(stored) == {event_id}
+        assert len(stored) == 6 + 70
+        assert outside.event_id is None
+        assert Job.objects.get(pk=outside.pk).event_id is None

@@ -94,8 +94,12 @@ def test_added_columns() -> None:
         "alone_attempt",
         "lost_attempts",
         "attempt_log",
+        "dead_cause",
+        "event_id",
     }
     assert columns("jobs")["attempt_log"] == ("jsonb", "YES", None)
+    assert columns("jobs")["dead_cause"] == ("text", "YES", None)
+    assert columns("jobs")["event_id"] == ("uuid", "YES", None)
     assert set(columns("outbox_events")) - set(SEED_OUTBOX) == {"last_error_code", "dead_at"}
     assert set(columns("worker_heartbeats")) == {
         "worker_id",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from django_pgoutbox import enqueue_many
+from django_pgoutbox import control, enqueue_many
 from django_pgoutbox.attempts import MAX_LOGGED_ATTEMPTS, MAX_LOGGED_SUMMARY
 from django_pgoutbox.models import Job, JobStatus
 from tests.processes import wait_for
@@ -70,11 +70,24 @@ def test_a_poison_failing_with_a_hostile_megabyte_keeps_a_bounded_history(
         entries, size = cursor.fetchone()
     assert entries == MAX_LOGGED_ATTEMPTS
     assert size < MAX_LOGGED_ATTEMPTS * (MAX_LOGGED_SUMMARY + 400)
+    # Its cause, worked out from the summary it kept, groups it on the causes page.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pgoutbox_error_fingerprint(job_type, last_error_code, last_error_summary) "
+            "FROM jobs WHERE id = %s",
+            [dead.pk],
+        )
+        (cause,) = cursor.fetchone()
+    assert dead.dead_cause == cause
+    (grouped,) = control.dead_letter_causes().causes
+    assert (grouped.fingerprint, grouped.example_id, grouped.count) == (cause, dead.pk, 1)
+    assert control.count_dead_cause(cause) == 1
 
     for job in innocents:
         job.refresh_from_db()
         assert (job.status, job.attempts) == (JobStatus.COMPLETED, 1)
         assert job.attempt_log is None
+        assert job.dead_cause is None
         (own,) = job.attempt_history
         assert (own.attempt, own.outcome, own.error_code) == (1, "completed", None)
     with connection.cursor() as cursor:
