@@ -9,11 +9,16 @@ from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 # column answers "how many dead letters of this cause" from its entries alone (an index-only
 # scan), where the index of 0012 on the expression had to read each row of the cause.
 #
-# A trigger sets it, so that no way a job dies can miss it: the worker's outcome, the lease
+# Triggers set it, so that no way a job dies can miss it: the worker's outcome, the lease
 # recovery, a worker of the previous release still running while this migration applies, a
-# fixture inserted dead. Its WHEN is tested before the function is called: a row that is not
+# fixture inserted dead. Their WHEN is tested before the function is called: a row that is not
 # dead costs one comparison. SET search_path binds pgoutbox_error_fingerprint as this migration
 # found it, whatever search_path the session that kills a job runs with.
+#
+# An update sets the column before the row is written. An insert is followed by an update of the
+# row, only if it was inserted dead: a BEFORE INSERT row trigger, even one whose WHEN is false for
+# every row, makes COPY write its rows one by one instead of in groups (enqueue_many() of 100,000
+# jobs was 7% slower with one), where an AFTER trigger whose WHEN is false queues nothing.
 DEAD_CAUSE_FUNCTION = """
 CREATE FUNCTION pgoutbox_dead_cause() RETURNS trigger
 LANGUAGE plpgsql SET search_path FROM CURRENT
@@ -29,9 +34,28 @@ $$
 
 DEAD_CAUSE_TRIGGER = """
 CREATE TRIGGER jobs_dead_cause
-BEFORE INSERT OR UPDATE ON jobs
+BEFORE UPDATE ON jobs
 FOR EACH ROW WHEN (NEW.status = 'dead')
 EXECUTE FUNCTION pgoutbox_dead_cause()
+"""
+
+INSERTED_DEAD_FUNCTION = """
+CREATE FUNCTION pgoutbox_inserted_dead() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT
+AS $$
+BEGIN
+    -- jobs_dead_cause, the BEFORE UPDATE trigger, writes the cause.
+    UPDATE jobs SET dead_cause = NULL WHERE id = NEW.id;
+    RETURN NULL;
+END
+$$
+"""
+
+INSERTED_DEAD_TRIGGER = """
+CREATE TRIGGER jobs_inserted_dead
+AFTER INSERT ON jobs
+FOR EACH ROW WHEN (NEW.status = 'dead')
+EXECUTE FUNCTION pgoutbox_inserted_dead()
 """
 
 #: The dead jobs of before this migration, a batch (one transaction) at a time, newest death
@@ -95,6 +119,14 @@ class Migration(migrations.Migration):
         ),
         migrations.RunSQL(
             DEAD_CAUSE_TRIGGER, reverse_sql="DROP TRIGGER IF EXISTS jobs_dead_cause ON jobs"
+        ),
+        migrations.RunSQL(
+            INSERTED_DEAD_FUNCTION,
+            reverse_sql="DROP FUNCTION IF EXISTS pgoutbox_inserted_dead()",
+        ),
+        migrations.RunSQL(
+            INSERTED_DEAD_TRIGGER,
+            reverse_sql="DROP TRIGGER IF EXISTS jobs_inserted_dead ON jobs",
         ),
         migrations.RunPython(fill, migrations.RunPython.noop),
         AddIndexConcurrently(
