@@ -55,9 +55,10 @@ def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:
     # round either inserts or finds every row, barring a deletion racing us each time.
     for _ in range(3):
         with server_side_cursor(alias) as cursor:
+            params = _many(pending, conf.notify)
             cursor.execute(
-                queries.ENQUEUE_JOBS,
-                _many(pending, conf.notify),
+                queries.ENQUEUE_JOBS_FROM_EVENT if "event_ids" in params else queries.ENQUEUE_JOBS,
+                params,
             )
             returned = {job_id: (run_at, created_at) for job_id, run_at, created_at, _ in cursor}
         for row in pending:
@@ -76,8 +77,9 @@ def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:
 
 
 def _many(rows: Sequence[JobRow], notify: bool) -> dict[str, Any]:
-    """ENQUEUE_JOBS's (or ENQUEUE_JOBS_UNKEYED's) parameters for ``rows``."""
-    return {
+    """ENQUEUE_JOBS's (or ENQUEUE_JOBS_UNKEYED's) parameters for ``rows``; with ``event_ids``,
+    those of the ``*_FROM_EVENT`` statements, if a subscriber enqueued any of them."""
+    params = {
         "ids": [r.id for r in rows],
         "organization_ids": [r.organization_id for r in rows],
         "queues": [r.queue for r in rows],
@@ -88,10 +90,12 @@ def _many(rows: Sequence[JobRow], notify: bool) -> dict[str, Any]:
         "run_ats": [r.run_at for r in rows],
         "delays": [r.delay for r in rows],
         "max_attempts": [r.max_attempts for r in rows],
-        "event_ids": [r.event_id for r in rows],
         "channel": JOBS_CHANNEL,
         "notify": notify,
     }
+    if any(r.event_id is not None for r in rows):
+        params["event_ids"] = [r.event_id for r in rows]
+    return params
 
 
 def _insert_one(alias: str, row: JobRow, notify: bool) -> Job:
@@ -131,9 +135,12 @@ def _insert_one(alias: str, row: JobRow, notify: bool) -> Job:
 def _insert_unkeyed(alias: str, rows: Sequence[JobRow], notify: bool) -> list[Job]:
     """Insert rows without idempotency keys: nothing can conflict, nothing per row comes back."""
     with server_side_cursor(alias) as cursor:
+        params = _many(rows, notify)
         cursor.execute(
-            queries.ENQUEUE_JOBS_UNKEYED,
-            _many(rows, notify),
+            queries.ENQUEUE_JOBS_UNKEYED_FROM_EVENT
+            if "event_ids" in params
+            else queries.ENQUEUE_JOBS_UNKEYED,
+            params,
         )
         row = cursor.fetchone()
         assert row is not None

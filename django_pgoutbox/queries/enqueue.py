@@ -4,44 +4,55 @@ from __future__ import annotations
 
 from django_pgoutbox.queries.params import binary
 
-# The row insert and the wake-up that both enqueue statements share.
-_INSERT_JOB_ROWS = """INSERT INTO jobs (
+
+# The row insert and the wake-up that the enqueue statements share. ``event``: with the column
+# ``event_id`` (the statements ``*_FROM_EVENT``, for rows enqueued by a subscriber); without it,
+# no array of NULLs for the client to send and the server to unnest (2% of an INSERT of 63 rows).
+def _insert_job_rows(*, event: bool) -> str:
+    column, value, array, name = (
+        (", event_id", ", r.event_id", ", %(event_ids)s::uuid[]", ", event_id")
+        if event
+        else ("", "", "", "")
+    )
+    return f"""INSERT INTO jobs (
         id, organization_id, queue, job_type, payload, idempotency_key,
-        priority, run_at, max_attempts, event_id
+        priority, run_at, max_attempts{column}
     )
     SELECT r.id, r.organization_id, r.queue, r.job_type, r.payload::jsonb, r.idempotency_key,
-           r.priority, COALESCE(r.run_at, now()) + make_interval(secs => r.delay), r.max_attempts,
-           r.event_id
+           r.priority, COALESCE(r.run_at, now()) + make_interval(secs => r.delay),
+           r.max_attempts{value}
     FROM unnest(
         %(ids)s::uuid[], %(organization_ids)s::uuid[], %(queues)s::text[], %(job_types)s::text[],
         %(payloads)s::text[], %(idempotency_keys)s::text[], %(priorities)s::integer[],
-        %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[],
-        %(event_ids)s::uuid[]
+        %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[]{array}
     ) AS r(id, organization_id, queue, job_type, payload, idempotency_key,
-           priority, run_at, delay, max_attempts, event_id)"""
+           priority, run_at, delay, max_attempts{name})"""
+
+
 # Wake the workers of each queue that got a row, once per queue, if ``notify``.
 _WAKE_QUEUES = """woken AS (
     SELECT pg_notify(%(channel)s, queue) FROM (SELECT DISTINCT queue FROM inserted) AS q
     WHERE %(notify)s
 )"""
 
+
 #: Insert many jobs in one statement and wake the workers of each queue that got one.
 #:
 #: Named parameters: ids uuid[], organization_ids uuid[], queues text[], job_types text[],
 #: payloads text[] (JSON), idempotency_keys text[], priorities int[], run_ats timestamptz[]
-#: (NULL = now), delays float8[] (seconds), max_attempts int[], event_ids uuid[], channel text,
-#: notify boolean.
+#: (NULL = now), delays float8[] (seconds), max_attempts int[], channel text, notify boolean.
 #:
-#: Rows are passed as parallel arrays, so 5,000 jobs cost one statement with thirteen parameters.
+#: Rows are passed as parallel arrays, so 5,000 jobs cost one statement with twelve parameters.
 #: ``ON CONFLICT ... DO NOTHING`` on ``jobs_idempotency_uq`` makes a repeated key a no-op, also
 #: against a concurrent transaction inserting the same key (the insert waits for it, then skips);
 #: the caller then reads the existing row. ``run_at`` is computed from the database clock.
 #: ``pg_notify`` runs once per distinct queue among the rows actually inserted, inside the
 #: caller's transaction, so listeners hear of it only at commit and never after a rollback;
 #: PostgreSQL also folds identical notifications of one transaction into one.
-ENQUEUE_JOBS = f"""
+def _enqueue_jobs(*, event: bool) -> str:
+    return f"""
 WITH inserted AS (
-    {_INSERT_JOB_ROWS}
+    {_insert_job_rows(event=event)}
     ON CONFLICT (organization_id, job_type, idempotency_key)
         WHERE idempotency_key IS NOT NULL
         DO NOTHING
@@ -51,21 +62,36 @@ WITH inserted AS (
 SELECT id, run_at, created_at, (SELECT count(*) FROM woken) FROM inserted
 """
 
+
+ENQUEUE_JOBS = _enqueue_jobs(event=False)
+
+#: ENQUEUE_JOBS for rows that a subscriber enqueued, with one more parameter: event_ids uuid[].
+ENQUEUE_JOBS_FROM_EVENT = _enqueue_jobs(event=True)
+
+
 #: ENQUEUE_JOBS for rows without idempotency keys, which cannot conflict: nothing per row comes
 #: back, only the transaction's ``now()``, from which the caller computes each row's ``run_at`` and
 #: ``created_at`` as the defaults do. Same parameters as ENQUEUE_JOBS, sent in binary (``%b``):
 #: psycopg then writes the arrays without quoting each element (docs/benchmarks.md, "What profiling
 #: found", item 5). It needs a cursor with server-side parameters (``db.server_side_cursor``).
-ENQUEUE_JOBS_UNKEYED = binary(
-    f"""
+def _enqueue_jobs_unkeyed(*, event: bool) -> str:
+    return binary(
+        f"""
 WITH inserted AS (
-    {_INSERT_JOB_ROWS}
+    {_insert_job_rows(event=event)}
     RETURNING queue
 ),
 {_WAKE_QUEUES}
 SELECT now(), (SELECT count(*) FROM woken)
 """
-)
+    )
+
+
+ENQUEUE_JOBS_UNKEYED = _enqueue_jobs_unkeyed(event=False)
+
+#: ENQUEUE_JOBS_UNKEYED for rows that a subscriber enqueued, with one more parameter:
+#: event_ids uuid[].
+ENQUEUE_JOBS_UNKEYED_FROM_EVENT = _enqueue_jobs_unkeyed(event=True)
 
 #: Run before COPY_JOBS in its transaction: the transaction's ``now()``, from which the client
 #: computes each row's ``run_at`` as the column's default would.
