@@ -338,7 +338,7 @@ class Job(models.Model):
             # The jobs an event's subscribers enqueued (the admin's event page). Only those jobs
             # have entries.
             models.Index(
-                fields=["event_id", "id"],
+                fields=["event_id"],
                 name="jobs_event_idx",
                 condition=models.Q(event_id__isnull=False),
             ),

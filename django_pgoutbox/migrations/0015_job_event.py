@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
             model_name="job",
             index=models.Index(
                 condition=models.Q(("event_id__isnull", False)),
-                fields=["event_id", "id"],
+                fields=["event_id"],
                 name="jobs_event_idx",
             ),
         ),
