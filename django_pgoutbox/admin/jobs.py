@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION
@@ -87,7 +87,12 @@ class _JobPage(ButtonsAdmin):
     and the result pretty-printed, and the event it came from: the one whose subscriber enqueued
     it, or the one that a publisher's job sends."""
 
-    readonly_fields = ("event", "attempts_and_errors", "pretty_payload", "pretty_result")
+    readonly_fields: ClassVar[tuple[str, ...]] = (
+        "event",
+        "attempts_and_errors",
+        "pretty_payload",
+        "pretty_result",
+    )
     exclude = ("payload", "result", "attempt_log", "last_error_code", "last_error_summary")
     fieldsets = (
         (
