@@ -224,9 +224,9 @@ class Job(models.Model):
     # Added: the attempts that did not complete the job, oldest first, the newest 20 of them
     # (queries.attempts); NULL while there is none. Read it through ``attempt_history``.
     attempt_log = models.JSONField(null=True, blank=True)
-    # Added: the cause of the job's last death, 16 hex digits (docs/admin.md, "Dead letters by
-    # cause"): set by the trigger jobs_dead_cause whenever the row is written dead (migration
-    # 0014), kept as it was when the job is retried. Only dead jobs are in its index.
+    # Added: the cause of the job's death, 16 hex digits (docs/admin.md, "Dead letters by
+    # cause"): set by the triggers of migration 0014 whenever the row is written dead, cleared
+    # when the job is retried or cancelled. Only dead jobs are in its index.
     dead_cause = models.TextField(null=True, blank=True, editable=False)
     # Added: the outbox event whose subscriber enqueued this job, by the relay or a delivery
     # (migration 0015); NULL for a job enqueued anywhere else. Not a foreign key: retention

@@ -11,37 +11,56 @@ from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 #
 # Triggers set it, so that no way a job dies can miss it: the worker's outcome, the lease
 # recovery, a worker of the previous release still running while this migration applies, a
-# fixture inserted dead. Their WHEN is tested before the function is called: a row that is not
-# dead costs one comparison. SET search_path binds pgoutbox_error_fingerprint as this migration
-# found it, whatever search_path the session that kills a job runs with.
+# fixture inserted dead. They clear it when the job leaves dead (retried, cancelled): the causes
+# page estimates a big cause from the column's statistics, which count every row that has the
+# value, and a retried job is no dead letter of any cause. Their WHEN is tested before the
+# function is called: a row that is not dead and has no cause costs two comparisons.
 #
 # An update sets the column before the row is written. An insert is followed by an update of the
 # row, only if it was inserted dead: a BEFORE INSERT row trigger, even one whose WHEN is false for
 # every row, makes COPY write its rows one by one instead of in groups (enqueue_many() of 100,000
 # jobs was 7% slower with one), where an AFTER trigger whose WHEN is false queues nothing.
+#
+# The functions' search_path is the schema this migration creates them in (current_schema(),
+# named: not the text of the search_path, whose "$user" is the user of the session that kills a
+# job, another role than the one that migrated perhaps), so that pgoutbox_error_fingerprint is
+# the one of 0012 and jobs this table, whatever search_path and role that session has.
 DEAD_CAUSE_FUNCTION = """
+DO $do$
+BEGIN
+    EXECUTE format($function$
 CREATE FUNCTION pgoutbox_dead_cause() RETURNS trigger
-LANGUAGE plpgsql SET search_path FROM CURRENT
+LANGUAGE plpgsql SET search_path = %I
 AS $$
 BEGIN
-    NEW.dead_cause := pgoutbox_error_fingerprint(
-        NEW.job_type, NEW.last_error_code, NEW.last_error_summary
-    );
+    IF NEW.status = 'dead' THEN
+        NEW.dead_cause := pgoutbox_error_fingerprint(
+            NEW.job_type, NEW.last_error_code, NEW.last_error_summary
+        );
+    ELSE
+        NEW.dead_cause := NULL;
+    END IF;
     RETURN NEW;
 END
 $$
+$function$, current_schema());
+END
+$do$
 """
 
 DEAD_CAUSE_TRIGGER = """
 CREATE TRIGGER jobs_dead_cause
 BEFORE UPDATE ON jobs
-FOR EACH ROW WHEN (NEW.status = 'dead')
+FOR EACH ROW WHEN (NEW.status = 'dead' OR NEW.dead_cause IS NOT NULL)
 EXECUTE FUNCTION pgoutbox_dead_cause()
 """
 
 INSERTED_DEAD_FUNCTION = """
+DO $do$
+BEGIN
+    EXECUTE format($function$
 CREATE FUNCTION pgoutbox_inserted_dead() RETURNS trigger
-LANGUAGE plpgsql SET search_path FROM CURRENT
+LANGUAGE plpgsql SET search_path = %I
 AS $$
 BEGIN
     -- jobs_dead_cause, the BEFORE UPDATE trigger, writes the cause.
@@ -49,6 +68,9 @@ BEGIN
     RETURN NULL;
 END
 $$
+$function$, current_schema());
+END
+$do$
 """
 
 INSERTED_DEAD_TRIGGER = """

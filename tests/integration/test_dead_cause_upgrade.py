@@ -14,6 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from django_pgoutbox.db import raw_connection_params
 from tests.processes import ROOT, database_url_for_tests
@@ -99,3 +100,51 @@ def test_the_dead_letters_of_before_get_their_cause(scratch: str) -> None:
             " WHERE table_name = 'jobs' AND column_name = 'dead_cause'"
         ).fetchall()
         assert columns == []
+
+
+def test_a_role_that_did_not_migrate_kills_with_a_cause(scratch: str) -> None:
+    """The tables in the schema named after the role that migrated (``"$user"``, first in the
+    default search_path), and the application's own role, with that schema on its search_path,
+    killing a job, by an update and by an insert: the triggers find the fingerprint in the
+    schema of the migration, whoever the session's user is."""
+    params = {**raw_connection_params("default"), "dbname": scratch}
+    role = f"pgoutbox_app_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(**params, autocommit=True) as conn:
+        (user,) = one(conn, "SELECT current_user")
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(user)))
+    migrate(scratch)
+    with psycopg.connect(**params, autocommit=True) as conn:
+        (where,) = one(
+            conn,
+            "SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = 'jobs'::regclass",
+        )
+        assert where == user
+        conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+        try:
+            conn.execute(
+                sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+                    sql.Identifier(user), sql.Identifier(role)
+                )
+            )
+            conn.execute(
+                sql.SQL("GRANT SELECT, INSERT, UPDATE ON jobs TO {}").format(sql.Identifier(role))
+            )
+            with conn.transaction():
+                conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
+                conn.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(user)))
+                conn.execute(
+                    "INSERT INTO jobs (queue, job_type, payload, status, last_error_code,"
+                    " last_error_summary, finished_at) VALUES"
+                    " ('default', 'tests.t', '{}', 'dead', 'E', 'Order 7 lost', now()),"
+                    " ('default', 'tests.t', '{}', 'retrying', 'E', 'Order 8 lost', NULL)"
+                )
+                conn.execute("UPDATE jobs SET status = 'dead' WHERE status = 'retrying'")
+            row = one(
+                conn,
+                "SELECT count(*) FILTER (WHERE dead_cause = pgoutbox_error_fingerprint(job_type,"
+                " last_error_code, last_error_summary)) FROM jobs",
+            )
+            assert row == (2,)
+        finally:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

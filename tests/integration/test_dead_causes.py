@@ -178,6 +178,27 @@ class TestGroups:
         assert 3 <= big.count <= 12  # ANALYZE read every row here: about 6
         assert control.count_dead_cause(big.fingerprint) == 6
 
+    def test_the_estimate_leaves_out_the_jobs_retried(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Sixty died of a cause, fifty-four were retried and completed: six dead letters, which
+        the estimate (the column's statistics, over every row) says, not sixty."""
+        jobs = [dead(f"Order {n} not found") for n in range(60)]
+        retried = [job.pk for job in jobs[6:]]
+        assert control.retry_dead_jobs(retried) == 54
+        Job.objects.filter(pk__in=retried).update(status=JobStatus.COMPLETED)
+        cancelled = dead("Order 99 not found")
+        assert control.cancel_dead_jobs([cancelled.pk]) == 1
+        dead("MemoryError", code="MemoryError")
+        monkeypatch.setattr(control, "CAUSE_COUNT_CAP", 3)
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE jobs")
+        big, _ = control.dead_letter_causes().causes
+        assert not big.exact
+        assert 3 <= big.count <= 12, big.count
+        assert control.count_dead_cause(big.fingerprint) == 6
+        assert not Job.objects.filter(pk__in=[*retried, cancelled.pk], dead_cause__isnull=False)
+
     def test_limit_says_there_are_more(self) -> None:
         for n in range(3):
             dead("x", code=f"E{n}")
