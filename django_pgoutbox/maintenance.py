@@ -55,6 +55,23 @@ def recover_expired_leases(
     return recovered
 
 
+#: Dead letters given their cause per run of :func:`fill_dead_causes`.
+FILL_CAUSES_BATCH = 1000
+
+
+def fill_dead_causes(*, using: str | None = None, limit: int = FILL_CAUSES_BATCH) -> int:
+    """Give dead letters without a cause theirs (``jobs.dead_cause``), ``limit`` at most; return
+    how many. The app's own ways of killing a job write it; this catches those of a worker of a
+    release before migration 0014 (while it applied) and an ``UPDATE`` of yours. The lease
+    recovery's job runs it: one index descent when there is none."""
+    with connections[using or router.db_for_write(Job)].cursor() as cursor:
+        cursor.execute(queries.FILL_DEAD_CAUSES, {"limit": limit})
+        filled: int = cursor.rowcount
+    if filled:
+        logger.info("gave %d dead letter(s) their cause", filled, extra={"filled": filled})
+    return filled
+
+
 #: Rows deleted per statement when pruning: small enough to keep each transaction short.
 PRUNE_BATCH = 5000
 #: Pruning stops after this many seconds and goes on at its next run.
@@ -168,7 +185,10 @@ def reconcile_outbox(*, using: str | None = None) -> Reconciliation:
 
 @job("pgoutbox.recover_leases")
 def recover_leases_job(payload: dict[str, Any], ctx: JobContext) -> dict[str, int]:
-    return {"recovered": len(recover_expired_leases(using=ctx.using))}
+    return {
+        "recovered": len(recover_expired_leases(using=ctx.using)),
+        "causes_filled": fill_dead_causes(using=ctx.using),
+    }
 
 
 @job("pgoutbox.prune")

@@ -9,52 +9,20 @@ from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 # column answers "how many dead letters of this cause" from its entries alone (an index-only
 # scan), where the index of 0012 on the expression had to read each row of the cause.
 #
-# Triggers set it, so that no way a job dies can miss it: the worker's outcome, the lease
-# recovery, a worker of the previous release still running while this migration applies, a
-# fixture inserted dead. They clear it when the job leaves dead (retried, cancelled): the causes
-# page estimates a big cause from the column's statistics, which count every row that has the
-# value, and a retried job is no dead letter of any cause. Their WHEN is tested before the
-# function is called: a row that is not dead and has no cause costs two comparisons.
+# The statements that kill a job write it (RECORD_OUTCOMES, RECOVER_EXPIRED_LEASES,
+# RELEASE_JOBS), and those that retry or cancel a dead job clear it. A trigger writes it for a
+# row inserted dead (a fixture, a copy of rows): AFTER INSERT, where a BEFORE INSERT row
+# trigger, even one whose WHEN is false for every row, makes COPY write its rows one by one
+# (enqueue_many() of 100,000 jobs was 7% slower with one); its WHEN is tested before the function
+# is called, one comparison per row. No trigger on UPDATE: a BEFORE UPDATE row trigger locks each
+# row before its WHEN is tested, a lock that claims and outcomes paid on every job (54% more WAL
+# for an UPDATE of 100,000 rows). What a worker of the release before writes dead while this
+# migration applies, maintenance.fill_dead_causes gives its cause (the lease recovery's job).
 #
-# An update sets the column before the row is written. An insert is followed by an update of the
-# row, only if it was inserted dead: a BEFORE INSERT row trigger, even one whose WHEN is false for
-# every row, makes COPY write its rows one by one instead of in groups (enqueue_many() of 100,000
-# jobs was 7% slower with one), where an AFTER trigger whose WHEN is false queues nothing.
-#
-# The functions' search_path is the schema this migration creates them in (current_schema(),
-# named: not the text of the search_path, whose "$user" is the user of the session that kills a
-# job, another role than the one that migrated perhaps), so that pgoutbox_error_fingerprint is
-# the one of 0012 and jobs this table, whatever search_path and role that session has.
-DEAD_CAUSE_FUNCTION = """
-DO $do$
-BEGIN
-    EXECUTE format($function$
-CREATE FUNCTION pgoutbox_dead_cause() RETURNS trigger
-LANGUAGE plpgsql SET search_path = %I
-AS $$
-BEGIN
-    IF NEW.status = 'dead' THEN
-        NEW.dead_cause := pgoutbox_error_fingerprint(
-            NEW.job_type, NEW.last_error_code, NEW.last_error_summary
-        );
-    ELSE
-        NEW.dead_cause := NULL;
-    END IF;
-    RETURN NEW;
-END
-$$
-$function$, current_schema());
-END
-$do$
-"""
-
-DEAD_CAUSE_TRIGGER = """
-CREATE TRIGGER jobs_dead_cause
-BEFORE UPDATE ON jobs
-FOR EACH ROW WHEN (NEW.status = 'dead' OR NEW.dead_cause IS NOT NULL)
-EXECUTE FUNCTION pgoutbox_dead_cause()
-"""
-
+# The function's search_path is the schema this migration creates it in (current_schema(),
+# named: not the text of the search_path, whose "$user" is the user of the session that inserts,
+# another role than the one that migrated perhaps), so that pgoutbox_error_fingerprint is the one
+# of 0012 and jobs this table, whatever search_path and role that session has.
 INSERTED_DEAD_FUNCTION = """
 DO $do$
 BEGIN
@@ -63,8 +31,11 @@ CREATE FUNCTION pgoutbox_inserted_dead() RETURNS trigger
 LANGUAGE plpgsql SET search_path = %I
 AS $$
 BEGIN
-    -- jobs_dead_cause, the BEFORE UPDATE trigger, writes the cause.
-    UPDATE jobs SET dead_cause = NULL WHERE id = NEW.id;
+    UPDATE jobs
+    SET dead_cause = pgoutbox_error_fingerprint(
+        NEW.job_type, NEW.last_error_code, NEW.last_error_summary
+    )
+    WHERE id = NEW.id AND status = 'dead';
     RETURN NULL;
 END
 $$
@@ -135,12 +106,6 @@ class Migration(migrations.Migration):
             model_name="job",
             name="dead_cause",
             field=models.TextField(blank=True, editable=False, null=True),
-        ),
-        migrations.RunSQL(
-            DEAD_CAUSE_FUNCTION, reverse_sql="DROP FUNCTION IF EXISTS pgoutbox_dead_cause()"
-        ),
-        migrations.RunSQL(
-            DEAD_CAUSE_TRIGGER, reverse_sql="DROP TRIGGER IF EXISTS jobs_dead_cause ON jobs"
         ),
         migrations.RunSQL(
             INSERTED_DEAD_FUNCTION,

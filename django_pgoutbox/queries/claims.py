@@ -142,6 +142,10 @@ _ERROR_SUMMARY = """CASE WHEN j.cancel_requested_at IS NOT NULL
         THEN left('cancelled on request while attempt ' || j.attempts || ' ran; it ended: '
                   || u.status || coalesce(' (' || u.summary || ')', ''), 1000)
         ELSE u.summary END"""
+# The cause of a job that dies here (the fingerprint of what the row is given), else none: the
+# causes page groups dead letters by it (jobs_dead_cause_idx). Worked out for dead rows only.
+_DEAD_CAUSE = """CASE WHEN u.status = 'dead' AND j.cancel_requested_at IS NULL
+        THEN pgoutbox_error_fingerprint(j.job_type, u.code, u.summary) END"""
 _LOGGED = append_attempt(
     row="j.",
     # a snooze gives its attempt back: said apart from a failure that spends one
@@ -182,6 +186,8 @@ _LOGGED = append_attempt(
 #: Every end of an attempt but a completion appends its entry to ``attempt_log``
 #: (``queries.attempts``), built from the row being updated: no other row or index is read, and
 #: the column is in no index, so the plan above holds. A completion leaves the column as it is.
+#: A death writes its cause to ``dead_cause`` (an entry of ``jobs_dead_cause_idx``, which a
+#: death writes anyway: the index is of dead jobs).
 RECORD_OUTCOMES = f"""
 WITH u AS MATERIALIZED (
     -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
@@ -212,6 +218,7 @@ SET status = {_STATUS},
                               THEN j.last_error_summary ELSE {_ERROR_SUMMARY} END,
     attempt_log = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
                        THEN j.attempt_log ELSE {_LOGGED} END,
+    dead_cause = {_DEAD_CAUSE},
     result = u.result::jsonb,
     lease_expires_at = NULL
 FROM u

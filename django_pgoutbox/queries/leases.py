@@ -77,6 +77,10 @@ SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
     last_error_code = 'lease_expired',
     last_error_summary = {_LOST_SUMMARY},
     attempt_log = {_LOST_LOGGED},
+    dead_cause = CASE WHEN cancel_requested_at IS NULL
+                           AND alone_attempt = attempts AND attempts >= max_attempts
+                      THEN pgoutbox_error_fingerprint(job_type, 'lease_expired', {_LOST_SUMMARY})
+                 END,
     lease_expires_at = NULL
 WHERE status = 'leased'
   AND lease_expires_at < now()
@@ -122,7 +126,11 @@ SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
     lease_expires_at = NULL,
     last_error_code = 'worker_shutdown',
     last_error_summary = {_RELEASED_SUMMARY},
-    attempt_log = {_RELEASED_LOGGED}
+    attempt_log = {_RELEASED_LOGGED},
+    dead_cause = CASE WHEN j.cancel_requested_at IS NULL AND j.attempts >= j.max_attempts
+                      THEN pgoutbox_error_fingerprint(j.job_type, 'worker_shutdown',
+                                                      {_RELEASED_SUMMARY})
+                 END
 FROM unnest(%s::uuid[], %s::integer[]) AS u(id, attempt)
 WHERE j.id = u.id
   AND j.attempts = u.attempt

@@ -92,15 +92,31 @@ WHERE processed_at IS NULL
 RETRY_DEAD_JOBS = """
 UPDATE jobs
 SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
-    lease_expires_at = NULL
+    lease_expires_at = NULL, dead_cause = NULL
 WHERE id = ANY(%s::uuid[]) AND status = 'dead'
 """
 
 #: Give up on dead jobs for good: they become 'cancelled' (and are pruned later).
 CANCEL_DEAD_JOBS = """
 UPDATE jobs
-SET status = 'cancelled', finished_at = now()
+SET status = 'cancelled', finished_at = now(), dead_cause = NULL
 WHERE id = ANY(%s::uuid[]) AND status = 'dead'
+"""
+
+#: Give ``limit`` dead letters without a cause theirs: those that a worker of a release before
+#: migration 0014 killed while it applied, or an ``UPDATE`` of the application's own (the lease
+#: recovery's maintenance job runs it). Read from the NULL entries of ``jobs_dead_cause_idx``:
+#: one descent when there are none.
+#:
+#: Named parameters: limit int. Returns (id) of each.
+FILL_DEAD_CAUSES = """
+UPDATE jobs
+SET dead_cause = pgoutbox_error_fingerprint(job_type, last_error_code, last_error_summary)
+WHERE id = ANY(ARRAY(
+    SELECT id FROM jobs WHERE status = 'dead' AND dead_cause IS NULL LIMIT %(limit)s
+))
+  AND status = 'dead' AND dead_cause IS NULL
+RETURNING id
 """
 
 #: Make dead events claimable again, with a fresh attempt budget.

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from django_pgoutbox import queries
 from django_pgoutbox.db import raw_connection_params
 from tests.processes import ROOT, database_url_for_tests
 
@@ -83,10 +84,12 @@ def test_the_dead_letters_of_before_get_their_cause(scratch: str) -> None:
         assert rows == [("dead", DEAD + 1, DEAD + 1, 7), ("retrying", 1, 0, 0)]
         (definition,) = one(conn, "SELECT pg_get_indexdef('jobs_dead_cause_idx'::regclass)")
         assert "(dead_cause, finished_at, id) WHERE (status = 'dead'::text)" in definition
-        # A worker of the release before, still running: the trigger gives its deaths a cause.
+        # A worker of the release before, still running, kills a job with its own statement: the
+        # lease recovery's maintenance gives it its cause.
         conn.execute(
             "UPDATE jobs SET status = 'dead', finished_at = now() WHERE status = 'retrying'"
         )
+        assert conn.execute(queries.FILL_DEAD_CAUSES, {"limit": 1000}).rowcount == 1
         (missing,) = one(
             conn, "SELECT count(*) FROM jobs WHERE status = 'dead' AND dead_cause IS NULL"
         )
@@ -105,8 +108,8 @@ def test_the_dead_letters_of_before_get_their_cause(scratch: str) -> None:
 def test_a_role_that_did_not_migrate_kills_with_a_cause(scratch: str) -> None:
     """The tables in the schema named after the role that migrated (``"$user"``, first in the
     default search_path), and the application's own role, with that schema on its search_path,
-    killing a job, by an update and by an insert: the triggers find the fingerprint in the
-    schema of the migration, whoever the session's user is."""
+    inserting a dead job, and giving one written dead its cause: the trigger and the statement
+    find the fingerprint in the schema of the migration, whoever the session's user is."""
     params = {**raw_connection_params("default"), "dbname": scratch}
     role = f"pgoutbox_app_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(**params, autocommit=True) as conn:
@@ -139,6 +142,8 @@ def test_a_role_that_did_not_migrate_kills_with_a_cause(scratch: str) -> None:
                     " ('default', 'tests.t', '{}', 'retrying', 'E', 'Order 8 lost', NULL)"
                 )
                 conn.execute("UPDATE jobs SET status = 'dead' WHERE status = 'retrying'")
+                filled = conn.execute(queries.FILL_DEAD_CAUSES, {"limit": 1000}).rowcount
+                assert filled == 1
             row = one(
                 conn,
                 "SELECT count(*) FILTER (WHERE dead_cause = pgoutbox_error_fingerprint(job_type,"

@@ -230,35 +230,90 @@ class TestGroups:
 
 
 class TestTheCauseColumn:
-    """``jobs.dead_cause``, which the trigger of migration 0014 writes whenever a row is written
-    dead, however it is written."""
+    """``jobs.dead_cause``: written by each statement of the app that kills a job, cleared by
+    those that retry or cancel a dead one, written by the trigger of migration 0014 for a row
+    inserted dead, and by ``fill_dead_causes`` for one written dead otherwise."""
 
-    def test_written_by_any_update_that_kills_and_only_then(self) -> None:
+    def test_an_update_of_your_own_gets_its_cause_from_the_maintenance(self) -> None:
+        from django_pgoutbox.maintenance import fill_dead_causes
+
         job = Job.objects.create(queue="default", job_type="tests.behave", payload={})
         assert Job.objects.get(pk=job.pk).dead_cause is None
         Job.objects.filter(pk=job.pk).update(
-            status=JobStatus.RETRYING, last_error_code="E", last_error_summary="Order 1 lost"
+            status=JobStatus.DEAD,
+            last_error_code="E",
+            last_error_summary="Order 1 lost",
+            finished_at=timezone.now(),
         )
-        assert Job.objects.get(pk=job.pk).dead_cause is None  # failing is not dead
-        Job.objects.filter(pk=job.pk).update(status=JobStatus.DEAD, finished_at=timezone.now())
+        assert Job.objects.get(pk=job.pk).dead_cause is None  # no trigger on UPDATE
+        innocent = Job.objects.create(  # failing, not dead: no cause
+            queue="default",
+            job_type="tests.behave",
+            payload={},
+            status=JobStatus.RETRYING,
+            last_error_code="E",
+            last_error_summary="Order 2 lost",
+        )
+        assert fill_dead_causes() == 1
+        assert fill_dead_causes() == 0  # one descent, nothing to do
         first = fingerprint("tests.behave", "E", "Order 9 lost")
         assert Job.objects.get(pk=job.pk).dead_cause == first
+        assert Job.objects.get(pk=innocent.pk).dead_cause is None
         # Retried, it leaves every cause; dead again of another error, it joins that one.
         control.retry_dead_jobs([job.pk])
+        assert Job.objects.get(pk=job.pk).dead_cause is None
         assert [c.fingerprint for c in control.dead_letter_causes().causes] == []
         Job.objects.filter(pk=job.pk).update(
             status=JobStatus.DEAD, last_error_code="F", last_error_summary="MemoryError"
         )
+        assert fill_dead_causes(limit=5) == 1
         second = fingerprint("tests.behave", "F", "MemoryError")
-        assert Job.objects.get(pk=job.pk).dead_cause == second
         assert [c.fingerprint for c in control.dead_letter_causes().causes] == [second]
         assert control.count_dead_cause(first) == 0
+        control.cancel_dead_jobs([job.pk])
+        assert Job.objects.get(pk=job.pk).dead_cause is None
 
-    def test_a_value_written_by_hand_is_worked_out_again(self) -> None:
-        job = dead("Order 1 not found")
-        Job.objects.filter(pk=job.pk).update(dead_cause="0" * 16)
-        assert Job.objects.get(pk=job.pk).dead_cause == fingerprint(
-            "tests.behave", "PermanentError", "Order 2 not found"
+    def test_a_worker_outcome_and_a_release_kill_with_a_cause(self) -> None:
+        """RECORD_OUTCOMES's 'dead' (a cancellation asked meanwhile wins: no cause), and
+        RELEASE_JOBS's of a job released during its last attempt."""
+        from django_pgoutbox import queries
+
+        def leased(**fields: Any) -> Job:
+            return Job.objects.create(
+                queue="default",
+                job_type="tests.behave",
+                payload={},
+                status=JobStatus.LEASED,
+                attempts=3,
+                max_attempts=3,
+                locked_by="w",
+                **fields,
+            )
+
+        dies, cancelled, released = leased(), leased(cancel_requested_at=timezone.now()), leased()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                queries.RECORD_OUTCOMES,
+                {
+                    "ids": [dies.pk, cancelled.pk],
+                    "attempts": [3, 3],
+                    "statuses": ["dead", "dead"],
+                    "gives_back_attempt": [False, False],
+                    "delays": [0.0, 0.0],
+                    "codes": ["KeyError", "KeyError"],
+                    "summaries": ["KeyError: 'a1'", "KeyError: 'a2'"],
+                    "results": [None, None],
+                    "worker_id": "w",
+                },
+            )
+            cursor.execute(queries.RELEASE_JOBS, [[released.pk], [3], "w"])
+        for job in (dies, cancelled, released):
+            job.refresh_from_db()
+        assert (dies.status, cancelled.status, released.status) == ("dead", "cancelled", "dead")
+        assert dies.dead_cause == fingerprint("tests.behave", "KeyError", "KeyError: 'b'")
+        assert cancelled.dead_cause is None
+        assert released.dead_cause == fingerprint(
+            "tests.behave", "worker_shutdown", released.last_error_summary
         )
 
     def test_the_lease_recovery_kills_with_a_cause(self) -> None:
@@ -287,21 +342,21 @@ class TestTheCauseColumn:
             "tests.behave", job.last_error_code, job.last_error_summary
         )
 
-    def test_whatever_the_session_search_path(self) -> None:
+    def test_a_row_inserted_dead_whatever_the_session_search_path(self) -> None:
         """The trigger's function is bound to the schema the migration ran in: a session that
-        names the table by its schema alone still kills with a cause."""
-        job = Job.objects.create(queue="default", job_type="tests.behave", payload={})
+        names the table by its schema alone still inserts dead with a cause."""
         with connection.cursor() as cursor:
             cursor.execute("SELECT current_schema()")
             (schema,) = cursor.fetchone()
             cursor.execute("SET LOCAL search_path TO pg_catalog")
             cursor.execute(
-                f"UPDATE \"{schema}\".jobs SET status = 'dead', last_error_code = 'E', "
-                "last_error_summary = 'x' WHERE id = %s",
-                [job.pk],
+                f'INSERT INTO "{schema}".jobs (queue, job_type, payload, status,'
+                " last_error_code, last_error_summary) VALUES ('default', 'tests.behave', '{}',"
+                " 'dead', 'E', 'x') RETURNING id"
             )
+            (job_id,) = cursor.fetchone()
             cursor.execute("RESET search_path")
-        assert Job.objects.get(pk=job.pk).dead_cause == fingerprint("tests.behave", "E", "x")
+        assert Job.objects.get(pk=job_id).dead_cause == fingerprint("tests.behave", "E", "x")
 
     def test_a_cause_is_counted_from_the_index_alone(self) -> None:
         """Among dead letters of many causes (where all are of one, any index of dead letters
