@@ -64,6 +64,7 @@ class HandlerThreads:
             threading.Thread(target=self._work, name=f"{name}-{index}", daemon=True)
             for index in range(size)
         ]
+        self._added = 0  # threads added since, each named by its number
 
     def start(self) -> None:
         for thread in self._threads:
@@ -90,10 +91,14 @@ class HandlerThreads:
         return taken
 
     def add_thread(self) -> None:
-        """Start one more thread, in place of one that a timed-out handler still occupies."""
+        """Start one more thread: in place of one that a timed-out handler still occupies, or
+        one more of a queue resized at run time. The threads that ended (retired) are forgotten
+        here, so that a queue resized up and down a thousand times keeps no thousand of them."""
+        self._added += 1
         thread = threading.Thread(
-            target=self._work, name=f"{self._name}+{len(self._threads)}", daemon=True
+            target=self._work, name=f"{self._name}+{self._added}", daemon=True
         )
+        self._threads = [known for known in self._threads if known.is_alive()]
         self._threads.append(thread)
         thread.start()
 
