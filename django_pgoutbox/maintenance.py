@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import connections, router
+from django.db import connections, router, transaction
 
 from django_pgoutbox import gauges, metrics, queries
 from django_pgoutbox.conf import get_settings
@@ -59,14 +59,26 @@ def recover_expired_leases(
 FILL_CAUSES_BATCH = 1000
 
 
+#: :func:`fill_dead_causes` stops after this many seconds and goes on at its next run.
+FILL_CAUSES_TIME_BUDGET = 10.0
+
+
 def fill_dead_causes(*, using: str | None = None, limit: int = FILL_CAUSES_BATCH) -> int:
-    """Give dead letters without a cause theirs (``jobs.dead_cause``), ``limit`` at most; return
-    how many. The app's own ways of killing a job write it; this catches those of a worker of a
-    release before migration 0014 (while it applied) and an ``UPDATE`` of yours. The lease
-    recovery's job runs it: one index descent when there is none."""
-    with connections[using or router.db_for_write(Job)].cursor() as cursor:
-        cursor.execute(queries.FILL_DEAD_CAUSES, {"limit": limit})
-        filled: int = cursor.rowcount
+    """Give dead letters without a cause theirs (``jobs.dead_cause``), ``limit`` per statement
+    (and transaction), for ``FILL_CAUSES_TIME_BUDGET`` seconds at most; return how many. The
+    app's own ways of killing a job write it; this catches those of a worker of a release
+    before migration 0014 (while it applied) and an ``UPDATE`` of yours. The lease recovery's
+    job and ``pgoutbox recover-leases`` run it: a read of an empty index when there is none."""
+    alias = using or router.db_for_write(Job)
+    deadline = time.monotonic() + FILL_CAUSES_TIME_BUDGET
+    filled = 0
+    while True:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute(queries.FILL_DEAD_CAUSES, {"limit": limit})
+            batch: int = cursor.rowcount
+        filled += batch
+        if batch < limit or time.monotonic() >= deadline:
+            break
     if filled:
         logger.info("gave %d dead letter(s) their cause", filled, extra={"filled": filled})
     return filled

@@ -335,6 +335,16 @@ class Job(models.Model):
                 name="jobs_dead_cause_idx",
                 condition=models.Q(status=JobStatus.DEAD),
             ),
+            # Dead jobs without a cause (maintenance.fill_dead_causes): none but those an UPDATE
+            # outside the app's statements made dead, so this index is empty nearly always. Its
+            # predicate is the fill's: with the conditions apart, the planner, which takes them
+            # for independent (every job not dead has no cause), read every dead letter to find
+            # none, or the whole table.
+            models.Index(
+                fields=["id"],
+                name="jobs_dead_uncaused_idx",
+                condition=models.Q(status=JobStatus.DEAD, dead_cause__isnull=True),
+            ),
             # The jobs an event's subscribers enqueued (the admin's event page). Only those jobs
             # have entries.
             models.Index(

@@ -124,6 +124,14 @@ class Migration(migrations.Migration):
                 name="jobs_dead_cause_col_idx",
             ),
         ),
+        AddIndexConcurrently(
+            model_name="job",
+            index=models.Index(
+                fields=["id"],
+                condition=models.Q(("dead_cause__isnull", True), ("status", "dead")),
+                name="jobs_dead_uncaused_idx",
+            ),
+        ),
         RemoveIndexConcurrently(model_name="job", name="jobs_dead_cause_idx"),
         migrations.RenameIndex(
             model_name="job", new_name="jobs_dead_cause_idx", old_name="jobs_dead_cause_col_idx"

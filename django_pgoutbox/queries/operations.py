@@ -105,8 +105,8 @@ WHERE id = ANY(%s::uuid[]) AND status = 'dead'
 
 #: Give ``limit`` dead letters without a cause theirs: those that a worker of a release before
 #: migration 0014 killed while it applied, or an ``UPDATE`` of the application's own (the lease
-#: recovery's maintenance job runs it). Read from the NULL entries of ``jobs_dead_cause_idx``:
-#: one descent when there are none.
+#: recovery's maintenance job runs it). Read from ``jobs_dead_uncaused_idx``, whose predicate is
+#: this statement's: an index with no entry, nearly always.
 #:
 #: Named parameters: limit int. Returns (id) of each.
 FILL_DEAD_CAUSES = """

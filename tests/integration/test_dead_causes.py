@@ -273,6 +273,45 @@ class TestTheCauseColumn:
         control.cancel_dead_jobs([job.pk])
         assert Job.objects.get(pk=job.pk).dead_cause is None
 
+    def test_the_fill_reads_the_dead_letters_without_a_cause_alone(self) -> None:
+        """Thousands of completed jobs and of dead letters with a cause, three without: the
+        fill reads those three, not every dead letter nor the table (the planner, which takes
+        "dead" and "no cause" for independent, expected hundreds without a partial index of its
+        own)."""
+        from django_pgoutbox.maintenance import fill_dead_causes
+
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO jobs (queue, job_type, payload, status, finished_at)"
+                " SELECT 'default', 'tests.behave', '{}', 'completed', now()"
+                " FROM generate_series(1, 13000)"
+            )
+            cursor.execute(  # dead with their cause, as the app's statements kill
+                "UPDATE jobs SET status = 'dead', last_error_code = 'E',"
+                " last_error_summary = 'x', dead_cause = pgoutbox_error_fingerprint(job_type,"
+                " 'E', 'x') WHERE id IN (SELECT id FROM jobs LIMIT 5000)"
+            )
+            cursor.execute(
+                "UPDATE jobs SET status = 'dead', last_error_code = 'F', finished_at = now()"
+                " WHERE id IN (SELECT id FROM jobs WHERE status = 'completed' LIMIT 3)"
+            )
+            cursor.execute("ANALYZE jobs")
+
+            def read() -> tuple[int, int]:
+                cursor.execute(
+                    "SELECT seq_scan, coalesce(idx_tup_fetch, 0) FROM pg_stat_xact_user_tables"
+                    " WHERE relid = 'jobs'::regclass"
+                )
+                scans, fetched = cursor.fetchone()
+                return int(scans), int(fetched)
+
+            scans, fetched = read()
+            assert fill_dead_causes() == 3
+            assert fill_dead_causes() == 0
+            scans_after, fetched_after = read()
+        assert scans_after == scans
+        assert fetched_after - fetched <= 12, fetched_after - fetched  # the three, twice over
+
     def test_a_worker_outcome_and_a_release_kill_with_a_cause(self) -> None:
         """RECORD_OUTCOMES's 'dead' (a cancellation asked meanwhile wins: no cause), and
         RELEASE_JOBS's of a job released during its last attempt."""

@@ -288,6 +288,9 @@ class Command(BaseCommand):
         elif action == "recover-leases":
             recovered = maintenance.recover_expired_leases(using=using)
             self.stdout.write(f"Recovered {len(recovered)} expired lease(s).")
+            filled = maintenance.fill_dead_causes(using=using)
+            if filled:
+                self.stdout.write(f"Gave {filled} dead letter(s) their cause.")
         elif action == "prune":
             result = maintenance.prune(using=using)
             self.stdout.write(
