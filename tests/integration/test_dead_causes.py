@@ -63,6 +63,18 @@ def dead(
     )
 
 
+def retrying(summary: str, *, code: str = "PermanentError") -> Job:
+    """A job that failed and will be retried: not dead."""
+    return Job.objects.create(
+        queue="default",
+        job_type="tests.behave",
+        payload={},
+        status=JobStatus.RETRYING,
+        last_error_code=code,
+        last_error_summary=summary,
+    )
+
+
 class TestNormaliser:
     @pytest.mark.parametrize(
         ("summary", "expected"),
@@ -145,14 +157,7 @@ class TestGroups:
         newest = dead("Order 3 not found", ago=100)
         other = dead("MemoryError", code="MemoryError", ago=50)
         dead("Order 4 not found", job_type="tests.other", ago=400)  # another job type
-        Job.objects.create(  # retrying, not dead: not in any cause
-            queue="default",
-            job_type="tests.behave",
-            payload={},
-            status=JobStatus.RETRYING,
-            last_error_code="PermanentError",
-            last_error_summary="Order 5 not found",
-        )
+        retrying("Order 5 not found")  # not dead: not in any cause
         found = control.dead_letter_causes()
         assert (found.more, found.estimated) == (False, 0)
         first, *rest = found.causes
@@ -246,16 +251,9 @@ class TestTheCauseColumn:
             finished_at=timezone.now(),
         )
         assert Job.objects.get(pk=job.pk).dead_cause is None  # no trigger on UPDATE
-        innocent = Job.objects.create(  # failing, not dead: no cause
-            queue="default",
-            job_type="tests.behave",
-            payload={},
-            status=JobStatus.RETRYING,
-            last_error_code="E",
-            last_error_summary="Order 2 lost",
-        )
+        innocent = retrying("Order 2 lost", code="E")  # failing, not dead: no cause
         assert fill_dead_causes() == 1
-        assert fill_dead_causes() == 0  # one descent, nothing to do
+        assert fill_dead_causes() == 0  # nothing left to do
         first = fingerprint("tests.behave", "E", "Order 9 lost")
         assert Job.objects.get(pk=job.pk).dead_cause == first
         assert Job.objects.get(pk=innocent.pk).dead_cause is None
