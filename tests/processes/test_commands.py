@@ -289,6 +289,7 @@ def test_commands_refuse_an_unmigrated_database(command: list[str]) -> None:
         "pgoutbox.0004_suspects_alone, pgoutbox.0005_gauge_indexes, pgoutbox.0006_inbox_messages, "
         "pgoutbox.0007_outbox_deliveries, pgoutbox.0008_publish_order, "
         "pgoutbox.0009_queue_controls, pgoutbox.0010_queue_minutes, pgoutbox.0011_attempt_history, "
-        "pgoutbox.0012_dead_letter_causes, pgoutbox.0013_dead_letter_indexes: "
+        "pgoutbox.0012_dead_letter_causes, pgoutbox.0013_dead_letter_indexes, "
+        "pgoutbox.0014_dead_cause_column, pgoutbox.0015_job_event: "
         "run 'manage.py migrate --database default' first."
     ) in result.stderr
