@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import connections, router
 
 from django_pgoutbox import gauges, metrics, queries
 from django_pgoutbox.conf import get_settings
@@ -71,14 +71,7 @@ def fill_dead_causes(*, using: str | None = None, limit: int = FILL_CAUSES_BATCH
     job and ``pgoutbox recover-leases`` run it: a read of an empty index when there is none."""
     alias = using or router.db_for_write(Job)
     deadline = time.monotonic() + FILL_CAUSES_TIME_BUDGET
-    filled = 0
-    while True:
-        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-            cursor.execute(queries.FILL_DEAD_CAUSES, {"limit": limit})
-            batch: int = cursor.rowcount
-        filled += batch
-        if batch < limit or time.monotonic() >= deadline:
-            break
+    filled = _in_batches(alias, queries.FILL_DEAD_CAUSES, {}, limit, deadline)
     if filled:
         logger.info("gave %d dead letter(s) their cause", filled, extra={"filled": filled})
     return filled
@@ -110,16 +103,16 @@ def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
     retention = get_settings().retention
     deadline = time.monotonic() + PRUNE_TIME_BUDGET
     counts = [
-        _prune(alias, queries.PRUNE_JOBS, {"status": "completed", "age": age}, batch, deadline)
+        _in_batches(alias, queries.PRUNE_JOBS, {"status": "completed", "age": age}, batch, deadline)
         if (age := retention.completed_jobs) is not None
         else 0,
-        _prune(alias, queries.PRUNE_JOBS, {"status": "cancelled", "age": age}, batch, deadline)
+        _in_batches(alias, queries.PRUNE_JOBS, {"status": "cancelled", "age": age}, batch, deadline)
         if (age := retention.cancelled_jobs) is not None
         else 0,
-        _prune(alias, queries.PRUNE_EVENTS, {"age": age}, batch, deadline)
+        _in_batches(alias, queries.PRUNE_EVENTS, {"age": age}, batch, deadline)
         if (age := retention.processed_events) is not None
         else 0,
-        _prune(alias, queries.PRUNE_INBOX_MESSAGES, {"age": age}, batch, deadline)
+        _in_batches(alias, queries.PRUNE_INBOX_MESSAGES, {"age": age}, batch, deadline)
         if (age := retention.inbox_messages) is not None
         else 0,
     ]
@@ -132,7 +125,10 @@ def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
     return result
 
 
-def _prune(alias: str, sql: str, params: dict[str, Any], batch: int, deadline: float) -> int:
+def _in_batches(alias: str, sql: str, params: dict[str, Any], batch: int, deadline: float) -> int:
+    """Run ``sql`` (a statement over at most ``%(limit)s`` rows) again and again, each on its
+    own (in autocommit, its own transaction), until it touches fewer than ``batch`` rows or
+    ``deadline`` has passed; return how many rows it touched in all."""
     total = 0
     params = {
         name: value.total_seconds() if isinstance(value, timedelta) else value
@@ -141,9 +137,9 @@ def _prune(alias: str, sql: str, params: dict[str, Any], batch: int, deadline: f
     while True:
         with connections[alias].cursor() as cursor:
             cursor.execute(sql, {**params, "limit": batch})
-            deleted: int = cursor.rowcount
-        total += deleted
-        if deleted < batch or time.monotonic() > deadline:
+            touched: int = cursor.rowcount
+        total += touched
+        if touched < batch or time.monotonic() > deadline:
             return total
 
 

@@ -3,6 +3,7 @@ admin's page and its retry and cancel of a whole cause, the command."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from datetime import timedelta
 from io import StringIO
@@ -16,7 +17,7 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from django_pgoutbox import control
+from django_pgoutbox import JobContext, control
 from django_pgoutbox.admin.common import breadcrumbs_as_list
 from django_pgoutbox.errors import InvalidInput
 from django_pgoutbox.models import Job, JobStatus
@@ -270,6 +271,31 @@ class TestTheCauseColumn:
         assert control.count_dead_cause(first) == 0
         control.cancel_dead_jobs([job.pk])
         assert Job.objects.get(pk=job.pk).dead_cause is None
+
+    def test_the_recovery_job_and_command_fill_in_batches(self) -> None:
+        """The lease recovery's built-in job and ``pgoutbox recover-leases`` run the fill, one
+        statement after another until none is left (here two per statement)."""
+        from django_pgoutbox import maintenance
+
+        def kill(count: int) -> list[Any]:
+            jobs = [retrying(f"Order {n} lost", code="E") for n in range(count)]
+            Job.objects.filter(pk__in=[job.pk for job in jobs]).update(status=JobStatus.DEAD)
+            return [job.pk for job in jobs]
+
+        first = kill(5)
+        assert maintenance.fill_dead_causes(limit=2) == 5
+        assert set(Job.objects.filter(pk__in=first).values_list("dead_cause", flat=True)) == {
+            fingerprint("tests.behave", "E", "Order 1 lost")
+        }
+        kill(3)
+        logger = logging.LoggerAdapter(maintenance.logger, {})
+        ctx = JobContext(uuid.uuid4(), "pgoutbox.recover_leases", 1, None, "q", logger)
+        assert maintenance.recover_leases_job({}, ctx) == {"recovered": 0, "causes_filled": 3}
+        kill(1)
+        out = StringIO()
+        call_command("pgoutbox", "recover-leases", stdout=out)
+        assert "Gave 1 dead letter(s) their cause." in out.getvalue()
+        assert not Job.objects.filter(status=JobStatus.DEAD, dead_cause=None).exists()
 
     def test_the_fill_reads_the_dead_letters_without_a_cause_alone(self) -> None:
         """Thousands of completed jobs and of dead letters with a cause, three without: the
