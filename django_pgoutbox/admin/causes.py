@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from django.contrib import admin, messages
+from django.contrib import messages
 from django.core import signing
 from django.core.exceptions import PermissionDenied
 from django.db import router
@@ -29,6 +29,7 @@ from django_pgoutbox.admin.common import (
     breadcrumbs_as_list,
     counted,
 )
+from django_pgoutbox.admin.filters import LinkedFilter
 from django_pgoutbox.errors import InvalidInput
 from django_pgoutbox.models import Job
 
@@ -67,17 +68,13 @@ ACTIONS = {
 }
 
 
-class CauseFilter(admin.SimpleListFilter):
+class CauseFilter(LinkedFilter):
     """``?cause=FINGERPRINT``: the newest ``CAUSE_ROWS`` dead letters of one cause, read from
-    ``jobs_dead_cause_idx`` (a link of the causes page; it offers no choices of its own). A value
+    ``jobs_dead_cause_idx`` (a link of the causes page and of each dead letter's page). A value
     that is not a fingerprint matches nothing."""
 
     title = "cause"
     parameter_name = "cause"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        value = self.value()
-        return [(str(value), "this cause")] if value else []
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if not self.value():

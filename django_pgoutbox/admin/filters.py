@@ -171,17 +171,22 @@ class MaintenanceFilter(admin.SimpleListFilter):
         return queryset.exclude(job_type__in=MAINTENANCE_JOB_TYPES)
 
 
-class FromEventFilter(admin.SimpleListFilter):
-    """``?event=EVENT_ID``: the jobs that an event's subscribers enqueued, read from
-    ``jobs_event_idx`` (a link of the event's page; it offers no choices of its own). A value
-    that is not a UUID matches nothing."""
-
-    title = "event"
-    parameter_name = "event"
+class LinkedFilter(admin.SimpleListFilter):
+    """A filter that another page links to with its value (a cause, an event), and that offers
+    no choices of its own: the sidebar shows the value given, as ``this <title>``."""
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         value = self.value()
-        return [(str(value), "this event")] if value else []
+        return [(str(value), f"this {self.title}")] if value else []
+
+
+class FromEventFilter(LinkedFilter):
+    """``?event=EVENT_ID``: the jobs that an event's subscribers enqueued, read from
+    ``jobs_event_idx`` (a link of the event's page). A value that is not a UUID matches
+    nothing."""
+
+    title = "event"
+    parameter_name = "event"
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         if not self.value():
