@@ -103,6 +103,12 @@ def for_event(event_id: uuid.UUID) -> Iterator[None]:
         _deferring.event_id = previous
 
 
+def _current_event() -> uuid.UUID | None:
+    """The event whose subscriber runs on this thread (``for_event``), if one does."""
+    event_id: uuid.UUID | None = getattr(_deferring, "event_id", None)
+    return event_id
+
+
 class DeferredEnqueues:
     """Jobs enqueued during an outbox batch, written together by ``flush()``."""
 
@@ -206,7 +212,7 @@ def prepare_job(
     )
     # The event whose subscriber is running, if one is: the job came from it, even if it is
     # written later (on commit).
-    row.event_id = getattr(_deferring, "event_id", None)
+    row.event_id = _current_event()
     return PreparedJob(row.id, alias, row)
 
 
@@ -231,8 +237,7 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None
     if not items:
         return []
     rows = validate_items(items, conf)
-    event_id = getattr(_deferring, "event_id", None)
-    if event_id is not None:
+    if (event_id := _current_event()) is not None:
         rows = _from_event(rows, event_id)
     with tables_required(alias, EnqueueError):
         return _write_items(alias, items, rows, conf.notify)
