@@ -76,6 +76,22 @@ def retrying(summary: str, *, code: str = "PermanentError") -> Job:
     )
 
 
+def leased(**fields: Any) -> Job:
+    """A job running its last attempt, held by worker ``w`` unless ``fields`` say otherwise."""
+    return Job.objects.create(
+        **{
+            "queue": "default",
+            "job_type": "tests.behave",
+            "payload": {},
+            "status": JobStatus.LEASED,
+            "attempts": 3,
+            "max_attempts": 3,
+            "locked_by": "w",
+            **fields,
+        }
+    )
+
+
 class TestNormaliser:
     @pytest.mark.parametrize(
         ("summary", "expected"),
@@ -341,18 +357,6 @@ class TestTheCauseColumn:
         RELEASE_JOBS's of a job released during its last attempt."""
         from django_pgoutbox import queries
 
-        def leased(**fields: Any) -> Job:
-            return Job.objects.create(
-                queue="default",
-                job_type="tests.behave",
-                payload={},
-                status=JobStatus.LEASED,
-                attempts=3,
-                max_attempts=3,
-                locked_by="w",
-                **fields,
-            )
-
         dies, cancelled, released = leased(), leased(cancel_requested_at=timezone.now()), leased()
         with connection.cursor() as cursor:
             cursor.execute(
@@ -383,16 +387,7 @@ class TestTheCauseColumn:
         """A leased job on its last attempt whose lease expired: the recovery makes it dead."""
         from django_pgoutbox import queries
 
-        job = Job.objects.create(
-            queue="default",
-            job_type="tests.behave",
-            payload={},
-            status=JobStatus.LEASED,
-            attempts=3,
-            max_attempts=3,
-            alone_attempt=3,  # a suspect's attempt alone: its loss counts
-            locked_by="gone",
-        )
+        job = leased(alone_attempt=3, locked_by="gone")  # a suspect alone: its loss counts
         Job.objects.filter(pk=job.pk).update(
             lease_expires_at=timezone.now() - timedelta(minutes=1),
             locked_at=timezone.now() - timedelta(minutes=2),
