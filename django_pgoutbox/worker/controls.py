@@ -101,9 +101,7 @@ class Controls:
         for its read (a pause notified, then a job: the job is not claimed meanwhile). Not
         longer than ``NOTICE_HOLD``: notifications that keep coming faster than a read is
         answered would else hold the claims for as long as they come."""
-        return self.claimable and (
-            self._covered == self.notices or now >= self._unseen_since + NOTICE_HOLD
-        )
+        return self.claimable and self.hold_deadline(now) is None
 
     def hold_deadline(self, now: float) -> float | None:
         """When claims held back by a notification not yet read may go again (``may_claim``),
