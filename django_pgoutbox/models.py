@@ -225,8 +225,10 @@ class Job(models.Model):
     # (queries.attempts); NULL while there is none. Read it through ``attempt_history``.
     attempt_log = models.JSONField(null=True, blank=True)
     # Added: the cause of the job's death, 16 hex digits (docs/admin.md, "Dead letters by
-    # cause"): set by the triggers of migration 0014 whenever the row is written dead, cleared
-    # when the job is retried or cancelled. Only dead jobs are in its index.
+    # cause"): written by each statement that kills a job (and for a row inserted dead, by the
+    # trigger of migration 0014; for one an UPDATE of yours kills, by
+    # maintenance.fill_dead_causes), cleared when the job is retried or cancelled. Only dead
+    # jobs are in its index.
     dead_cause = models.TextField(null=True, blank=True, editable=False)
     # Added: the outbox event whose subscriber enqueued this job, by the relay or a delivery
     # (migration 0015); NULL for a job enqueued anywhere else. Not a foreign key: retention

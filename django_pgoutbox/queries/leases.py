@@ -62,23 +62,23 @@ _LOST_LOGGED = append_attempt(
 #:
 #: Each lost attempt appends its entry to ``attempt_log`` (``queries.attempts``), outcome
 #: ``lost``, with the code and summary written to the row.
+# Whether the lost attempt was the job's last that counts (RECOVER_EXPIRED_LEASES): it dies,
+# unless its cancellation was asked.
+_LOST_LAST = "alone_attempt = attempts AND attempts >= max_attempts"
 RECOVER_EXPIRED_LEASES = f"""
 UPDATE jobs
 SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
-                  WHEN alone_attempt = attempts AND attempts >= max_attempts THEN 'dead'
+                  WHEN {_LOST_LAST} THEN 'dead'
                   ELSE 'retrying' END,
     attempts = CASE WHEN alone_attempt IS DISTINCT FROM attempts THEN attempts - 1
                     ELSE attempts END,
     lost_attempts = CASE WHEN last_error_code = 'lease_expired' THEN lost_attempts + 1 ELSE 1 END,
     run_at = now(),
-    finished_at = CASE WHEN cancel_requested_at IS NOT NULL
-                         OR (alone_attempt = attempts AND attempts >= max_attempts)
-                       THEN now() END,
+    finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR ({_LOST_LAST}) THEN now() END,
     last_error_code = 'lease_expired',
     last_error_summary = {_LOST_SUMMARY},
     attempt_log = {_LOST_LOGGED},
-    dead_cause = CASE WHEN cancel_requested_at IS NULL
-                           AND alone_attempt = attempts AND attempts >= max_attempts
+    dead_cause = CASE WHEN cancel_requested_at IS NULL AND {_LOST_LAST}
                       THEN pgoutbox_error_fingerprint(job_type, 'lease_expired', {_LOST_SUMMARY})
                  END,
     lease_expires_at = NULL

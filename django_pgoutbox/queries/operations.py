@@ -178,7 +178,7 @@ FROM targets AS t
 
 # -- dead letters by cause -----------------------------------------------------------------------
 # A cause is pgoutbox_error_fingerprint(job_type, last_error_code, last_error_summary) (migration
-# 0012), which the trigger jobs_dead_cause writes into dead_cause when a job dies (0014);
+# 0012), which the statements that kill a job write into dead_cause (0014: models.Job has who);
 # jobs_dead_cause_idx holds it, with finished_at and id, for every dead job. Each cause is found
 # by one descent, its newest and oldest dead letters by one descent each, and a cause is counted
 # from the index's entries alone (an index-only scan, with status in the index's predicate).
