@@ -227,14 +227,19 @@ def test_ctrl_c_lets_an_isolated_attempt_finish(start_worker: Any) -> None:
 
 
 def test_an_isolated_attempt_past_the_grace_period_is_killed(start_worker: Any) -> None:
-    """Its job is released for another worker: the old attempt must not run on beside the next."""
+    """Its job is released for another worker: the old attempt must not run on beside the next.
+
+    The handler sleeps long enough (scaled) that a loaded machine's SIGTERM and shutdown come
+    well within it: with 0.9 s it once finished before the grace period ended."""
     import signal
 
-    job = enqueue("tests.isolated_untimed", {"sleep": 0.9})
+    sleep = scaled(1.5)
+    job = enqueue("tests.isolated_untimed", {"sleep": sleep})
     worker = start_worker("--queues", "default", "--grace-period", "0.2", **LONG_LEASE)
     wait_for(lambda: effects(job) == [(1, "start")])
     worker.signal(signal.SIGTERM)
     assert worker.wait(timeout=15) == 0
-    holds_for(lambda: effects(job) == [(1, "start")], 1.5)  # past when it would have finished
+    # Past when it would have finished.
+    holds_for(lambda: effects(job) == [(1, "start")], sleep + 0.6)
     row = Job.objects.get(pk=job.pk)
     assert (row.status, row.last_error_code) == (JobStatus.PENDING, "worker_shutdown")
