@@ -54,8 +54,11 @@ class ErrorFingerprint(models.Func):
 
 
 class JobStatus(models.TextChoices):
-    """The six states of a job (docs/tables.md has the diagram)."""
+    """The seven states of a job (docs/tables.md has the diagram)."""
 
+    #: A step of a workflow whose parents have not all finished (``enqueue(after=...)``): in no
+    #: claim's index until the end of its last parent makes it ``pending``.
+    WAITING = "waiting", "waiting"
     PENDING = "pending", "pending"
     LEASED = "leased", "leased"
     RETRYING = "retrying", "retrying"
@@ -234,6 +237,19 @@ class Job(models.Model):
     # (migration 0015); NULL for a job enqueued anywhere else. Not a foreign key: retention
     # deletes events and jobs apart.
     event_id = models.UUIDField(null=True, blank=True, editable=False)
+    # Added (migration 0016), for workflows (docs/workflows.md): the workflow the job is a step
+    # of, and its step's name there; how many of its parents have not finished yet (while it is
+    # ``waiting``); whether some job waits for it (the triggers of 0016 then settle its
+    # dependants when it ends); and what a dead or cancelled parent makes of it (NULL: cancel).
+    workflow_id = models.UUIDField(null=True, blank=True, editable=False)
+    step = models.TextField(null=True, blank=True, editable=False)
+    waiting_for = models.IntegerField(null=True, blank=True, editable=False)
+    has_dependants = models.BooleanField(null=True, blank=True, editable=False)
+    on_upstream_failure = models.TextField(null=True, blank=True, editable=False)
+    # Added (migration 0016): what the running handler said of its progress
+    # (``ctx.set_progress``) and its metadata (``ctx.set_meta``), written at most once a second.
+    progress = models.JSONField(null=True, blank=True, editable=False)
+    meta = models.JSONField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "jobs"
@@ -354,6 +370,12 @@ class Job(models.Model):
                 name="jobs_event_idx",
                 condition=models.Q(event_id__isnull=False),
             ),
+            # A workflow's steps (its admin page, cancel_workflow()). Only steps have entries.
+            models.Index(
+                fields=["workflow_id"],
+                name="jobs_workflow_idx",
+                condition=models.Q(workflow_id__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -364,6 +386,51 @@ class Job(models.Model):
         """Every attempt of this job as far as it is kept, oldest first: those logged in
         ``attempt_log``, then the row's own attempt while it runs or once it completed it."""
         return attempt_history(self)
+
+
+class Workflow(models.Model):
+    """A graph of jobs enqueued together by ``workflow(name).enqueue()`` (``chain``, ``group``):
+    its steps are the jobs whose ``workflow_id`` is its id."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    name = models.TextField()
+    organization_id = models.UUIDField(null=True, blank=True)
+    #: How many steps it was enqueued with.
+    steps = models.IntegerField()
+    created_at = models.DateTimeField(db_default=TransactionNow())
+
+    class Meta:
+        db_table = "workflows"
+        ordering: ClassVar[list[str]] = ["-created_at", "id"]
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(fields=["-created_at", "id"], name="workflows_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id})"
+
+
+class JobDependency(models.Model):
+    """An edge of a workflow: the job ``child_id`` waits for the job ``parent_id`` to finish.
+
+    Not foreign keys: retention deletes finished jobs one by one, and a check of this table
+    for each would slow it. ``external``: the parent was not enqueued with the child, so the
+    trigger of migration 0016 settles the edge at commit (the parent may have ended meanwhile).
+    """
+
+    pk = models.CompositePrimaryKey("parent_id", "child_id")
+    parent_id = models.UUIDField()
+    child_id = models.UUIDField()
+    external = models.BooleanField(default=False, db_default=False)
+
+    class Meta:
+        db_table = "job_dependencies"
+        indexes: ClassVar[list[models.Index]] = [
+            models.Index(fields=["child_id"], name="job_dependencies_child_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.child_id} after {self.parent_id}"
 
 
 class DeadLetterManager(models.Manager["DeadLetter"]):

@@ -1,0 +1,427 @@
+from django.contrib.postgres.operations import AddIndexConcurrently
+from django.db import migrations, models
+
+import django_pgoutbox.ids
+import django_pgoutbox.models
+
+# Workflows: a job may wait for others (job_dependencies), in a state of its own, 'waiting',
+# that no claim's index holds. The end of a parent settles its waiting children in the
+# transaction that writes it, by triggers, whichever statement writes it (a worker's outcome,
+# the lease recovery, a cancel, an UPDATE of yours), so that no release is lost and none waits
+# for a poll:
+#
+# - jobs_note_settled (AFTER UPDATE OF status, FOR EACH ROW) notes, in a setting local to the
+#   transaction, the jobs with dependants that just finished (completed, dead, cancelled) or were
+#   put back from dead or cancelled. Its WHEN is false for a job without dependants (every plain
+#   job): one comparison per row, no call. AFTER, not BEFORE: a BEFORE UPDATE row trigger locks
+#   each row before its WHEN is tested (migration 0014).
+# - jobs_settle_noted (AFTER UPDATE OF status, FOR EACH STATEMENT) settles them all at once, in
+#   statements of their own: each reads the edges in a snapshot taken after the parents' rows
+#   were written, so an edge that a transaction committed while it held such a row (see
+#   job_dependencies_settle) is seen. One statement, not one per row, so that the children of
+#   a batch of outcomes are locked in id order, as every writer of jobs locks them.
+# - pgoutbox_settle() releases the children that waited for nothing else (waiting -> pending,
+#   and a notification wakes their queue), and cancels with 'upstream_failed' those a dead or
+#   cancelled parent dooms (all but steps that run on an upstream failure), then their own
+#   children, a level per statement (each level reads its edges after it locked its rows).
+# - pgoutbox_rearm() puts back the steps that a parent's death cancelled when the parent is
+#   retried, and counts again what each waits for.
+# - job_dependencies_settle (a constraint trigger, at commit) settles an edge to a parent that was
+#   not enqueued with its child: it locks the parent, so either the parent's end comes after this
+#   commit (and reads the edge) or it came before (and this settles the edge now). The parent's
+#   row is locked from then to the commit only, not while the caller's transaction runs.
+#
+# The functions' search_path is this migration's schema, named (as in 0014).
+SETTLE_FUNCTIONS = r"""
+DO $do$
+BEGIN
+    EXECUTE format($function$
+CREATE FUNCTION pgoutbox_settle(parents uuid[], only_children uuid[]) RETURNS void
+LANGUAGE plpgsql SET search_path = %1$I
+AS $$
+DECLARE
+    level uuid[] := parents;
+BEGIN
+    LOOP
+        WITH edges AS (
+            SELECT d.child_id, p.status AS parent_status
+            FROM jobs AS p JOIN job_dependencies AS d ON d.parent_id = p.id
+            WHERE p.id = ANY(level)
+              AND p.status IN ('completed', 'dead', 'cancelled')
+              AND (only_children IS NULL OR d.child_id = ANY(only_children))
+        ),
+        changes AS (
+            SELECT e.child_id AS id,
+                   bool_or(e.parent_status <> 'completed'
+                           AND c.on_upstream_failure IS DISTINCT FROM 'run') AS doomed,
+                   count(*)::integer AS n
+            FROM edges AS e JOIN jobs AS c ON c.id = e.child_id
+            WHERE c.status = 'waiting'
+            GROUP BY e.child_id
+        ),
+        changed AS (
+            UPDATE jobs AS c
+            SET status = CASE WHEN ch.doomed THEN 'cancelled'
+                              WHEN c.waiting_for - ch.n <= 0 THEN 'pending'
+                              ELSE 'waiting' END,
+                waiting_for = CASE WHEN ch.doomed THEN c.waiting_for
+                                   ELSE greatest(c.waiting_for - ch.n, 0) END,
+                run_at = CASE WHEN NOT ch.doomed AND c.waiting_for - ch.n <= 0
+                              THEN greatest(c.run_at, now()) ELSE c.run_at END,
+                finished_at = CASE WHEN ch.doomed THEN now() END,
+                last_error_code = CASE WHEN ch.doomed THEN 'upstream_failed'
+                                       ELSE c.last_error_code END,
+                last_error_summary = CASE WHEN ch.doomed
+                    THEN 'cancelled: a job it waits for ended dead or cancelled'
+                    ELSE c.last_error_summary END
+            FROM changes AS ch
+            WHERE c.id = ANY(ARRAY(SELECT id FROM changes ORDER BY id))
+              AND c.id = ch.id
+              AND c.status = 'waiting'
+            RETURNING c.id, c.status, c.queue
+        ),
+        woken AS (
+            SELECT count(pg_notify('pgoutbox_jobs', q.queue)) AS n
+            FROM (SELECT DISTINCT queue FROM changed WHERE status = 'pending') AS q
+        )
+        SELECT array_agg(id ORDER BY id) FILTER (WHERE status = 'cancelled')
+        INTO level
+        FROM changed, woken;
+        EXIT WHEN level IS NULL;
+        only_children := NULL;
+    END LOOP;
+END
+$$;
+
+CREATE FUNCTION pgoutbox_rearm(parents uuid[]) RETURNS void
+LANGUAGE plpgsql SET search_path = %1$I
+AS $$
+DECLARE
+    members uuid[];
+    doomable uuid[];
+    failed uuid[];
+BEGIN
+    -- the steps the parents' end cancelled (and so on down), and their children still waiting
+    WITH RECURSIVE down(id) AS (
+        SELECT d.child_id
+        FROM job_dependencies AS d JOIN jobs AS c ON c.id = d.child_id
+        WHERE d.parent_id = ANY(parents)
+          AND (c.status = 'waiting'
+               OR (c.status = 'cancelled' AND c.last_error_code = 'upstream_failed'))
+        UNION
+        SELECT d.child_id
+        FROM down AS x
+        JOIN jobs AS xj ON xj.id = x.id AND xj.status = 'cancelled'
+        JOIN job_dependencies AS d ON d.parent_id = x.id
+        JOIN jobs AS c ON c.id = d.child_id
+        WHERE c.status = 'waiting'
+           OR (c.status = 'cancelled' AND c.last_error_code = 'upstream_failed')
+    )
+    SELECT array_agg(id ORDER BY id) INTO members FROM down;
+    IF members IS NULL THEN
+        RETURN;
+    END IF;
+    -- Their parents first, then them: a parent that ends meanwhile either ended before the
+    -- count below reads it, or settles them after this commit, and sees them waiting.
+    PERFORM 1 FROM jobs
+    WHERE id = ANY(ARRAY(SELECT DISTINCT parent_id FROM job_dependencies
+                         WHERE child_id = ANY(members)))
+    ORDER BY id FOR SHARE;
+    PERFORM 1 FROM jobs WHERE id = ANY(members) ORDER BY id FOR UPDATE;
+    UPDATE jobs AS c
+    SET status = 'waiting', finished_at = NULL, last_error_code = NULL,
+        last_error_summary = NULL,
+        waiting_for = (
+            SELECT count(*)
+            FROM job_dependencies AS d JOIN jobs AS p ON p.id = d.parent_id
+            WHERE d.child_id = c.id
+              AND (d.parent_id = ANY(members)
+                   OR NOT (p.status = 'completed'
+                           OR (c.on_upstream_failure = 'run'
+                               AND p.status IN ('dead', 'cancelled'))))
+        )
+    WHERE c.id = ANY(members)
+      AND (c.status = 'waiting'
+           OR (c.status = 'cancelled' AND c.last_error_code = 'upstream_failed'));
+    -- those another dead or cancelled parent still dooms, and their own
+    SELECT array_agg(DISTINCT d.child_id), array_agg(DISTINCT d.parent_id)
+    INTO doomable, failed
+    FROM job_dependencies AS d
+    JOIN jobs AS p ON p.id = d.parent_id
+    JOIN jobs AS c ON c.id = d.child_id
+    WHERE d.child_id = ANY(members)
+      AND NOT d.parent_id = ANY(members)
+      AND p.status IN ('dead', 'cancelled')
+      AND c.on_upstream_failure IS DISTINCT FROM 'run';
+    IF doomable IS NOT NULL THEN
+        PERFORM pgoutbox_settle(failed, doomable);
+    END IF;
+END
+$$;
+
+CREATE FUNCTION pgoutbox_note_settled() RETURNS trigger
+LANGUAGE plpgsql SET search_path = %1$I
+AS $$
+DECLARE
+    name text;
+BEGIN
+    IF current_setting('pgoutbox.settling', true) = 'on' THEN
+        RETURN NULL;  -- a change that pgoutbox_settle or pgoutbox_rearm itself makes
+    END IF;
+    name := CASE WHEN NEW.status IN ('completed', 'dead', 'cancelled')
+                 THEN 'pgoutbox.finished' ELSE 'pgoutbox.rearmed' END;
+    PERFORM set_config(name, coalesce(current_setting(name, true), '') || NEW.id::text || ',',
+                       true);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION pgoutbox_settle_noted() RETURNS trigger
+LANGUAGE plpgsql SET search_path = %1$I
+AS $$
+DECLARE
+    finished text := current_setting('pgoutbox.finished', true);
+    rearmed text := current_setting('pgoutbox.rearmed', true);
+BEGIN
+    IF coalesce(finished, '') = '' AND coalesce(rearmed, '') = '' THEN
+        RETURN NULL;
+    END IF;
+    PERFORM set_config('pgoutbox.finished', '', true), set_config('pgoutbox.rearmed', '', true),
+            set_config('pgoutbox.settling', 'on', true);
+    IF coalesce(rearmed, '') <> '' THEN
+        PERFORM pgoutbox_rearm(string_to_array(rtrim(rearmed, ','), ',')::uuid[]);
+    END IF;
+    IF coalesce(finished, '') <> '' THEN
+        PERFORM pgoutbox_settle(string_to_array(rtrim(finished, ','), ',')::uuid[], NULL);
+    END IF;
+    PERFORM set_config('pgoutbox.settling', 'off', true);
+    RETURN NULL;
+END
+$$;
+
+CREATE FUNCTION pgoutbox_settle_external_edge() RETURNS trigger
+LANGUAGE plpgsql SET search_path = %1$I
+AS $$
+DECLARE
+    parent_status text;
+BEGIN
+    SELECT status INTO parent_status FROM jobs WHERE id = NEW.parent_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'job %% waits for job %%, which no longer exists',
+            NEW.child_id, NEW.parent_id
+            USING ERRCODE = 'foreign_key_violation';
+    END IF;
+    UPDATE jobs SET has_dependants = true
+    WHERE id = NEW.parent_id AND has_dependants IS NOT TRUE;
+    IF parent_status IN ('completed', 'dead', 'cancelled') THEN
+        PERFORM set_config('pgoutbox.settling', 'on', true);
+        PERFORM pgoutbox_settle(ARRAY[NEW.parent_id], ARRAY[NEW.child_id]);
+        PERFORM set_config('pgoutbox.settling', 'off', true);
+    END IF;
+    RETURN NULL;
+END
+$$;
+$function$, current_schema());
+END
+$do$;
+
+CREATE TRIGGER jobs_note_settled
+AFTER UPDATE OF status ON jobs
+FOR EACH ROW WHEN (
+    NEW.has_dependants
+    AND OLD.status IS DISTINCT FROM NEW.status
+    AND ((NEW.status IN ('completed', 'dead', 'cancelled')
+          AND OLD.status NOT IN ('completed', 'dead', 'cancelled'))
+         OR (OLD.status IN ('dead', 'cancelled')
+             AND NEW.status NOT IN ('completed', 'dead', 'cancelled')))
+)
+EXECUTE FUNCTION pgoutbox_note_settled();
+
+CREATE TRIGGER jobs_settle_noted
+AFTER UPDATE OF status ON jobs
+FOR EACH STATEMENT
+EXECUTE FUNCTION pgoutbox_settle_noted();
+
+CREATE CONSTRAINT TRIGGER job_dependencies_settle
+AFTER INSERT ON job_dependencies
+DEFERRABLE INITIALLY DEFERRED
+FOR EACH ROW WHEN (NEW.external)
+EXECUTE FUNCTION pgoutbox_settle_external_edge();
+"""
+
+DROP_SETTLE_FUNCTIONS = """
+DROP TRIGGER IF EXISTS job_dependencies_settle ON job_dependencies;
+DROP TRIGGER IF EXISTS jobs_settle_noted ON jobs;
+DROP TRIGGER IF EXISTS jobs_note_settled ON jobs;
+DROP FUNCTION IF EXISTS pgoutbox_settle_external_edge();
+DROP FUNCTION IF EXISTS pgoutbox_settle_noted();
+DROP FUNCTION IF EXISTS pgoutbox_note_settled();
+DROP FUNCTION IF EXISTS pgoutbox_rearm(uuid[]);
+DROP FUNCTION IF EXISTS pgoutbox_settle(uuid[], uuid[]);
+"""
+
+STATUSES = "'waiting', 'pending', 'leased', 'retrying', 'completed', 'dead', 'cancelled'"
+OLD_STATUSES = "'pending', 'leased', 'retrying', 'completed', 'dead', 'cancelled'"
+
+
+def _status_check(statuses: str) -> str:
+    # NOT VALID, then VALIDATE: the check of every row then takes no lock that blocks writes.
+    return f"""
+ALTER TABLE jobs DROP CONSTRAINT jobs_status_valid;
+ALTER TABLE jobs ADD CONSTRAINT jobs_status_valid CHECK (status IN ({statuses})) NOT VALID;
+ALTER TABLE jobs VALIDATE CONSTRAINT jobs_status_valid;
+"""
+
+
+class Migration(migrations.Migration):
+    # The index on jobs is built CONCURRENTLY, so that upgrading a live jobs table blocks
+    # neither enqueues nor claims; that needs a migration outside a transaction.
+    atomic = False
+    dependencies = [
+        ("pgoutbox", "0015_job_event"),
+    ]
+
+    operations = [
+        migrations.CreateModel(
+            name="JobDependency",
+            fields=[
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "parent_id",
+                        "child_id",
+                        blank=True,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("parent_id", models.UUIDField()),
+                ("child_id", models.UUIDField()),
+                ("external", models.BooleanField(db_default=False, default=False)),
+            ],
+            options={
+                "db_table": "job_dependencies",
+                "indexes": [
+                    models.Index(fields=["child_id"], name="job_dependencies_child_idx"),
+                ],
+            },
+        ),
+        migrations.CreateModel(
+            name="Workflow",
+            fields=[
+                (
+                    "id",
+                    models.UUIDField(
+                        default=django_pgoutbox.ids.uuid7,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
+                ("name", models.TextField()),
+                ("organization_id", models.UUIDField(blank=True, null=True)),
+                ("steps", models.IntegerField()),
+                (
+                    "created_at",
+                    models.DateTimeField(db_default=django_pgoutbox.models.TransactionNow()),
+                ),
+            ],
+            options={
+                "db_table": "workflows",
+                "ordering": ["-created_at", "id"],
+                "indexes": [
+                    models.Index(fields=["-created_at", "id"], name="workflows_created_idx"),
+                ],
+            },
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="has_dependants",
+            field=models.BooleanField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="meta",
+            field=models.JSONField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="on_upstream_failure",
+            field=models.TextField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="progress",
+            field=models.JSONField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="step",
+            field=models.TextField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="waiting_for",
+            field=models.IntegerField(blank=True, editable=False, null=True),
+        ),
+        migrations.AddField(
+            model_name="job",
+            name="workflow_id",
+            field=models.UUIDField(blank=True, editable=False, null=True),
+        ),
+        migrations.AlterField(
+            model_name="job",
+            name="status",
+            field=models.TextField(
+                choices=[
+                    ("waiting", "waiting"),
+                    ("pending", "pending"),
+                    ("leased", "leased"),
+                    ("retrying", "retrying"),
+                    ("completed", "completed"),
+                    ("dead", "dead"),
+                    ("cancelled", "cancelled"),
+                ],
+                db_default="pending",
+                default="pending",
+            ),
+        ),
+        migrations.SeparateDatabaseAndState(
+            state_operations=[
+                migrations.RemoveConstraint(model_name="job", name="jobs_status_valid"),
+                migrations.AddConstraint(
+                    model_name="job",
+                    constraint=models.CheckConstraint(
+                        condition=models.Q(
+                            (
+                                "status__in",
+                                [
+                                    "waiting",
+                                    "pending",
+                                    "leased",
+                                    "retrying",
+                                    "completed",
+                                    "dead",
+                                    "cancelled",
+                                ],
+                            )
+                        ),
+                        name="jobs_status_valid",
+                    ),
+                ),
+            ],
+            database_operations=[
+                migrations.RunSQL(_status_check(STATUSES), _status_check(OLD_STATUSES)),
+            ],
+        ),
+        AddIndexConcurrently(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("workflow_id__isnull", False)),
+                fields=["workflow_id"],
+                name="jobs_workflow_idx",
+            ),
+        ),
+        migrations.RunSQL(SETTLE_FUNCTIONS, DROP_SETTLE_FUNCTIONS),
+    ]
