@@ -27,19 +27,24 @@ __all__ = [
     "UnknownJobTypeWarning",
     "accept_message",
     "cancel",
+    "cancel_workflow",
+    "chain",
     "enqueue",
     "enqueue_many",
+    "group",
     "job",
     "pause_queue",
     "publish",
     "resize_queue",
     "resume_queue",
+    "step",
     "subscriber",
+    "workflow",
 ]
 
 if TYPE_CHECKING:
     from django_pgoutbox.context import JobContext
-    from django_pgoutbox.control import cancel
+    from django_pgoutbox.control import cancel, cancel_workflow
     from django_pgoutbox.enqueueing import enqueue, enqueue_many
     from django_pgoutbox.errors import (
         Cancelled,
@@ -59,12 +64,18 @@ if TYPE_CHECKING:
     from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber
     from django_pgoutbox.queue_controls import pause_queue, resize_queue, resume_queue
     from django_pgoutbox.registry import job
+    from django_pgoutbox.workflows import chain, group, step, workflow
 
 #: Where each name of the API that is not an exception lives (the exceptions: in errors).
 _LAZY = {
     "accept_message": "inbox",
     "JobContext": "context",
     "cancel": "control",
+    "cancel_workflow": "control",
+    "chain": "workflows",
+    "group": "workflows",
+    "step": "workflows",
+    "workflow": "workflows",
     "enqueue": "enqueueing",
     "enqueue_many": "enqueueing",
     "job": "registry",

@@ -46,8 +46,9 @@ from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.registry import JobDefinition
 from django_pgoutbox.retry import MAX_CODE_LENGTH, bound, summarize
 
-#: Our six states, as Django's four task statuses.
+#: Our seven states, as Django's four task statuses.
 STATUS = {
+    JobStatus.WAITING: TaskResultStatus.READY,
     JobStatus.PENDING: TaskResultStatus.READY,
     JobStatus.RETRYING: TaskResultStatus.READY,
     JobStatus.LEASED: TaskResultStatus.RUNNING,

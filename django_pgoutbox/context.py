@@ -2,11 +2,49 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+from django.db import connections
+
+from django_pgoutbox import queries
 from django_pgoutbox.errors import Cancelled
+
+
+@dataclass(frozen=True)
+class ParentOutcome:
+    """A job that a step waited for, as it ended (``ctx.parents``)."""
+
+    id: uuid.UUID
+    step: str | None
+    status: str
+    result: Any
+    error_code: str | None
+
+    @property
+    def key(self) -> str:
+        """Its step name, or its id as text if it is no step of a workflow."""
+        return self.step if self.step is not None else str(self.id)
+
+
+def read_parents(job_id: uuid.UUID, using: str) -> tuple[ParentOutcome, ...]:
+    """The parents of ``job_id`` as they are now, in step-name order."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(queries.PARENTS, [job_id])
+        return tuple(
+            ParentOutcome(
+                parent_id,
+                step,
+                status,
+                None if result is None else json.loads(result),
+                error_code,
+            )
+            for parent_id, step, status, result, error_code in cursor.fetchall()
+        )
 
 
 class CancelFlag:
@@ -66,6 +104,7 @@ class JobContext:
         self.using = using
         self._renew = renew
         self._cancel = CancelFlag() if cancel is None else cancel
+        self._parents: tuple[ParentOutcome, ...] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -73,6 +112,32 @@ class JobContext:
             f"attempt={self.attempt!r}, organization_id={self.organization_id!r}, "
             f"queue={self.queue!r}, worker_ids={self.worker_ids!r}, using={self.using!r})"
         )
+
+    @property
+    def parents(self) -> tuple[ParentOutcome, ...]:
+        """The jobs this one waited for (``enqueue(after=...)``, a workflow's steps), read from
+        the database at the first use: each one's id, step name, status, result and error code.
+        Empty for a job that waited for none."""
+        if self._parents is None:
+            self._parents = read_parents(self.job_id, self.using)
+        return self._parents
+
+    @property
+    def parent_results(self) -> dict[str, Any]:
+        """The results of the parents that completed, by step name (by job id, as text, for a
+        parent that is no step of a workflow)."""
+        return {
+            parent.key: parent.result for parent in self.parents if parent.status == "completed"
+        }
+
+    @property
+    def parent_counts(self) -> dict[str, int]:
+        """How many parents ended each way: ``completed``, ``dead``, ``cancelled`` (a group's
+        callback reads its members' outcomes here)."""
+        counts = dict.fromkeys(("completed", "dead", "cancelled"), 0)
+        for parent in self.parents:
+            counts[parent.status] = counts.get(parent.status, 0) + 1
+        return counts
 
     @property
     def cancelled(self) -> bool:

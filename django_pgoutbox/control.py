@@ -20,7 +20,7 @@ from django_pgoutbox.conf import CANCEL_CHANNEL, get_settings
 from django_pgoutbox.db import tables_required
 from django_pgoutbox.errors import EnqueueError, InvalidInput
 from django_pgoutbox.job_rows import job_database
-from django_pgoutbox.models import Job, JobStatus, OutboxDelivery, OutboxEvent
+from django_pgoutbox.models import Job, JobStatus, OutboxDelivery, OutboxEvent, Workflow
 from django_pgoutbox.validation import checked_moment, optional_uuid, short_repr, utc_offset
 
 # -- cancellation --------------------------------------------------------------------------------
@@ -62,6 +62,31 @@ def cancel_jobs(
             [ids, f"cancelled by {by} before it ran", CANCEL_CHANNEL, get_settings().notify],
         )
         return {job_id: state for job_id, state, _ in cursor.fetchall()}
+
+
+def cancel_workflow(
+    workflow_id: uuid.UUID | str, *, using: str | None = None, by: str = "cancel_workflow()"
+) -> dict[str, int]:
+    """Cancel every step of a workflow not finished yet, as :func:`cancel` cancels a job: those
+    waiting or not running yet at once, running ones asked to stop. Returns how many steps
+    ended each way (``"cancelled"``, ``"cancelling"``). Raises ``Workflow.DoesNotExist`` for an
+    unknown id."""
+    parsed = optional_uuid(workflow_id, "workflow_id", EnqueueError)
+    if parsed is None:
+        raise EnqueueError("workflow_id", "is required")
+    alias = job_database(using)
+    with tables_required(alias, EnqueueError):
+        if not Workflow.objects.using(alias).filter(id=parsed).exists():
+            raise Workflow.DoesNotExist(f"no workflow {parsed} in database {alias!r}")
+        with connections[alias].cursor() as cursor:
+            cursor.execute(queries.UNFINISHED_STEPS, [parsed])
+            ids = [row[0] for row in cursor.fetchall()]
+    states = cancel_jobs(ids, using=alias, by=by)
+    counts = {"cancelled": 0, "cancelling": 0}
+    for state in states.values():
+        if state in counts:
+            counts[state] += 1
+    return counts
 
 
 # -- dead letters (the admin and ``pgoutbox deadletters``) ------------------------------------

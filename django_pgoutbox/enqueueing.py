@@ -35,6 +35,7 @@ from django_pgoutbox.job_rows import (
 )
 from django_pgoutbox.models import Job
 from django_pgoutbox.registry import Payload
+from django_pgoutbox.workflows import UpstreamFailure, enqueue_after
 
 
 def enqueue(
@@ -47,6 +48,8 @@ def enqueue(
     run_at: datetime | timedelta | None = None,
     queue: str | None = None,
     using: str | None = None,
+    after: Iterable[Job | uuid.UUID | str] | None = None,
+    on_upstream_failure: UpstreamFailure = "cancel",
 ) -> Job:
     """Enqueue one job in the caller's transaction and return it.
 
@@ -59,6 +62,12 @@ def enqueue(
     Inside an outbox subscriber, a job without an idempotency key is written together with the
     other jobs of the relay's batch, in one statement before the batch commits (see
     :func:`deferred_enqueues`).
+
+    ``after``: jobs (or their ids) enqueued before, that this one waits for: it is ``waiting``
+    until all of them completed, then ``pending``. If one ends dead or cancelled, this job is
+    cancelled (``upstream_failed``), unless ``on_upstream_failure="run"``: then it runs once
+    all of them finished, whatever their outcome. An unknown job refuses the enqueue. See
+    :mod:`django_pgoutbox.workflows` for graphs of new jobs.
     """
     prepared = prepare_job(
         job_type,
@@ -70,6 +79,8 @@ def enqueue(
         queue=queue,
         using=using,
     )
+    if after is not None and not (isinstance(after, (list, tuple)) and not after):
+        return enqueue_after(prepared._row, after, on_upstream_failure, prepared.using)
     return enqueue_prepared(prepared)
 
 

@@ -370,6 +370,12 @@ class Job(models.Model):
                 name="jobs_event_idx",
                 condition=models.Q(event_id__isnull=False),
             ),
+            # The waiting steps, by queue (the Jobs page's filters): no claim index holds them.
+            models.Index(
+                fields=["queue", "created_at"],
+                name="jobs_waiting_idx",
+                condition=models.Q(status=JobStatus.WAITING),
+            ),
             # A workflow's steps (its admin page, cancel_workflow()). Only steps have entries.
             models.Index(
                 fields=["workflow_id"],

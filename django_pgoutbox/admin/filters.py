@@ -249,15 +249,16 @@ class SourceFilter(_NamesFilter):
 
 
 #: The statuses whose jobs an index finds by queue: pending and retrying (``jobs_claim_idx``),
-#: dead (``jobs_dead_idx``), leased (``jobs_leased_idx``: the few running). Completed and
+#: dead (``jobs_dead_idx``), leased (``jobs_leased_idx``: the few running), waiting
+#: (``jobs_waiting_idx``). Completed and
 #: cancelled jobs, most of the table, are in no index by queue or by status alone.
 QUEUE_INDEXED_STATUSES = frozenset(
-    {JobStatus.PENDING, JobStatus.RETRYING, JobStatus.DEAD, JobStatus.LEASED}
+    {JobStatus.WAITING, JobStatus.PENDING, JobStatus.RETRYING, JobStatus.DEAD, JobStatus.LEASED}
 )
 
 
 class StatusFilter(admin.SimpleListFilter):
-    """The six statuses. Completed and cancelled jobs are looked for among the newest
+    """The seven statuses. Completed and cancelled jobs are looked for among the newest
     ``JOB_TYPE_WINDOW`` jobs: a status with none among ten million read every row."""
 
     title = "status"

@@ -383,7 +383,9 @@ class JobAdmin(_JobPage):
             return sum(1 for state in states.values() if state in ("cancelled", "cancelling"))
 
         # Not "exclude finished": this OR is what the partial indexes of both answer.
-        return queryset.filter(Q(status__in=CLAIMABLE_STATUSES) | Q(status=JobStatus.LEASED)), Bulk(
+        return queryset.filter(
+            Q(status__in=CLAIMABLE_STATUSES) | Q(status__in=(JobStatus.LEASED, JobStatus.WAITING))
+        ), Bulk(
             name="cancel_jobs",
             title="Cancel jobs",
             explanation="Jobs not running yet become cancelled and never run. Running jobs "

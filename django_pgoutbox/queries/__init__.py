@@ -12,7 +12,8 @@
 - ``controls``: queues paused, resumed and resized at run time; their minutes, for the charts;
 - ``publish``: an ordered publisher's job, waiting for the earlier ones of its aggregate;
 - ``operations``: pruning, dead letters (and their causes), cancellation;
-- ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks.
+- ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks;
+- ``workflows``: writing a graph of jobs, reading a step's parents.
 
 Every name is importable from here (``queries.CLAIM_JOBS``), and the rest of the code calls the
 statements by these names; this module also says how a queue's lanes send theirs (``DISPATCHED``).
@@ -151,6 +152,14 @@ from django_pgoutbox.queries.outbox import (
 )
 from django_pgoutbox.queries.params import binary
 from django_pgoutbox.queries.publish import PUBLISH_AHEAD
+from django_pgoutbox.queries.workflows import (
+    EXISTING_JOBS,
+    INSERT_EDGES,
+    INSERT_STEPS,
+    INSERT_WORKFLOW,
+    PARENTS,
+    UNFINISHED_STEPS,
+)
 
 __all__ = [
     "ABANDONED_EVENTS",
@@ -189,6 +198,7 @@ __all__ = [
     "ESTIMATE_OUTBOX_PENDING",
     "ESTIMATE_QUEUE_JOBS",
     "ESTIMATE_UNREGISTERED_JOBS",
+    "EXISTING_JOBS",
     "FAIR_CLAIM",
     "FAIR_CLAIM_TEMPLATE",
     "FAIR_PLAN",
@@ -197,6 +207,9 @@ __all__ = [
     "HEARTBEAT",
     "HORIZON_HOLDER",
     "INBOX_SOURCES",
+    "INSERT_EDGES",
+    "INSERT_STEPS",
+    "INSERT_WORKFLOW",
     "JOB_GAUGES",
     "LOCK_CLAIMED_DELIVERIES",
     "LOCK_CLAIMED_EVENTS",
@@ -207,6 +220,7 @@ __all__ = [
     "ORGANIZATION_LIMITED_CLAIM",
     "OUTBOX_AND_SERVER_GAUGES",
     "OVERDUE_EVENTS",
+    "PARENTS",
     "PAUSE_QUEUE",
     "PRUNE_EVENTS",
     "PRUNE_HEARTBEATS",
@@ -243,6 +257,7 @@ __all__ = [
     "TAKE_TOKENS",
     "TAKE_WORKER_ID",
     "UNCLAIM_JOBS",
+    "UNFINISHED_STEPS",
     "WAKE_QUEUES",
     "WORKER_HEARTBEATS",
     "WRITE_DELIVERIES",

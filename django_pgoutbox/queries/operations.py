@@ -136,7 +136,9 @@ WHERE id = ANY(%s::uuid[]) AND dead_at IS NOT NULL AND processed_at IS NULL
 
 # -- cancellation --------------------------------------------------------------------------------
 
-#: Cancel jobs: those not yet running end 'cancelled' at once; running ones are asked to stop.
+#: Cancel jobs: those not yet running (or waiting for others) end 'cancelled' at once; running
+#: ones are asked to stop. Waiting jobs that wait for one cancelled here are cancelled too, in
+#: this transaction (the triggers of migration 0016).
 #:
 #: Parameters: ids uuid[], summary text, channel text, notify boolean. Returns (id, status) per
 #: job found: 'cancelled' (cancelled now, or already), 'cancelling' (running, asked to stop), or
@@ -155,7 +157,7 @@ cancelled AS (
     SET status = 'cancelled', finished_at = now(), last_error_code = 'cancelled',
         last_error_summary = %s, lease_expires_at = NULL
     FROM targets AS t
-    WHERE j.id = t.id AND t.status IN ('pending', 'retrying')
+    WHERE j.id = t.id AND t.status IN ('waiting', 'pending', 'retrying')
     RETURNING j.id
 ),
 requested AS (
@@ -169,7 +171,7 @@ woken AS (
     SELECT pg_notify(%s, queue) FROM (SELECT DISTINCT queue FROM requested) AS q WHERE %s
 )
 SELECT t.id,
-       CASE WHEN t.status IN ('pending', 'retrying') THEN 'cancelled'
+       CASE WHEN t.status IN ('waiting', 'pending', 'retrying') THEN 'cancelled'
             WHEN t.status = 'leased' THEN 'cancelling'
             ELSE t.status END,
        (SELECT count(*) FROM woken)

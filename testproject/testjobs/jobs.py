@@ -413,3 +413,27 @@ def leak(payload: dict[str, Any], ctx: JobContext) -> None:
 def spawn(payload: dict[str, Any], ctx: JobContext) -> None:
     """Enqueue a ``tests.behave`` job of ``priority`` (a follow-up that should run first)."""
     enqueue("tests.behave", {"n": "child"}, priority=payload.get("priority", 0))
+
+
+@job("tests.step", max_attempts=2)
+def workflow_step(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """A workflow's step: record its start by the database's clock (to compare with its
+    parents' ``completed_at``), maybe sleep or fail for good, return its name and the parents
+    whose results it read."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO testjobs_sideeffect (job_id, attempt, event, pid, worker_thread, at)"
+            " VALUES (%s, %s, 'start', %s, %s, clock_timestamp())",
+            [ctx.job_id, ctx.attempt, os.getpid(), threading.current_thread().name],
+        )
+    if payload.get("sleep"):
+        time.sleep(payload["sleep"])
+    if payload.get("fail"):
+        raise PermanentError(f"step {payload.get('name')} told to fail")
+    return {"name": payload.get("name"), "saw": sorted(ctx.parent_results)}
+
+
+@job("tests.group_done")
+def group_done(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """A group's callback: what its members came to."""
+    return {"counts": ctx.parent_counts, "members": sorted(str(p.id) for p in ctx.parents)}

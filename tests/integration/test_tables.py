@@ -96,6 +96,22 @@ def test_added_columns() -> None:
         "attempt_log",
         "dead_cause",
         "event_id",
+        "workflow_id",
+        "step",
+        "waiting_for",
+        "has_dependants",
+        "on_upstream_failure",
+        "progress",
+        "meta",
+    }
+    assert columns("jobs")["workflow_id"] == ("uuid", "YES", None)
+    assert columns("jobs")["waiting_for"] == ("integer", "YES", None)
+    assert columns("jobs")["has_dependants"] == ("boolean", "YES", None)
+    assert columns("jobs")["progress"] == ("jsonb", "YES", None)
+    assert columns("job_dependencies") == {
+        "parent_id": ("uuid", "NO", None),
+        "child_id": ("uuid", "NO", None),
+        "external": ("boolean", "NO", "false"),
     }
     assert columns("jobs")["attempt_log"] == ("jsonb", "YES", None)
     assert columns("jobs")["dead_cause"] == ("text", "YES", None)
