@@ -42,6 +42,7 @@ def _client(conninfo: dict[str, Any], batch: int, worker_id: str) -> None:
                 "summaries": [None] * len(ids),
                 "results": [None] * len(ids),
                 "worker_id": worker_id,
+                "notify": True,
                 "queue": "default",
                 "limit": batch,
                 "lease": 60.0,

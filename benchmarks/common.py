@@ -113,6 +113,7 @@ def completed_outcomes(ids: list[Any], attempts: list[int]) -> dict[str, Any]:
         "codes": [None] * n,
         "summaries": [None] * n,
         "results": [None] * n,
+        "notify": True,
     }
 
 

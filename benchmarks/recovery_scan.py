@@ -68,7 +68,9 @@ def main() -> None:
             timings = []
             for _ in range(args.repeat):
                 started = time.perf_counter()
-                conn.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": "default"}).fetchall()
+                conn.execute(
+                    queries.RECOVER_EXPIRED_LEASES, {"queue": "default", "notify": True}
+                ).fetchall()
                 timings.append(time.perf_counter() - started)
             median = sorted(timings)[len(timings) // 2]
             print(

@@ -59,7 +59,12 @@ def cancel_jobs(
     with tables_required(alias, EnqueueError), connections[alias].cursor() as cursor:
         cursor.execute(
             queries.CANCEL_JOBS,
-            [ids, f"cancelled by {by} before it ran", CANCEL_CHANNEL, get_settings().notify],
+            {
+                "ids": ids,
+                "summary": f"cancelled by {by} before it ran",
+                "channel": CANCEL_CHANNEL,
+                "notify": get_settings().notify,
+            },
         )
         return {job_id: state for job_id, state, _ in cursor.fetchall()}
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from django.db.transaction import TransactionManagementError
+
 from django_pgoutbox.conf import MAX_DELAY_CEILING
 
 
@@ -186,3 +188,63 @@ class LeaseLost(PgOutboxError):
     Raised by ``ctx.renew_lease()``. A handler that sees it should stop; another worker may
     already be running the job.
     """
+
+
+# -- waiting for a job's result (``Job.wait()``, ``Job.await_result()``) ---------------------------
+
+
+class JobNotCompleted(PgOutboxError):
+    """A job that was waited for ended without completing: ``JobFailed`` or ``JobCancelled``.
+
+    ``job`` is the job as its row was read when the wait ended; ``code`` and ``summary`` are its
+    ``last_error_code`` and ``last_error_summary``.
+    """
+
+    status = ""
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+        self.job_id = job.id
+        self.code: str | None = job.last_error_code
+        self.summary: str | None = job.last_error_summary
+        detail = f" ({self.code}: {self.summary})" if self.code else ""
+        super().__init__(f"job {job.id} ({job.job_type}) ended {self.status}{detail}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.job,))
+
+
+class JobFailed(JobNotCompleted):
+    """The job waited for is ``dead``: its attempts are spent, or it failed permanently.
+
+    Raised at once, although an operator may retry the dead letter later: a later wait then
+    waits for the new attempts.
+    """
+
+    status = "dead"
+
+
+class JobCancelled(JobNotCompleted):
+    """The job waited for is ``cancelled`` (``cancel()``, the admin, or a workflow step whose
+    parent failed, code ``upstream_failed``)."""
+
+    status = "cancelled"
+
+
+class WaitTimeout(PgOutboxError, TimeoutError):
+    """The job waited for had not finished when the wait's ``timeout`` ran out; ``job`` is the
+    job as its row was last read (its ``status`` says where it was)."""
+
+    def __init__(self, job: Any, timeout: float) -> None:
+        self.job = job
+        self.timeout = timeout
+        super().__init__(f"job {job.id} was still {job.status} after {timeout:g}s")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.job, self.timeout))
+
+
+class WaitInTransaction(PgOutboxError, TransactionManagementError):
+    """``wait()`` inside ``transaction.atomic()`` of the job's database, for a job that has not
+    finished: a job enqueued in that transaction cannot run before it commits, and any other
+    wait would hold the transaction open. Wait after the commit (``transaction.on_commit``)."""

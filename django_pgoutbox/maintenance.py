@@ -42,7 +42,9 @@ def recover_expired_leases(
     if connection is None:
         connection = connections[using or router.db_for_write(Job)]
     with connection.cursor() as cursor:
-        cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": queue})
+        cursor.execute(
+            queries.RECOVER_EXPIRED_LEASES, {"queue": queue, "notify": get_settings().notify}
+        )
         recovered = [RecoveredLease(job_id, q, status) for job_id, q, status in cursor.fetchall()]
     for lease in recovered:
         metrics.LEASE_EXPIRATIONS.inc(queue=lease.queue)

@@ -19,6 +19,9 @@ OUTBOX_CHANNEL = "outbox_ready"
 #: The notification channel that tells workers a queue was paused, resumed or resized at run time
 #: (``queue_controls``); the payload is the queue name.
 CONTROL_CHANNEL = "pgoutbox_queues"
+#: The notification channel that wakes ``Job.wait()``: jobs finished (completed, dead, cancelled);
+#: the payload is the last 8 hex digits of each one's id, space-separated (queries.results).
+RESULTS_CHANNEL = "pgoutbox_results"
 
 #: Queue names travel in NOTIFY payloads, metric labels and command-line flags: keep them plain.
 QUEUE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$")

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from django_pgoutbox.queries.attempts import append_attempt
+from django_pgoutbox.queries.results import notify_finished
 
 #: What a claim returns of each job, in order: (name, SQL expression, type). CLAIM_JOBS's and
 #: RECORD_AND_CLAIM's RETURNING, RECORD_AND_CLAIM's typed NULLs, their ORDER BY and ``ClaimRow``
@@ -159,7 +160,7 @@ _LOGGED = append_attempt(
 #:
 #: Named parameters: ids uuid[], attempts int[], statuses text[] ('completed', 'retrying', 'dead' or
 #: 'cancelled'), gives_back_attempt boolean[], delays float8[] (seconds, for 'retrying'),
-#: codes text[], summaries text[], results text[] (JSON), worker_id text.
+#: codes text[], summaries text[], results text[] (JSON), worker_id text, notify boolean.
 #:
 #: Fenced: a row is written only while it is still leased by this worker *for this attempt*.
 #: ``attempts`` is the fencing token: every claim increments it, so once a lease expired and
@@ -188,8 +189,12 @@ _LOGGED = append_attempt(
 #: the column is in no index, so the plan above holds. A completion leaves the column as it is.
 #: A death writes its cause to ``dead_cause`` (an entry of ``jobs_dead_cause_idx``, which a
 #: death writes anyway: the index is of dead jobs).
-RECORD_OUTCOMES = f"""
-WITH u AS MATERIALIZED (
+#:
+#: With ``notify``, the jobs it finished (completed, dead, cancelled) are told to their waiters
+#: (``Job.wait()``) by one notification per 800 of them (``queries.results``), sent at commit:
+#: one per batch, not one per job (docs/benchmarks.md, "Waking waiters").
+_RECORD_OUTCOMES_CTES = f"""
+u AS MATERIALIZED (
     -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
     -- would have PostgreSQL apply either to the one row)
     SELECT DISTINCT ON (id, attempt)
@@ -202,32 +207,40 @@ WITH u AS MATERIALIZED (
         id, attempt, status, gives_back_attempt, delay, code, summary, result, sent
     )
     ORDER BY id, attempt, sent
-)
-UPDATE jobs AS j
-SET status = {_STATUS},
-    attempts = CASE WHEN u.gives_back_attempt THEN j.attempts - 1 ELSE j.attempts END,
-    run_at = CASE WHEN u.status = 'retrying'
-                  THEN now() + make_interval(secs => u.delay) ELSE j.run_at END,
-    completed_at = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
-                        THEN now() END,
-    finished_at = CASE WHEN u.status = 'retrying'
-                            AND j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
-    last_error_code = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
-                           THEN j.last_error_code ELSE {_ERROR_CODE} END,
-    last_error_summary = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
-                              THEN j.last_error_summary ELSE {_ERROR_SUMMARY} END,
-    attempt_log = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
-                       THEN j.attempt_log ELSE {_LOGGED} END,
-    dead_cause = {_DEAD_CAUSE},
-    result = u.result::jsonb,
-    lease_expires_at = NULL
-FROM u
-WHERE j.id = ANY(ARRAY(SELECT id FROM u))  -- by primary key, in id order: see above
-  AND j.id = u.id
-  AND j.attempts = u.attempt
-  AND j.locked_by = %(worker_id)s
-  AND (j.status = 'leased') IS TRUE  -- not jobs_leased_idx: see above
-RETURNING j.id
+),
+recorded AS (
+    UPDATE jobs AS j
+    SET status = {_STATUS},
+        attempts = CASE WHEN u.gives_back_attempt THEN j.attempts - 1 ELSE j.attempts END,
+        run_at = CASE WHEN u.status = 'retrying'
+                      THEN now() + make_interval(secs => u.delay) ELSE j.run_at END,
+        completed_at = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
+                            THEN now() END,
+        finished_at = CASE WHEN u.status = 'retrying'
+                                AND j.cancel_requested_at IS NULL THEN NULL ELSE now() END,
+        last_error_code = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
+                               THEN j.last_error_code ELSE {_ERROR_CODE} END,
+        last_error_summary = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
+                                  THEN j.last_error_summary ELSE {_ERROR_SUMMARY} END,
+        attempt_log = CASE WHEN u.status = 'completed' AND j.cancel_requested_at IS NULL
+                           THEN j.attempt_log ELSE {_LOGGED} END,
+        dead_cause = {_DEAD_CAUSE},
+        result = u.result::jsonb,
+        lease_expires_at = NULL
+    FROM u
+    WHERE j.id = ANY(ARRAY(SELECT id FROM u))  -- by primary key, in id order: see above
+      AND j.id = u.id
+      AND j.attempts = u.attempt
+      AND j.locked_by = %(worker_id)s
+      AND (j.status = 'leased') IS TRUE  -- not jobs_leased_idx: see above
+    RETURNING j.id, j.status
+),
+finished AS ({notify_finished("recorded", "%(notify)s")})
+"""
+RECORD_OUTCOMES = f"""
+WITH {_RECORD_OUTCOMES_CTES}
+SELECT id FROM recorded
+WHERE (SELECT count(*) FROM finished) >= 0  -- reading it sends its notifications
 """
 
 # The typed NULLs that pad RECORD_AND_CLAIM's outcome rows to the claim's columns.
@@ -245,11 +258,12 @@ _CLAIM_NULLS = ", ".join(f"NULL::{kind}" for _, _, kind in CLAIM_COLUMNS[1:])
 #: very statement waits for the next claim, as its future ``run_at`` demands anyway.
 def _record_and_claim(candidates: str) -> str:
     return f"""
-WITH recorded AS ({RECORD_OUTCOMES}),
+WITH {_RECORD_OUTCOMES_CTES},
 candidates AS MATERIALIZED ({candidates}),
 claimed AS ({_CLAIM_UPDATE})
 SELECT false, id, {_CLAIM_NULLS}
 FROM recorded
+WHERE (SELECT count(*) FROM finished) >= 0
 UNION ALL
 SELECT true, * FROM claimed
 ORDER BY 1, {_claim_order(offset=1)}  -- the outcomes' ids, then the claimed jobs as CLAIM_JOBS

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django_pgoutbox.queries.attempts import append_attempt
+from django_pgoutbox.queries.results import notify_finished
 
 #: Extend the leases of the attempts this worker is running; returns the ids still held, each
 #: with whether its cancellation was requested.
@@ -43,7 +44,8 @@ _LOST_LOGGED = append_attempt(
 
 #: Make jobs whose lease expired claimable again, or dead when that was their last attempt.
 #:
-#: Named parameters: queue text or NULL (every queue).
+#: Named parameters: queue text or NULL (every queue), notify boolean (tell the jobs it ends
+#: dead or cancelled to their waiters, as RECORD_OUTCOMES does).
 #:
 #: A worker that crashed or stalled past its lease never recorded an outcome; its job goes back
 #: to 'retrying' due now, or to 'cancelled' if its cancellation was requested. The worker may
@@ -66,26 +68,33 @@ _LOST_LOGGED = append_attempt(
 # unless its cancellation was asked.
 _LOST_LAST = "alone_attempt = attempts AND attempts >= max_attempts"
 RECOVER_EXPIRED_LEASES = f"""
-UPDATE jobs
-SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
-                  WHEN {_LOST_LAST} THEN 'dead'
-                  ELSE 'retrying' END,
-    attempts = CASE WHEN alone_attempt IS DISTINCT FROM attempts THEN attempts - 1
-                    ELSE attempts END,
-    lost_attempts = CASE WHEN last_error_code = 'lease_expired' THEN lost_attempts + 1 ELSE 1 END,
-    run_at = now(),
-    finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR ({_LOST_LAST}) THEN now() END,
-    last_error_code = 'lease_expired',
-    last_error_summary = {_LOST_SUMMARY},
-    attempt_log = {_LOST_LOGGED},
-    dead_cause = CASE WHEN cancel_requested_at IS NULL AND {_LOST_LAST}
-                      THEN pgoutbox_error_fingerprint(job_type, 'lease_expired', {_LOST_SUMMARY})
-                 END,
-    lease_expires_at = NULL
-WHERE status = 'leased'
-  AND lease_expires_at < now()
-  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
-RETURNING id, queue, status
+WITH recovered AS (
+    UPDATE jobs
+    SET status = CASE WHEN cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN {_LOST_LAST} THEN 'dead'
+                      ELSE 'retrying' END,
+        attempts = CASE WHEN alone_attempt IS DISTINCT FROM attempts THEN attempts - 1
+                        ELSE attempts END,
+        lost_attempts = CASE WHEN last_error_code = 'lease_expired' THEN lost_attempts + 1
+                             ELSE 1 END,
+        run_at = now(),
+        finished_at = CASE WHEN cancel_requested_at IS NOT NULL OR ({_LOST_LAST}) THEN now() END,
+        last_error_code = 'lease_expired',
+        last_error_summary = {_LOST_SUMMARY},
+        attempt_log = {_LOST_LOGGED},
+        dead_cause = CASE WHEN cancel_requested_at IS NULL AND {_LOST_LAST}
+                          THEN pgoutbox_error_fingerprint(job_type, 'lease_expired',
+                                                          {_LOST_SUMMARY})
+                     END,
+        lease_expires_at = NULL
+    WHERE status = 'leased'
+      AND lease_expires_at < now()
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+    RETURNING id, queue, status
+),
+finished AS ({notify_finished("recovered", "%(notify)s")})
+SELECT id, queue, status FROM recovered
+WHERE (SELECT count(*) FROM finished) >= 0  -- reading it sends its notifications
 """
 
 #: Say that a suspect (a job lost with its worker twice in a row) now starts alone in this

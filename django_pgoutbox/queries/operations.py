@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django_pgoutbox.queries.results import notify_finished
+
 #: Delete up to ``limit`` jobs of one finished status older than the retention.
 #:
 #: Named parameters: status text ('completed' or 'cancelled'), age seconds float, limit int.
@@ -140,25 +142,26 @@ WHERE id = ANY(%s::uuid[]) AND dead_at IS NOT NULL AND processed_at IS NULL
 #: ones are asked to stop. Waiting jobs that wait for one cancelled here are cancelled too, in
 #: this transaction (the triggers of migration 0016).
 #:
-#: Parameters: ids uuid[], summary text, channel text, notify boolean. Returns (id, status) per
-#: job found: 'cancelled' (cancelled now, or already), 'cancelling' (running, asked to stop), or
-#: the finished status it already had ('completed', 'dead').
+#: Named parameters: ids uuid[], summary text, channel text, notify boolean. Returns (id, status,
+#: a count) per job found: 'cancelled' (cancelled now, or already), 'cancelling' (running, asked
+#: to stop), or the finished status it already had ('completed', 'dead').
 #:
 #: ``FOR UPDATE`` makes a cancel that races a claim wait for it and see the job 'leased', so a
 #: job is never both claimed and cancelled as pending. Workers hear of a request at their next
 #: lease renewal, or at once when the notification on ``channel`` (payload: the queue) arrives.
-CANCEL_JOBS = """
+#: With ``notify``, the jobs cancelled now are told to their waiters (``queries.results``).
+CANCEL_JOBS = f"""
 WITH targets AS MATERIALIZED (
     -- locked in id order, as a worker's renewals and outcome writes mostly take them
-    SELECT id, status, queue FROM jobs WHERE id = ANY(%s::uuid[]) ORDER BY id FOR UPDATE
+    SELECT id, status, queue FROM jobs WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id FOR UPDATE
 ),
 cancelled AS (
     UPDATE jobs AS j
     SET status = 'cancelled', finished_at = now(), last_error_code = 'cancelled',
-        last_error_summary = %s, lease_expires_at = NULL
+        last_error_summary = %(summary)s, lease_expires_at = NULL
     FROM targets AS t
     WHERE j.id = t.id AND t.status IN ('waiting', 'pending', 'retrying')
-    RETURNING j.id
+    RETURNING j.id, j.status
 ),
 requested AS (
     UPDATE jobs AS j
@@ -168,13 +171,15 @@ requested AS (
     RETURNING j.id, j.queue
 ),
 woken AS (
-    SELECT pg_notify(%s, queue) FROM (SELECT DISTINCT queue FROM requested) AS q WHERE %s
-)
+    SELECT pg_notify(%(channel)s, queue) FROM (SELECT DISTINCT queue FROM requested) AS q
+    WHERE %(notify)s
+),
+finished AS ({notify_finished("cancelled", "%(notify)s")})
 SELECT t.id,
        CASE WHEN t.status IN ('waiting', 'pending', 'retrying') THEN 'cancelled'
             WHEN t.status = 'leased' THEN 'cancelling'
             ELSE t.status END,
-       (SELECT count(*) FROM woken)
+       (SELECT count(*) FROM woken) + (SELECT count(*) FROM finished)
 FROM targets AS t
 """
 

@@ -12,6 +12,7 @@ import psycopg
 from django.db import DatabaseError
 
 from django_pgoutbox import metrics, queries
+from django_pgoutbox.conf import get_settings
 from django_pgoutbox.db import ErrorKind, classify_error
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.retry import bound, summarize
@@ -54,6 +55,7 @@ def params(batch: Sequence[Outcome], worker_id: str) -> dict[str, Any]:
         "summaries": [o.summary for o in batch],
         "results": [o.result_json for o in batch],
         "worker_id": worker_id,
+        "notify": get_settings().notify,  # wakes Job.wait() (queries.results)
     }
 
 

@@ -64,7 +64,7 @@ def failed(job: ClaimedJob, summary: str = "TransientError: upstream") -> Outcom
 def expire_and_recover(job_id: Any) -> None:
     Job.objects.filter(pk=job_id).update(lease_expires_at=timezone.now() - timedelta(hours=1))
     with connection.cursor() as cursor:
-        cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": "reports"})
+        cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": "reports", "notify": True})
 
 
 @pytest.mark.django_db(transaction=True)

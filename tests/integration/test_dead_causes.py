@@ -371,6 +371,7 @@ class TestTheCauseColumn:
                     "summaries": ["KeyError: 'a1'", "KeyError: 'a2'"],
                     "results": [None, None],
                     "worker_id": "w",
+                    "notify": True,
                 },
             )
             cursor.execute(queries.RELEASE_JOBS, [[released.pk], [3], "w"])
@@ -393,7 +394,7 @@ class TestTheCauseColumn:
             locked_at=timezone.now() - timedelta(minutes=2),
         )
         with connection.cursor() as cursor:
-            cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": None})
+            cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": None, "notify": True})
         job.refresh_from_db()
         assert job.status == JobStatus.DEAD
         assert job.dead_cause == fingerprint(

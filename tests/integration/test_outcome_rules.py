@@ -54,7 +54,7 @@ def recover(job: ClaimedJob) -> None:
     past = timezone.now() - timedelta(hours=1)  # before the transaction's now()
     Job.objects.filter(pk=job.id).update(lease_expires_at=past)
     with connection.cursor() as cursor:
-        cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": "reports"})
+        cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": "reports", "notify": True})
 
 
 def snoozed(job: ClaimedJob, seconds: float = 60.0) -> Outcome:

@@ -203,6 +203,7 @@ class TestClaiming:
                 "summaries": [None] * n,
                 "results": [None] * n,
                 "worker_id": "new",
+                "notify": True,
             }
             cursor.execute("EXPLAIN " + queries.RECORD_OUTCOMES, record)
             plans = ["\n".join(row[0] for row in cursor.fetchall())]
@@ -244,6 +245,7 @@ class TestClaiming:
                 "summaries": nones,
                 "results": nones,
                 "worker_id": "w",
+                "notify": True,
             }
             claim = {"queue": "default", "limit": 3, "lease": 60.0}
             cursor.execute(queries.RECORD_AND_CLAIM, outcomes | claim)
@@ -447,7 +449,7 @@ class TestLeases:
                 queries.CLAIM_JOBS,
                 {"queue": "default", "limit": 1, "worker_id": "worker-a", "lease": 0.0},
             )
-            cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": None})
+            cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": None, "notify": True})
             cursor.execute(
                 queries.CLAIM_JOBS,
                 {"queue": "default", "limit": 1, "worker_id": "worker-b", "lease": 60.0},
@@ -466,6 +468,7 @@ class TestLeases:
                         "summaries": [None],
                         "results": [None],
                         "worker_id": worker,
+                        "notify": True,
                     },
                 )
                 return cursor.fetchall()
