@@ -15,7 +15,10 @@ __all__ = [
     "Event",
     "InboxAutocommitWarning",
     "InboxError",
+    "JobCancelled",
     "JobContext",
+    "JobFailed",
+    "JobNotCompleted",
     "JobTimeout",
     "OutboxModelMixin",
     "PermanentError",
@@ -25,6 +28,8 @@ __all__ = [
     "Snooze",
     "TransientError",
     "UnknownJobTypeWarning",
+    "WaitInTransaction",
+    "WaitTimeout",
     "accept_message",
     "cancel",
     "cancel_workflow",
@@ -51,6 +56,9 @@ if TYPE_CHECKING:
         EnqueueError,
         InboxAutocommitWarning,
         InboxError,
+        JobCancelled,
+        JobFailed,
+        JobNotCompleted,
         JobTimeout,
         PermanentError,
         PublishError,
@@ -59,6 +67,8 @@ if TYPE_CHECKING:
         Snooze,
         TransientError,
         UnknownJobTypeWarning,
+        WaitInTransaction,
+        WaitTimeout,
     )
     from django_pgoutbox.inbox import accept_message
     from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber

@@ -44,6 +44,7 @@ from django_pgoutbox.enqueueing import enqueue_prepared, prepare_job
 from django_pgoutbox.errors import EnqueueError, PermanentError
 from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.registry import JobDefinition
+from django_pgoutbox.results import read_job
 from django_pgoutbox.retry import MAX_CODE_LENGTH, bound, summarize
 
 #: Our seven states, as Django's four task statuses.
@@ -125,7 +126,8 @@ class PgOutboxBackend(BaseTaskBackend):  # type: ignore[misc]
             job_id = uuid.UUID(str(result_id))
         except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
-        job = Job.objects.using(self._database()).filter(pk=job_id).first()
+        # the read that Job.wait() makes of a finished job (TaskResult.refresh() comes here)
+        job = read_job(job_id, self._database())
         if job is None or not _is_task(job.payload):
             raise TaskResultDoesNotExist(result_id)
         return task_result(job, backend=self.alias)

@@ -8,7 +8,7 @@ Storage parameters (fillfactor, autovacuum) are set in the initial migration; se
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, TypeVar
 
 from django.contrib.postgres.functions import RandomUUID
@@ -392,6 +392,27 @@ class Job(models.Model):
         """Every attempt of this job as far as it is kept, oldest first: those logged in
         ``attempt_log``, then the row's own attempt while it runs or once it completed it."""
         return attempt_history(self)
+
+    def wait(self, timeout: float | timedelta | None = None) -> Any:
+        """Block until this job finishes, then return its result (``result``, the handler's
+        return value) with the instance's fields read again from its row.
+
+        Raises ``JobFailed`` if it ends (or is) ``dead``, at once, though an operator may
+        retry it later; ``JobCancelled`` if ``cancelled``; ``WaitTimeout`` (a ``TimeoutError``)
+        once ``timeout`` seconds (or a ``timedelta``; None: no limit) have passed;
+        ``WaitInTransaction`` inside ``transaction.atomic()`` for a job not finished yet;
+        ``Job.DoesNotExist`` if its row is not there. Woken by a notification when the job
+        finishes, with polls as the fallback (docs/results.md).
+        """
+        from django_pgoutbox.results import wait
+
+        return wait(self, timeout)
+
+    async def await_result(self, timeout: float | timedelta | None = None) -> Any:
+        """``wait()`` for asyncio: the same outcomes and errors, without blocking the loop."""
+        from django_pgoutbox.results import await_result
+
+        return await await_result(self, timeout)
 
 
 class Workflow(models.Model):
