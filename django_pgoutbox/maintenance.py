@@ -92,6 +92,8 @@ class PruneResult:
     processed_events: int
     inbox_messages: int = 0
     stale_heartbeats: int = 0
+    workflows: int = 0
+    stale_waiters: int = 0
 
 
 def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
@@ -99,7 +101,9 @@ def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
 
     Only ``completed`` and ``cancelled`` jobs, processed events and inbox messages are ever
     deleted: pending, leased, retrying and dead rows are left alone, whatever their age.
-    Heartbeats of processes not seen for a day go too (a killed process never deletes its own).
+    Heartbeats of processes not seen for a day go too (a killed process never deletes its own),
+    workflows older than the completed jobs' retention whose steps are all gone, and what
+    listeners gone waited for (``job_waiters``).
     """
     alias = using or router.db_for_write(Job)
     retention = get_settings().retention
@@ -120,6 +124,14 @@ def prune(*, using: str | None = None, batch: int = PRUNE_BATCH) -> PruneResult:
     ]
     with connections[alias].cursor() as cursor:
         cursor.execute(queries.PRUNE_HEARTBEATS)
+        counts.append(cursor.rowcount)
+    counts.append(
+        _in_batches(alias, queries.PRUNE_WORKFLOWS, {"age": age}, batch, deadline)
+        if (age := retention.completed_jobs) is not None
+        else 0
+    )
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.PRUNE_WAITERS)
         counts.append(cursor.rowcount)
     result = PruneResult(*counts)
     if any(counts):

@@ -34,6 +34,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections, router
 from psycopg import sql
 
+from django_pgoutbox import queries
 from django_pgoutbox.conf import MAX_DELAY_CEILING, RESULTS_CHANNEL, get_settings
 from django_pgoutbox.db import raw_connection_params
 from django_pgoutbox.errors import (
@@ -235,7 +236,7 @@ def _watching(
         yield listening
         return
     listener = ResultListener.of(get_settings().listen_databases.get(using, using))
-    watch = Watch(tag(job_id), wake, said)
+    watch = Watch(tag(job_id), wake, said, job_id)
     listener.post(watch)
     try:
         yield listening
@@ -251,6 +252,7 @@ class Watch:
     tag: str
     wake: Callable[[], None]
     listening: Callable[[], None]
+    job_id: uuid.UUID
 
 
 @dataclass(eq=False)
@@ -268,6 +270,8 @@ class _State:
 
     connection: psycopg.Connection[Any] | None = None
     watches: dict[str, set[Watch]] = field(default_factory=dict)
+    #: How many watches each job has: the jobs registered in ``job_waiters`` for this listener.
+    jobs: dict[uuid.UUID, int] = field(default_factory=dict)
     idle_since: float = 0.0
     retry_at: float = 0.0
     backoff: float = RECONNECT_BACKOFF[0]
@@ -384,13 +388,24 @@ class ResultListener:
                 if state.connection is None and time.monotonic() >= state.retry_at:
                     self._connect(state)
                 state.watches.setdefault(message.tag, set()).add(message)
+                count = state.jobs.get(message.job_id, 0)
+                state.jobs[message.job_id] = count + 1
+                if count == 0:
+                    # registered before the waiter reads the row: a completion after that read
+                    # is notified (queries.results)
+                    self._execute(state, queries.REGISTER_WAITERS, [[message.job_id]])
                 _call(message.listening)
             else:
                 tagged = state.watches.get(message.watch.tag)
-                if tagged is not None:
+                if tagged is not None and message.watch in tagged:
                     tagged.discard(message.watch)
                     if not tagged:
                         del state.watches[message.watch.tag]
+                    job_id = message.watch.job_id
+                    state.jobs[job_id] -= 1
+                    if not state.jobs[job_id]:
+                        del state.jobs[job_id]
+                        self._execute(state, queries.UNREGISTER_WAITER, [job_id])
                 if not state.watches:
                     state.idle_since = time.monotonic()
 
@@ -410,9 +425,26 @@ class ResultListener:
             return
         state.connection, state.backoff = connection, RECONNECT_BACKOFF[0]
         self._pid = connection.info.backend_pid
+        if state.jobs:  # the registrations of the connection before ended with it
+            self._execute(state, queries.REGISTER_WAITERS, [list(state.jobs)])
         if state.ever_connected:
             self._wake_all(state)  # what was sent while it was away is lost
         state.ever_connected = True
+
+    def _execute(self, state: _State, statement: str, params: list[Any]) -> None:
+        """Run a registration on the listening connection; a failure there is the connection's
+        loss (its waiters poll until the next connection registers them again)."""
+        if state.connection is None:
+            return
+        try:
+            state.connection.execute(statement, params)
+        except psycopg.Error as error:
+            logger.warning(
+                "result listener of %r: connection lost (%s); waiters poll", self.using, error
+            )
+            self._drop(state)
+            state.retry_at = time.monotonic() + state.backoff
+            self._wake_all(state)
 
     def _drop(self, state: _State) -> None:
         if state.connection is not None:

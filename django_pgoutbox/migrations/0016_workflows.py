@@ -87,10 +87,16 @@ BEGIN
         woken AS (
             SELECT count(pg_notify('pgoutbox_jobs', q.queue)) AS n
             FROM (SELECT DISTINCT queue FROM changed WHERE status = 'pending') AS q
+        ),
+        told AS (  -- the waiters of a job cancelled here (Job.wait(), queries.results)
+            SELECT count(pg_notify('pgoutbox_results', right(x.id::text, 8))) AS n
+            FROM changed AS x
+            WHERE x.status = 'cancelled'
+              AND EXISTS (SELECT 1 FROM job_waiters AS w WHERE w.job_id = x.id)
         )
         SELECT array_agg(id ORDER BY id) FILTER (WHERE status = 'cancelled')
         INTO level
-        FROM changed, woken;
+        FROM changed, woken, told;
         EXIT WHEN level IS NULL;
         only_children := NULL;
     END LOOP;
@@ -264,6 +270,19 @@ DROP FUNCTION IF EXISTS pgoutbox_rearm(uuid[]);
 DROP FUNCTION IF EXISTS pgoutbox_settle(uuid[], uuid[]);
 """
 
+# Who waits for which job (Job.wait(), results.ResultListener): a row per job and listening
+# connection (its server process), so that the statements that finish jobs notify only those
+# that someone waits for, and a drain that no one waits on sends nothing. UNLOGGED: after a crash
+# the listeners register again; rows of a listener gone are pruned (maintenance.prune).
+JOB_WAITERS = """
+CREATE UNLOGGED TABLE job_waiters (
+    job_id uuid NOT NULL,
+    listener_pid integer NOT NULL DEFAULT pg_backend_pid(),
+    since timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (job_id, listener_pid)
+)
+"""
+
 STATUSES = "'waiting', 'pending', 'leased', 'retrying', 'completed', 'dead', 'cancelled'"
 OLD_STATUSES = "'pending', 'leased', 'retrying', 'completed', 'dead', 'cancelled'"
 
@@ -435,5 +454,6 @@ class Migration(migrations.Migration):
                 name="jobs_waiting_idx",
             ),
         ),
+        migrations.RunSQL(JOB_WAITERS, "DROP TABLE job_waiters"),
         migrations.RunSQL(SETTLE_FUNCTIONS, DROP_SETTLE_FUNCTIONS),
     ]

@@ -138,6 +138,7 @@ from django_pgoutbox.queries.operations import (
     PRUNE_HEARTBEATS,
     PRUNE_INBOX_MESSAGES,
     PRUNE_JOBS,
+    PRUNE_WORKFLOWS,
     REDRIVE_DEAD_EVENTS,
     RELEASE_EXPIRED_EVENT_CLAIMS,
     RETRY_DEAD_JOBS,
@@ -152,6 +153,7 @@ from django_pgoutbox.queries.outbox import (
 )
 from django_pgoutbox.queries.params import binary
 from django_pgoutbox.queries.publish import PUBLISH_AHEAD
+from django_pgoutbox.queries.results import PRUNE_WAITERS, REGISTER_WAITERS, UNREGISTER_WAITER
 from django_pgoutbox.queries.workflows import (
     EXISTING_JOBS,
     INSERT_EDGES,
@@ -227,6 +229,8 @@ __all__ = [
     "PRUNE_INBOX_MESSAGES",
     "PRUNE_JOBS",
     "PRUNE_QUEUE_MINUTES",
+    "PRUNE_WAITERS",
+    "PRUNE_WORKFLOWS",
     "PUBLISH_AHEAD",
     "PUBLISH_EVENT",
     "QUEUE_ALLOWANCE",
@@ -240,6 +244,7 @@ __all__ = [
     "RECOVER_EXPIRED_LEASES",
     "REDRIVE_DEAD_DELIVERIES",
     "REDRIVE_DEAD_EVENTS",
+    "REGISTER_WAITERS",
     "RELEASE_EXPIRED_EVENT_CLAIMS",
     "RELEASE_JOBS",
     "RENEW_LEASES",
@@ -258,6 +263,7 @@ __all__ = [
     "TAKE_WORKER_ID",
     "UNCLAIM_JOBS",
     "UNFINISHED_STEPS",
+    "UNREGISTER_WAITER",
     "WAKE_QUEUES",
     "WORKER_HEARTBEATS",
     "WRITE_DELIVERIES",

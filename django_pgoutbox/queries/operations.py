@@ -10,14 +10,33 @@ from django_pgoutbox.queries.results import notify_finished
 #:
 #: The status test is explicit, so no other state can ever be deleted; ``jobs_finished_idx``
 #: finds the oldest finished rows without reading the live ones.
+#: The edges that led to them (``job_dependencies``, keyed by child) go with them; an edge from
+#: a pruned parent stays until its child is pruned.
 PRUNE_JOBS = """
-DELETE FROM jobs
-WHERE id IN (
+WITH doomed AS (
     SELECT id
     FROM jobs
     WHERE status = %(status)s
       AND status IN ('completed', 'cancelled')
       AND finished_at < now() - make_interval(secs => %(age)s)
+    LIMIT %(limit)s
+),
+edges AS (
+    DELETE FROM job_dependencies WHERE child_id IN (SELECT id FROM doomed)
+)
+DELETE FROM jobs
+WHERE id IN (SELECT id FROM doomed)
+"""
+
+#: Delete up to ``limit`` workflows older than the retention whose steps are all pruned.
+#: Named parameters: age seconds float, limit int.
+PRUNE_WORKFLOWS = """
+DELETE FROM workflows
+WHERE id IN (
+    SELECT w.id
+    FROM workflows AS w
+    WHERE w.created_at < now() - make_interval(secs => %(age)s)
+      AND NOT EXISTS (SELECT 1 FROM jobs AS j WHERE j.workflow_id = w.id)
     LIMIT %(limit)s
 )
 """

@@ -8,6 +8,10 @@ of another job (one chance in 2^32 per job) only costs it a read. The tail of th
 head: a UUIDv7 begins with its creation time, which jobs enqueued together share, and ends with
 random bits. One notification per batch rather than per job: docs/benchmarks.md, "Waking
 waiters", has the costs measured.
+
+Only the jobs that someone waits for are told: a listener registers each job its waiters wait
+for in ``job_waiters`` (migration 0016) before they read the job's row, so a statement that
+finishes jobs no one waits for (a drain) sends no notification at all.
 """
 
 from __future__ import annotations
@@ -32,6 +36,21 @@ def notify_finished(rows: str, notify: str) -> str:
         SELECT id, row_number() OVER () - 1 AS n
         FROM {rows}
         WHERE status IN ('completed', 'dead', 'cancelled') AND {notify}
+          AND EXISTS (SELECT 1 FROM job_waiters AS w WHERE w.job_id = {rows}.id)
     ) AS f
     GROUP BY f.n / {TAGS_PER_NOTIFICATION}
+"""
+
+
+#: Register the jobs a listener's waiters wait for (its connection's server process is the
+#: listener). Parameter: ids uuid[].
+REGISTER_WAITERS = """
+INSERT INTO job_waiters (job_id) SELECT unnest(%s::uuid[]) ON CONFLICT DO NOTHING
+"""
+#: Forget a job no waiter of this listener waits for any more. Parameter: id uuid.
+UNREGISTER_WAITER = "DELETE FROM job_waiters WHERE job_id = %s AND listener_pid = pg_backend_pid()"
+#: Forget what listeners gone (their server process ended) waited for.
+PRUNE_WAITERS = """
+DELETE FROM job_waiters AS w
+WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity AS a WHERE a.pid = w.listener_pid)
 """

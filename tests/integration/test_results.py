@@ -31,6 +31,7 @@ from django_pgoutbox import (
 from django_pgoutbox import results as results_module
 from django_pgoutbox.db import raw_connection_params
 from django_pgoutbox.ids import uuid7
+from django_pgoutbox.maintenance import prune
 from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.queries import RECORD_OUTCOMES
 from django_pgoutbox.results import ResultListener, read_job, seconds, tag
@@ -380,11 +381,9 @@ class TestWaking:
             thread.start()
         time.sleep(0.5)
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND query LIKE 'LISTEN %%pgoutbox_results%%'"
-            )
-            assert cursor.fetchone() == (1,)
+            # one listener registered every job its waiters wait for (job_waiters)
+            cursor.execute("SELECT count(*), count(DISTINCT listener_pid) FROM job_waiters")
+            assert cursor.fetchone() == (n, 1)
         half = [job.pk for job in jobs[: n // 2]]
         rest = [job.pk for job in jobs[n // 2 :]]
         record_later(half, "completed", 0.0, result=1).join()
@@ -448,3 +447,31 @@ def test_a_closed_event_loop_does_not_stop_the_listener() -> None:
         loop.call_soon_threadsafe(lambda: None)
 
     results_module._call(wake)
+
+
+@pytest.mark.django_db(transaction=True)  # the statements run on connections of their own
+@pytest.mark.usefixtures("quiet_listener")
+class TestOnlyWaitedJobsAreTold:
+    def test_jobs_no_one_waits_for_are_finished_without_a_notification(self) -> None:
+        waited, alone = enqueue_many([{"job_type": "tests.behave", "payload": {}}] * 2)
+        with psycopg.connect(**raw_connection_params("default"), autocommit=True) as heard:
+            heard.execute("LISTEN pgoutbox_results")
+            record_later([alone.pk], "completed", 0.0).join()
+            assert [n.payload for n in heard.notifies(timeout=0.5)] == []
+            # a listener's registration (as ResultListener writes it) makes it told
+            heard.execute("INSERT INTO job_waiters (job_id) VALUES (%s)", [waited.pk])
+            record_later([waited.pk], "completed", 0.0).join()
+            assert [n.payload for n in heard.notifies(timeout=2, stop_after=1)] == [tag(waited.pk)]
+
+    def test_a_gone_listeners_registrations_are_pruned(self) -> None:
+        job = enqueue("tests.behave", {})
+        with connection.cursor() as cursor:
+            cursor.execute("DELETE FROM job_waiters")  # no model: the flush between tests leaves it
+            cursor.execute(
+                "INSERT INTO job_waiters (job_id, listener_pid) VALUES (%s, -1), (%s, DEFAULT)",
+                [job.pk, job.pk],
+            )
+        assert prune().stale_waiters == 1
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT listener_pid = pg_backend_pid() FROM job_waiters")
+            assert cursor.fetchall() == [(True,)]

@@ -420,7 +420,12 @@ class TestMaintenance:
         assert list(WorkerHeartbeat.objects.values_list("worker_id", flat=True)) == ["alive"]
         remaining = sorted(Job.objects.values_list("status", flat=True))
         assert remaining == sorted(
-            ["pending"] * 3 + ["leased"] * 3 + ["retrying"] * 3 + ["dead"] * 3 + ["completed"]
+            ["waiting"] * 3
+            + ["pending"] * 3
+            + ["leased"] * 3
+            + ["retrying"] * 3
+            + ["dead"] * 3
+            + ["completed"]
         )
         assert OutboxEvent.objects.count() == 2
 

@@ -347,7 +347,9 @@ class TestRelease:
             lease_expires_at=timezone.now() - timedelta(hours=1), alone_attempt=1
         )
         with connection.cursor() as cursor:
-            cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": jobs["reserve"].queue})
+            cursor.execute(
+                queries.RECOVER_EXPIRED_LEASES, {"queue": jobs["reserve"].queue, "notify": True}
+            )
         assert status(jobs["reserve"])[0] == "dead"
         assert status(jobs["charge"])[0] == "cancelled"
         assert status(jobs["notify"])[0] == "pending"
