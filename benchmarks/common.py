@@ -114,6 +114,8 @@ def completed_outcomes(ids: list[Any], attempts: list[int]) -> dict[str, Any]:
         "summaries": [None] * n,
         "results": [None] * n,
         "notify": True,
+        "progress": [None] * n,
+        "meta": [None] * n,
     }
 
 

@@ -13,6 +13,7 @@ from django.db import connections
 
 from django_pgoutbox import queries
 from django_pgoutbox.errors import Cancelled
+from django_pgoutbox.progress import Progress, Report, check_progress, merge_meta
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,21 @@ class CancelFlag:
         return self._set
 
 
+class ProgressNote:
+    """What a running attempt's handler set last (``ctx.set_progress()``, ``ctx.set_meta()``),
+    for its worker to write: ``latest`` is written by the handler's thread alone, replaced whole
+    by an immutable ``Report`` at each call, and read by the queue's coordinator when it writes
+    (``worker.progress``), at most once a second. One writer, one reader, one attribute, no
+    lock: as ``CancelFlag``, the other way round. The handler's thread posts the note once, at
+    the attempt's first call; the calls after it cost no message.
+    """
+
+    __slots__ = ("latest",)
+
+    def __init__(self, latest: Report) -> None:
+        self.latest = latest
+
+
 class JobContext:
     """What a handler knows about the attempt it is running.
 
@@ -74,7 +90,9 @@ class JobContext:
     extend the lease (None: there is no lease, nothing to do). ``cancel`` is the flag that the
     worker sets when the job's cancellation is requested (None: a flag of its own, never set
     unless the caller keeps it and sets it). ``worker_ids`` are the worker id of every attempt
-    so far, this one last; ``using`` is the database alias the job lives in.
+    so far, this one last; ``using`` is the database alias the job lives in. ``report`` is
+    what the first :meth:`set_progress` or :meth:`set_meta` calls with the attempt's
+    ``ProgressNote`` (None: nothing is written, the values are only kept here).
     """
 
     def __init__(
@@ -90,6 +108,7 @@ class JobContext:
         cancel: CancelFlag | None = None,
         worker_ids: list[str] | None = None,
         using: str = "default",
+        report: Callable[[ProgressNote], None] | None = None,
     ) -> None:
         self.job_id = job_id
         self.job_type = job_type
@@ -105,6 +124,13 @@ class JobContext:
         self._renew = renew
         self._cancel = CancelFlag() if cancel is None else cancel
         self._parents: tuple[ParentOutcome, ...] | None = None
+        self._report = report
+        # What this attempt set (its handler's thread alone writes these), and the note that
+        # the worker reads them from once it has been posted.
+        self._progress: Progress | None = None
+        self._meta: dict[str, Any] = {}
+        self._meta_json: str | None = None
+        self._note: ProgressNote | None = None
 
     def __repr__(self) -> str:
         return (
@@ -161,3 +187,61 @@ class JobContext:
         if self._renew is not None:
             self._renew()
         self.raise_if_cancelled()
+
+    @property
+    def progress(self) -> dict[str, Any] | None:
+        """What :meth:`set_progress` was last given, as ``jobs.progress`` holds it
+        (``{"done": ..., "total": ..., "message": ...}``), or None."""
+        if self._progress is None:
+            return None
+        done, total, message = self._progress
+        return {"done": done, "total": total, "message": message}
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Every value :meth:`set_meta` was given, by key (a copy)."""
+        return dict(self._meta)
+
+    def set_progress(
+        self, done: int | float, total: int | float | None = None, message: str | None = None
+    ) -> None:
+        """Say how far this attempt has come: ``done`` of ``total`` (None: unknown), and what
+        it is doing (``message``, at most 1,000 characters).
+
+        Call it as often as you like: the worker writes the job's ``progress`` at most once a
+        second, the last value each time, and the last of all with the job's outcome. Raises
+        ``TypeError`` or ``ValueError`` (:class:`~django_pgoutbox.errors.InvalidProgress`)
+        naming the argument that cannot be stored: a negative or non-finite count, ``total``
+        below ``done``, a message too long or with a NUL character.
+        """
+        self._progress = check_progress(done, total, message)
+        self._publish()
+
+    def set_meta(self, **values: Any) -> None:
+        """Set keys of this job's metadata (``jobs.meta``, a JSON object), written as
+        :meth:`set_progress` writes progress; keys not named keep their values.
+
+        Values must be JSON (no NaN, no cycles) and the whole object at most 64 KiB of JSON;
+        else :class:`~django_pgoutbox.errors.InvalidProgress` (a ``ValueError``) names the key,
+        and nothing of the call is kept. The values are copied as JSON at the call.
+        """
+        if not values:
+            return
+        self._meta, self._meta_json = merge_meta(self._meta, values)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Give the worker the values set now: the first time, post the note; after, replace
+        what it holds (one attribute: the worker reads it when it writes)."""
+        latest: Report = (self._progress, self._meta_json)
+        if self._note is not None:
+            self._note.latest = latest
+        elif self._report is not None:
+            self._note = ProgressNote(latest)
+            self._report(self._note)
+
+    def _reported(self) -> Report | None:
+        """What this attempt set, as the worker writes it with the outcome (None: nothing)."""
+        if self._progress is None and self._meta_json is None:
+            return None
+        return (self._progress, self._meta_json)

@@ -152,6 +152,11 @@ class EnqueueError(InvalidInput):
     """An enqueue was refused; ``field`` names the argument that was wrong."""
 
 
+class InvalidProgress(InvalidInput):
+    """``ctx.set_progress()`` or ``ctx.set_meta()`` was given a value that cannot be stored;
+    ``field`` names the argument. Raised in the handler, at the call: nothing of it is kept."""
+
+
 class UnknownJobTypeWarning(UserWarning):
     """``enqueue()`` of a job type that no ``@job`` of this process declares, and that
     ``PGOUTBOX["REMOTE_JOB_TYPES"]`` does not list: a misspelt name, or a handler that lives in

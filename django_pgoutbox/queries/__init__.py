@@ -11,6 +11,7 @@
 - ``inbox``: recording a received message once;
 - ``controls``: queues paused, resumed and resized at run time; their minutes, for the charts;
 - ``publish``: an ordered publisher's job, waiting for the earlier ones of its aggregate;
+- ``progress``: what running handlers say of their progress and metadata;
 - ``operations``: pruning, dead letters (and their causes), cancellation;
 - ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks;
 - ``workflows``: writing a graph of jobs, reading a step's parents.
@@ -152,6 +153,7 @@ from django_pgoutbox.queries.outbox import (
     SEEK_CLAIM_EVENTS,
 )
 from django_pgoutbox.queries.params import binary
+from django_pgoutbox.queries.progress import WRITE_PROGRESS
 from django_pgoutbox.queries.publish import PUBLISH_AHEAD
 from django_pgoutbox.queries.results import PRUNE_WAITERS, REGISTER_WAITERS, UNREGISTER_WAITER
 from django_pgoutbox.queries.workflows import (
@@ -267,6 +269,7 @@ __all__ = [
     "WAKE_QUEUES",
     "WORKER_HEARTBEATS",
     "WRITE_DELIVERIES",
+    "WRITE_PROGRESS",
     "ClaimRow",
     "Dispatched",
     "binary",
@@ -306,6 +309,7 @@ DISPATCHED: dict[str, Dispatched] = {
     "RENEW_LEASES": _dispatched("RENEW_LEASES", prepare=False),
     "UNCLAIM_JOBS": _dispatched("UNCLAIM_JOBS", prepare=False),
     "RELEASE_JOBS": _dispatched("RELEASE_JOBS", prepare=False),
+    "WRITE_PROGRESS": _dispatched("WRITE_PROGRESS", prepare=False),
 }
 
 

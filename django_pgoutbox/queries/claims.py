@@ -160,7 +160,8 @@ _LOGGED = append_attempt(
 #:
 #: Named parameters: ids uuid[], attempts int[], statuses text[] ('completed', 'retrying', 'dead' or
 #: 'cancelled'), gives_back_attempt boolean[], delays float8[] (seconds, for 'retrying'),
-#: codes text[], summaries text[], results text[] (JSON), worker_id text, notify boolean.
+#: codes text[], summaries text[], results text[] (JSON), progress text[] and meta text[] (JSON,
+#: or NULL: the column is left as it is), worker_id text, notify boolean.
 #:
 #: Fenced: a row is written only while it is still leased by this worker *for this attempt*.
 #: ``attempts`` is the fencing token: every claim increments it, so once a lease expired and
@@ -190,21 +191,26 @@ _LOGGED = append_attempt(
 #: A death writes its cause to ``dead_cause`` (an entry of ``jobs_dead_cause_idx``, which a
 #: death writes anyway: the index is of dead jobs).
 #:
-#: With ``notify``, the jobs it finished (completed, dead, cancelled) are told to their waiters
-#: (``Job.wait()``) by one notification per 800 of them (``queries.results``), sent at commit:
-#: one per batch, not one per job (docs/benchmarks.md, "Waking waiters").
+#: ``progress`` and ``meta`` take the last values the attempt set (``ctx.set_progress()``,
+#: ``ctx.set_meta()``) in the statement that ends it: a WRITE_PROGRESS of older values in flight
+#: on another lane either comes first, or finds the row no longer leased and writes nothing.
+#:
+#: With ``notify``, the jobs it finished (completed, dead, cancelled) that someone waits for
+#: (``Job.wait()``: ``job_waiters``) are told by one notification per 800 of them
+#: (``queries.results``), sent at commit; a batch no one waits on sends none.
 _RECORD_OUTCOMES_CTES = f"""
 u AS MATERIALIZED (
     -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
     -- would have PostgreSQL apply either to the one row)
     SELECT DISTINCT ON (id, attempt)
-        id, attempt, status, gives_back_attempt, delay, code, summary, result
+        id, attempt, status, gives_back_attempt, delay, code, summary, result, progress, meta
     FROM unnest(
         %(ids)s::uuid[], %(attempts)s::integer[], %(statuses)s::text[],
         %(gives_back_attempt)s::boolean[], %(delays)s::float8[], %(codes)s::text[],
-        %(summaries)s::text[], %(results)s::text[]
+        %(summaries)s::text[], %(results)s::text[], %(progress)s::text[], %(meta)s::text[]
     ) WITH ORDINALITY AS u(
-        id, attempt, status, gives_back_attempt, delay, code, summary, result, sent
+        id, attempt, status, gives_back_attempt, delay, code, summary, result, progress, meta,
+        sent
     )
     ORDER BY id, attempt, sent
 ),
@@ -226,6 +232,8 @@ recorded AS (
                            THEN j.attempt_log ELSE {_LOGGED} END,
         dead_cause = {_DEAD_CAUSE},
         result = u.result::jsonb,
+        progress = coalesce(u.progress::jsonb, j.progress),
+        meta = coalesce(u.meta::jsonb, j.meta),
         lease_expires_at = NULL
     FROM u
     WHERE j.id = ANY(ARRAY(SELECT id FROM u))  -- by primary key, in id order: see above

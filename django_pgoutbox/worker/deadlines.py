@@ -28,13 +28,15 @@ def next_deadline(
     claims: Claims,
     controls: Controls,
     upkeep: Upkeep,
+    progress: float | None,
     lanes: Lanes,
     state: QueueState,
     suspects: Suspects,
     lease_seconds: float,
     stop_deadline: float | None,
 ) -> float:
-    """The earliest deadline (``ending``: the queue stops, or a burst ends)."""
+    """The earliest deadline (``ending``: the queue stops, or a burst ends; ``progress``: when
+    the next write of progress may go, if one is waited for)."""
     deadlines = [now + poll_interval]
     if lane_free:
         # Only what a turn would act on: ending, the coordinator neither polls, recovers nor
@@ -43,6 +45,8 @@ def next_deadline(
         deadlines += upkeep.deadlines(bool(state.attempts), recovering=recovering)
         if not ending:
             deadlines += claims.deadlines()
+        if progress is not None:  # the next write of running handlers' progress
+            deadlines.append(progress)
     if not ending:
         # What frees a second lane, though none is free until then.
         if (overtake := claims.overtake_deadline(now)) is not None:

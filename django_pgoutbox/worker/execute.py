@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -20,11 +20,12 @@ from django.dispatch import receiver
 
 from django_pgoutbox import metrics, signals
 from django_pgoutbox.conf import RetrySettings, get_settings
-from django_pgoutbox.context import CancelFlag, JobContext
+from django_pgoutbox.context import CancelFlag, JobContext, ProgressNote
 from django_pgoutbox.errors import InvalidResult, JobFailure, ResultTooLarge, Snooze
 from django_pgoutbox.failures import FailureOutcome, failure_outcome
 from django_pgoutbox.log import job_fields, job_logger
 from django_pgoutbox.models import JobStatus
+from django_pgoutbox.progress import Report, progress_json
 from django_pgoutbox.registry import JobDefinition, get_job
 from django_pgoutbox.retry import MAX_CODE_LENGTH, bound, clamp_delay, error_code, summarize
 from django_pgoutbox.worker.isolated import run_isolated
@@ -98,6 +99,10 @@ class Outcome:
     #: Written by the dispatcher because the attempt ran past its timeout; the handler's own
     #: outcome, if it ever comes, is then stale.
     timed_out: bool = False
+    #: The last ``jobs.progress`` and ``jobs.meta`` the attempt set, as JSON text, written with
+    #: the outcome (None: leave the column as it is).
+    progress_json: str | None = None
+    meta_json: str | None = None
 
     @classmethod
     def completed(cls, job: ClaimedJob, result_json: str | None = None) -> Outcome:
@@ -141,15 +146,18 @@ def execute(
     renew: Callable[[], None],
     cancel: CancelFlag | None = None,
     using: str = "default",
+    report: Callable[[ProgressNote], None] | None = None,
 ) -> Outcome:
     """Run the handler of ``job`` and decide its outcome, with its metrics and signals.
 
-    ``cancel`` is set by the worker when the job's cancellation is requested (``ctx.cancelled``).
+    ``cancel`` is set by the worker when the job's cancellation is requested (``ctx.cancelled``);
+    ``report`` is called with the attempt's ``ProgressNote`` at its first ``ctx.set_progress()``
+    or ``ctx.set_meta()`` (None: those write nothing until the outcome).
     Never raises: whatever the handler, its hooks or the receivers of the job signals do, the
     attempt ends with an outcome.
     """
     try:
-        return _execute(job, policy=policy, renew=renew, cancel=cancel, using=using)
+        return _execute(job, policy=policy, renew=renew, cancel=cancel, using=using, report=report)
     except BaseException as error:  # a bug of this module: the guards below catch the rest
         logger.exception(
             "job %s (%s) attempt %d: the worker failed around its handler",
@@ -168,6 +176,7 @@ def _execute(
     renew: Callable[[], None],
     cancel: CancelFlag | None,
     using: str,
+    report: Callable[[ProgressNote], None] | None,
 ) -> Outcome:
     definition, refused = _definition(job)
     metrics.JOB_START_DELAY.observe_key((job.queue,), max(job.waited, 0.0))
@@ -186,6 +195,7 @@ def _execute(
         renew=renew,
         cancel=cancel or CancelFlag(),
         using=using,
+        report=report,
     )
     duration = time.perf_counter() - started
     metrics.JOB_DURATION.observe_key((job.queue, job.job_type, outcome.status.value), duration)
@@ -342,8 +352,10 @@ def _run(
     renew: Callable[[], None],
     cancel: CancelFlag,
     using: str,
+    report: Callable[[ProgressNote], None] | None,
 ) -> Outcome:
-    """Run the handler of ``job`` and decide its outcome; never raises."""
+    """Run the handler of ``job`` and decide its outcome, with the progress and metadata it
+    set last; never raises."""
     if definition is None:
         logger.error(
             "no handler for job type %r (job %s); dead-lettered with its payload intact",
@@ -371,7 +383,33 @@ def _run(
         cancel=cancel,
         worker_ids=list(job.worker_ids),
         using=using,
+        report=report,
     )
+    outcome = _outcome(job, definition, ctx, policy=policy, cancel=cancel, using=using)
+    reported = ctx._reported()
+    return outcome if reported is None else with_report(outcome, reported)
+
+
+def with_report(outcome: Outcome, reported: Report) -> Outcome:
+    """``outcome`` carrying the progress and metadata ``reported``, to write with it."""
+    progress, meta_json = reported
+    return replace(
+        outcome,
+        progress_json=None if progress is None else progress_json(progress),
+        meta_json=meta_json,
+    )
+
+
+def _outcome(
+    job: ClaimedJob,
+    definition: JobDefinition,
+    ctx: JobContext,
+    *,
+    policy: RetrySettings,
+    cancel: CancelFlag,
+    using: str,
+) -> Outcome:
+    """Run the handler of ``job`` with ``ctx`` and decide its outcome; never raises."""
     try:
         if definition.isolation == "process":
             returned = run_isolated(job, definition, cancel, using)

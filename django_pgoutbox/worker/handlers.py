@@ -1,7 +1,8 @@
 """A queue's handler threads: each takes a claimed attempt, runs it, and posts what finished.
 
 A handler thread touches nothing of its queue's state: it reads the attempt's claim row, posts
-``(STARTED, attempt, deadline)`` when a timeout starts to run, then ``(FINISHED, attempt,
+``(STARTED, attempt, deadline)`` when a timeout starts to run, ``(PROGRESS, attempt, note)`` at
+the handler's first ``ctx.set_progress()`` or ``ctx.set_meta()``, then ``(FINISHED, attempt,
 outcome)``; or ``(LOST, attempt, thread_died)`` on the last-resort path where no outcome came.
 """
 
@@ -21,7 +22,7 @@ from django_pgoutbox.registry import get_job
 from django_pgoutbox.retry import Kind, bound, summarize
 from django_pgoutbox.worker.attempt import Attempt, Key
 from django_pgoutbox.worker.execute import Outcome, execute
-from django_pgoutbox.worker.mailbox import FINISHED, LOST, STARTED, Mailbox
+from django_pgoutbox.worker.mailbox import FINISHED, LOST, PROGRESS, STARTED, Mailbox
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -173,12 +174,16 @@ class AttemptRunner:
         if definition is not None and definition.timeout and definition.isolation == "thread":
             deadline = time.monotonic() + definition.timeout
             self._mailbox.post((STARTED, attempt, deadline), urgent=False)
+        post = self._mailbox.post
         return execute(
             job,
             policy=self.policy,
             renew=lambda: self._renew(attempt.key),
             cancel=attempt.cancel,
             using=self.using,
+            # Once an attempt, at its first ctx.set_progress() or ctx.set_meta(): quiet, the
+            # coordinator reads the note when it next writes progress.
+            report=lambda note: post((PROGRESS, attempt, note), urgent=False),
         )
 
     def worker_error(self, attempt: Attempt, error: BaseException) -> Outcome:

@@ -27,10 +27,13 @@ from typing import Any
 Message = tuple[Any, ...]
 
 # Posted by a handler thread: ``(STARTED, attempt, deadline)`` when an attempt's timeout starts
-# to run, ``(FINISHED, attempt, outcome)``, ``(LOST, attempt or None, thread_died)``.
+# to run, ``(FINISHED, attempt, outcome)``, ``(LOST, attempt or None, thread_died)``, and
+# ``(PROGRESS, attempt, ProgressNote)`` at an attempt's first ``ctx.set_progress()`` or
+# ``ctx.set_meta()``.
 STARTED = "started"
 FINISHED = "finished"
 LOST = "lost"
+PROGRESS = "progress"
 #: Posted by a lane: ``(REPLY, lane index, request, result, error, connection open)``.
 REPLY = "reply"
 # Posted by the listener, the supervisor, a handler's ``ctx.renew_lease()``, a test: ``(WAKE,)``,

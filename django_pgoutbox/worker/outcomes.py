@@ -54,6 +54,8 @@ def params(batch: Sequence[Outcome], worker_id: str) -> dict[str, Any]:
         "codes": [o.code for o in batch],
         "summaries": [o.summary for o in batch],
         "results": [o.result_json for o in batch],
+        "progress": [o.progress_json for o in batch],
+        "meta": [o.meta_json for o in batch],
         "worker_id": worker_id,
         "notify": get_settings().notify,  # wakes Job.wait() (queries.results)
     }

@@ -49,6 +49,7 @@ from django_pgoutbox.worker.leases import (
     Upkeep,
 )
 from django_pgoutbox.worker.mailbox import Mailbox, Message
+from django_pgoutbox.worker.progress import Reporting, WriteProgress
 from django_pgoutbox.worker.standby import Standby, StandbyLane
 from django_pgoutbox.worker.state import QueueState, RunnerSnapshot
 from django_pgoutbox.worker.suspects import AloneGate, Suspects
@@ -103,6 +104,7 @@ class QueueRunner:
         self._state = QueueState(self.queue)
         self._claims = Claims(settings, self.concurrency, worker_id, now)
         self._upkeep = Upkeep(settings, worker_id, now)
+        self._reporting = Reporting(worker_id)
         self._suspects = Suspects(gate or AloneGate())
         self._suspects.gate.register(self.wake)
         self._stopping = self._gave_back_waiting = self._released = self._done = False
@@ -232,6 +234,8 @@ class QueueRunner:
                 replace = state.lost(message[1], message[2])
                 if replace is not None:
                     (self._handlers.add_thread if replace else self._handlers.retire_thread)()
+            elif kind is mailbox.PROGRESS:
+                self._reporting.noted(message[1], message[2])
             elif kind is mailbox.STOP:
                 self._stopping = True
             elif kind is mailbox.SNAPSHOT:
@@ -259,7 +263,8 @@ class QueueRunner:
         if state.timed:
             for attempt in state.expired(now):
                 self._handlers.add_thread()  # in place of the one its handler still holds
-                state.timed_out(attempt, timed_out(attempt, self.policy))
+                outcome = self._reporting.last_values(attempt, timed_out(attempt, self.policy))
+                state.timed_out(attempt, outcome)
         stuck = len(state.abandoned) >= self.concurrency
         if upkeep.health_due(stuck):
             self._send_if_free(now, lambda: upkeep.report(stuck))
@@ -284,6 +289,8 @@ class QueueRunner:
             self._record_and_claim(now)
         if not renew_first:
             self._renew_if_due(now)
+        if self._reporting.due(now):
+            self._write_progress(now)
         if self._exiting and (state.outcomes or state.attempts):
             self._exiting = False  # a write failed meanwhile: its outcomes go first
         if self._exiting and not self._lanes.busy():
@@ -299,6 +306,15 @@ class QueueRunner:
         if upkeep.renewal_due(now, bool(state.attempts)):
             self._send_if_free(now, lambda: upkeep.renew(now, state.renewable()))
 
+    def _write_progress(self, now: float) -> None:
+        """Write the progress and metadata set since the last write (``worker.progress``),
+        after the outcomes and claims of this turn: the lane they left free, if any."""
+        index = self._free_lane(now)
+        if index is None:
+            self._standby.disarm()
+        elif (request := self._reporting.take(now)) is not None:
+            self._lanes.send(index, request)
+
     def _next_deadline(self) -> float:
         """When to look again if no message comes first (``deadlines``)."""
         now = self._clock()
@@ -310,6 +326,7 @@ class QueueRunner:
             claims=self._claims,
             controls=self._controls,
             upkeep=self._upkeep,
+            progress=self._reporting.deadline(),
             lanes=self._lanes,
             state=self._state,
             suspects=self._suspects,
@@ -367,6 +384,8 @@ class QueueRunner:
                     self._upkeep.renewed_last = True
         elif isinstance(request, GiveBack):
             request.answered(self.queue, result, error)
+        elif isinstance(request, WriteProgress):
+            self._reporting.answered(request, failed=error is not None)
         if isinstance(request, ReadControl):
             self._read_control(result if error is None else None, now)
         elif isinstance(request, Recover) and request.control is not None:

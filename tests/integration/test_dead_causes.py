@@ -370,6 +370,8 @@ class TestTheCauseColumn:
                     "codes": ["KeyError", "KeyError"],
                     "summaries": ["KeyError: 'a1'", "KeyError: 'a2'"],
                     "results": [None, None],
+                    "progress": [None, None],
+                    "meta": [None, None],
                     "worker_id": "w",
                     "notify": True,
                 },

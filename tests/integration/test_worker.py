@@ -202,6 +202,8 @@ class TestClaiming:
                 "codes": [None] * n,
                 "summaries": [None] * n,
                 "results": [None] * n,
+                "progress": [None] * n,
+                "meta": [None] * n,
                 "worker_id": "new",
                 "notify": True,
             }
@@ -244,6 +246,8 @@ class TestClaiming:
                 "codes": nones,
                 "summaries": nones,
                 "results": nones,
+                "progress": nones,
+                "meta": nones,
                 "worker_id": "w",
                 "notify": True,
             }
@@ -467,6 +471,8 @@ class TestLeases:
                         "codes": [None],
                         "summaries": [None],
                         "results": [None],
+                        "progress": [None],
+                        "meta": [None],
                         "worker_id": worker,
                         "notify": True,
                     },
@@ -668,6 +674,7 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
         "RENEW_LEASES",
         "UNCLAIM_JOBS",
         "RELEASE_JOBS",
+        "WRITE_PROGRESS",
     } == planned_each_time
     if "prepare_threshold" in django_settings.DATABASES["default"].get("OPTIONS", {}):
         pytest.skip("the test database's OPTIONS decide on prepared statements")
