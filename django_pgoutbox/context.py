@@ -95,6 +95,14 @@ class JobContext:
     ``ProgressNote`` (None: nothing is written, the values are only kept here).
     """
 
+    # What this attempt set (its handler's thread alone writes these), and the note that the
+    # worker reads them from once posted: class defaults, so that a job that sets nothing costs
+    # no assignment.
+    _progress: Progress | None = None
+    _meta: dict[str, Any] | None = None
+    _meta_json: str | None = None
+    _note: ProgressNote | None = None
+
     def __init__(
         self,
         job_id: uuid.UUID,
@@ -125,12 +133,6 @@ class JobContext:
         self._cancel = CancelFlag() if cancel is None else cancel
         self._parents: tuple[ParentOutcome, ...] | None = None
         self._report = report
-        # What this attempt set (its handler's thread alone writes these), and the note that
-        # the worker reads them from once it has been posted.
-        self._progress: Progress | None = None
-        self._meta: dict[str, Any] = {}
-        self._meta_json: str | None = None
-        self._note: ProgressNote | None = None
 
     def __repr__(self) -> str:
         return (
@@ -200,7 +202,7 @@ class JobContext:
     @property
     def meta(self) -> dict[str, Any]:
         """Every value :meth:`set_meta` was given, by key (a copy)."""
-        return dict(self._meta)
+        return dict(self._meta or {})
 
     def set_progress(
         self, done: int | float, total: int | float | None = None, message: str | None = None
@@ -227,7 +229,7 @@ class JobContext:
         """
         if not values:
             return
-        self._meta, self._meta_json = merge_meta(self._meta, values)
+        self._meta, self._meta_json = merge_meta(self._meta or {}, values)
         self._publish()
 
     def _publish(self) -> None:

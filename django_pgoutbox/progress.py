@@ -96,7 +96,7 @@ def merge_meta(meta: dict[str, Any], values: dict[str, Any]) -> tuple[dict[str, 
     size = len(text) if text.isascii() else len(text.encode("utf-8"))
     if size > MAX_META_BYTES:
         raise InvalidProgress(
-            "set_meta()",
+            f"set_meta({', '.join(values)})",
             f"the metadata would be {size:,} bytes of JSON, over the limit of "
             f"{MAX_META_BYTES:,} bytes; nothing of this call was kept",
         )

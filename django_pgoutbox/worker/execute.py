@@ -386,8 +386,9 @@ def _run(
         report=report,
     )
     outcome = _outcome(job, definition, ctx, policy=policy, cancel=cancel, using=using)
-    reported = ctx._reported()
-    return outcome if reported is None else with_report(outcome, reported)
+    if ctx._progress is None and ctx._meta_json is None:  # the common case: nothing set
+        return outcome
+    return with_report(outcome, (ctx._progress, ctx._meta_json))
 
 
 def with_report(outcome: Outcome, reported: Report) -> Outcome:

@@ -44,7 +44,12 @@ def second_outcome(outcome: Outcome, queue: str) -> None:
 
 
 def params(batch: Sequence[Outcome], worker_id: str) -> dict[str, Any]:
-    """RECORD_OUTCOMES's parameters for ``batch``."""
+    """RECORD_OUTCOMES's parameters for ``batch``. ``progress`` and ``meta`` are empty where no
+    attempt set them, the common case: ``unnest`` pads them with NULLs."""
+    progress = [o.progress_json for o in batch]
+    meta = [o.meta_json for o in batch]
+    if not any(progress) and not any(meta):
+        progress = meta = []
     return {
         "ids": [o.job.id for o in batch],
         "attempts": [o.job.attempt for o in batch],
@@ -54,8 +59,8 @@ def params(batch: Sequence[Outcome], worker_id: str) -> dict[str, Any]:
         "codes": [o.code for o in batch],
         "summaries": [o.summary for o in batch],
         "results": [o.result_json for o in batch],
-        "progress": [o.progress_json for o in batch],
-        "meta": [o.meta_json for o in batch],
+        "progress": progress,
+        "meta": meta,
         "worker_id": worker_id,
         "notify": get_settings().notify,  # wakes Job.wait() (queries.results)
     }
