@@ -242,6 +242,13 @@ class JobContext:
             self._note = ProgressNote(latest)
             self._report(self._note)
 
+    def _adopt(self, report: Report) -> None:
+        """Take the values a handler set in another process (``isolation="process"``): they
+        are written with the outcome."""
+        progress, meta_json = report
+        self._progress, self._meta_json = progress, meta_json
+        self._meta = None if meta_json is None else json.loads(meta_json)
+
     def _reported(self) -> Report | None:
         """What this attempt set, as the worker writes it with the outcome (None: nothing)."""
         if self._progress is None and self._meta_json is None:

@@ -413,7 +413,7 @@ def _outcome(
     """Run the handler of ``job`` with ``ctx`` and decide its outcome; never raises."""
     try:
         if definition.isolation == "process":
-            returned = run_isolated(job, definition, cancel, using)
+            returned = run_isolated(job, definition, cancel, using, ctx._adopt)
         else:
             pid = os.getpid()
             try:

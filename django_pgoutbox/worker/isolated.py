@@ -16,11 +16,13 @@ thread-isolated handler.
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import multiprocessing.connection
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,7 @@ from django_pgoutbox.worker import isolated_child
 
 if TYPE_CHECKING:
     from django_pgoutbox.context import CancelFlag
+    from django_pgoutbox.progress import Report
     from django_pgoutbox.registry import JobDefinition
     from django_pgoutbox.worker.execute import ClaimedJob
 
@@ -64,11 +67,18 @@ def kill_isolated_children() -> None:
             process.kill()
 
 
-def run_isolated(job: ClaimedJob, definition: JobDefinition, cancel: CancelFlag, using: str) -> Any:
+def run_isolated(
+    job: ClaimedJob,
+    definition: JobDefinition,
+    cancel: CancelFlag,
+    using: str,
+    adopt: Callable[[Report], None] | None = None,
+) -> Any:
     """Run ``job``'s handler in a child process; return its value or raise its exception.
 
     Raises ``JobTimeout`` at the job type's timeout and ``Cancelled`` when ``cancel`` is set,
-    having killed the child first.
+    having killed the child first. ``adopt`` is given the progress and metadata the handler
+    set last, if any, before its value or exception.
     """
     context = _mp_context()
     receiver, sender = context.Pipe(duplex=False)
@@ -125,7 +135,11 @@ def run_isolated(job: ClaimedJob, definition: JobDefinition, cancel: CancelFlag,
             f"the process running attempt {job.attempt} exited with code {process.exitcode} "
             "before it answered"
         )
-    kind, value = pickle.loads(data)
+    answer = io.BytesIO(data)
+    kind, value = pickle.load(answer)
+    reported = pickle.load(answer)
+    if reported is not None and adopt is not None:
+        adopt(reported)
     if kind == "raise":
         raise value
     return value

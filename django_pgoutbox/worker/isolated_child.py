@@ -46,6 +46,7 @@ def run_attempt(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     definition = get_job(job_type)
     message: tuple[str, Any]
+    ctx: JobContext | None = None
     try:
         if definition is None:
             raise LookupError(f"no handler for job type {job_type!r} in the isolated process")
@@ -56,7 +57,9 @@ def run_attempt(
         message = ("raise", error)
     finally:
         connections.close_all()
-    sender.send_bytes(_portable(message))
+    # The progress and metadata the handler set last go with its answer: the worker writes
+    # them with the outcome (none while the child runs: docs/progress.md).
+    sender.send_bytes(_portable(message) + pickle.dumps(None if ctx is None else ctx._reported()))
     sender.close()
 
 

@@ -72,11 +72,29 @@ class WriteProgress:
         return written
 
     def _params(self, rows: list[tuple[Key, Report]]) -> dict[str, Any]:
+        ids, attempts, progress, meta = [], [], [], []
+        for key, report in rows:
+            try:  # checked at the call; a handler that wrote the context's privates is not
+                done, meta_json = report
+                text = None if done is None else progress_json(done)
+                if meta_json is not None and type(meta_json) is not str:
+                    raise TypeError(f"metadata of type {type(meta_json).__name__}")
+            except Exception as error:
+                logger.error(
+                    "job %s attempt %d: its progress cannot be written (%s); left out",
+                    *(key[0], key[1], summarize(error)),
+                    extra={"job_id": str(key[0])},
+                )
+                continue
+            ids.append(key[0])
+            attempts.append(key[1])
+            progress.append(text)
+            meta.append(meta_json)
         return {
-            "ids": [key[0] for key, _ in rows],
-            "attempts": [key[1] for key, _ in rows],
-            "progress": [None if p is None else progress_json(p) for _, (p, _) in rows],
-            "meta": [meta for _, (_, meta) in rows],
+            "ids": ids,
+            "attempts": attempts,
+            "progress": progress,
+            "meta": meta,
             "worker_id": self.worker_id,
         }
 

@@ -437,3 +437,30 @@ def workflow_step(payload: dict[str, Any], ctx: JobContext) -> Any:
 def group_done(payload: dict[str, Any], ctx: JobContext) -> Any:
     """A group's callback: what its members came to."""
     return {"counts": ctx.parent_counts, "members": sorted(str(p.id) for p in ctx.parents)}
+@job("tests.progress")
+def progress(payload: dict[str, Any], ctx: JobContext) -> int:
+    """Call ``ctx.set_progress()`` in a tight loop for ``seconds`` (a count of calls in meta
+    each 1,000th), and ``meta`` as given; then wait for ``sleep`` seconds; return the calls."""
+    deadline = time.monotonic() + payload.get("seconds", 0)
+    total = payload.get("total", 10**9)
+    calls = 0
+    while calls < payload.get("calls", 0) or time.monotonic() < deadline:
+        calls += 1
+        ctx.set_progress(calls, max(total, calls), "spinning")
+        if calls % 1000 == 0:
+            ctx.set_meta(calls=calls)
+    ctx.set_progress(calls, max(total, calls), payload.get("message", "done"))
+    ctx.set_meta(calls=calls, **payload.get("meta", {}))
+    if payload.get("sleep"):
+        time.sleep(payload["sleep"])
+    if payload.get("fail"):
+        raise TransientError("failed after its progress")
+    return calls
+
+
+@job("tests.progress_isolated", max_attempts=1, isolation="process")
+def progress_isolated(payload: dict[str, Any], ctx: JobContext) -> str:
+    """An isolated attempt that sets its progress and metadata."""
+    ctx.set_progress(3, 4, "in a child process")
+    ctx.set_meta(pid=os.getpid())
+    return "ok"
