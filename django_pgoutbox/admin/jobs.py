@@ -52,6 +52,7 @@ from django_pgoutbox.models import (
 from django_pgoutbox.publishers import PUBLISH_JOB
 from django_pgoutbox.registry import registered_jobs
 from django_pgoutbox.schedules import BUILTIN_SCHEDULES, load_schedules
+from django_pgoutbox.validation import short_repr
 
 #: A key search that finds no job of no organization and of a known job type looks among this
 #: many of the newest jobs.
@@ -82,6 +83,26 @@ def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any
     return newest(queryset.filter(idempotency_key=term), KEY_WINDOW), False
 
 
+def progress_text(progress: Any, *, with_message: bool) -> str:
+    """``jobs.progress`` in a line: ``3 / 10 (30%)``, ``3`` when the total is unknown, then the
+    message if asked; "-" for none. The row is read as written by anyone: nothing is assumed."""
+    try:
+        if not isinstance(progress, dict) or "done" not in progress:
+            return "-" if progress is None else short_repr(progress)
+        done, total = progress.get("done"), progress.get("total")
+        text = short_repr(done)
+        if total is not None:
+            text += f" / {short_repr(total)}"
+            if isinstance(done, int | float) and isinstance(total, int | float) and total > 0:
+                text += f" ({100 * done / total:.0f}%)"
+        message = progress.get("message")
+        if with_message and message:
+            text += f": {message}"
+        return text
+    except (ValueError, OverflowError):  # numbers past what Python turns into text or floats
+        return short_repr(progress)
+
+
 class _JobPage(ButtonsAdmin):
     """A job's detail page: its times in the order they happen, the whole error, the payload
     and the result pretty-printed, and the event it came from: the one whose subscriber enqueued
@@ -92,8 +113,18 @@ class _JobPage(ButtonsAdmin):
         "attempts_and_errors",
         "pretty_payload",
         "pretty_result",
+        "progress_shown",
+        "pretty_meta",
     )
-    exclude = ("payload", "result", "attempt_log", "last_error_code", "last_error_summary")
+    exclude = (
+        "payload",
+        "result",
+        "attempt_log",
+        "last_error_code",
+        "last_error_summary",
+        "progress",
+        "meta",
+    )
     fieldsets = (
         (
             None,
@@ -137,6 +168,7 @@ class _JobPage(ButtonsAdmin):
                 )
             },
         ),
+        ("Progress and metadata", {"fields": ("progress_shown", "pretty_meta")}),
         ("Errors and attempts", {"fields": ("attempts_and_errors",)}),
         ("Payload and result", {"fields": ("pretty_payload", "pretty_result")}),
     )
@@ -185,6 +217,15 @@ class _JobPage(ButtonsAdmin):
     def pretty_result(self, obj: Job) -> str:
         return json_preview(obj, "result")
 
+    @admin.display(description="progress")
+    def progress_shown(self, obj: Job) -> str:
+        """What the handler said last (``ctx.set_progress()``): done of total, its message."""
+        return progress_text(obj.progress, with_message=True)
+
+    @admin.display(description="metadata")
+    def pretty_meta(self, obj: Job) -> str:
+        return json_preview(obj, "meta")
+
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(_JobPage):
@@ -204,7 +245,7 @@ class DeadLetterAdmin(_JobPage):
     search_fields = ("idempotency_key",)
     ordering = ("-finished_at",)
     sortable_by = ("finished_at",)
-    heavy_fields = ("payload", "result", "worker_ids", "attempt_log")
+    heavy_fields = ("payload", "result", "worker_ids", "attempt_log", "meta")
     actions = ("retry_now", "cancel", "delete_selected")
     readonly_fields = (*_JobPage.readonly_fields, "cause")
 
@@ -347,6 +388,7 @@ class JobAdmin(_JobPage):
         "status",
         "priority",
         "attempts",
+        "progress_column",
         "run_at",
         "created_at",
     )
@@ -355,7 +397,14 @@ class JobAdmin(_JobPage):
     search_help_text = "A job id, or an idempotency key."
     ordering = ("-id",)  # UUIDv7: newest first, straight from the primary key index
     sortable_by = ("id",)
-    heavy_fields = ("payload", "result", "worker_ids", "last_error_summary", "attempt_log")
+    heavy_fields = (
+        "payload",
+        "result",
+        "worker_ids",
+        "last_error_summary",
+        "attempt_log",
+        "meta",
+    )
     change_list_template = "admin/django_pgoutbox/job_change_list.html"
     actions = ("cancel_jobs",)
 
@@ -363,6 +412,10 @@ class JobAdmin(_JobPage):
         self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
     ) -> tuple[QuerySet[Any], bool]:
         return _job_search(queryset, search_term)
+
+    @admin.display(description="progress")
+    def progress_column(self, obj: Job) -> str:
+        return progress_text(obj.progress, with_message=False)
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
         """Cancelling changes jobs, though the admin never edits one."""
