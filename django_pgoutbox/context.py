@@ -73,12 +73,14 @@ class ProgressNote:
     by an immutable ``Report`` at each call, and read by the queue's coordinator when it writes
     (``worker.progress``), at most once a second. One writer, one reader, one attribute, no
     lock: as ``CancelFlag``, the other way round. The handler's thread posts the note once, at
-    the attempt's first call; the calls after it cost no message.
+    the attempt's first call; the calls after it cost no message. ``key`` is the attempt's
+    (job id, attempt number).
     """
 
-    __slots__ = ("latest",)
+    __slots__ = ("key", "latest")
 
-    def __init__(self, latest: Report) -> None:
+    def __init__(self, key: tuple[uuid.UUID, int], latest: Report) -> None:
+        self.key = key
         self.latest = latest
 
 
@@ -239,7 +241,7 @@ class JobContext:
         if self._note is not None:
             self._note.latest = latest
         elif self._report is not None:
-            self._note = ProgressNote(latest)
+            self._note = ProgressNote((self.job_id, self.attempt), latest)
             self._report(self._note)
 
     def _adopt(self, report: Report) -> None:

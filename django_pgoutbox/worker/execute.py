@@ -385,32 +385,6 @@ def _run(
         using=using,
         report=report,
     )
-    outcome = _outcome(job, definition, ctx, policy=policy, cancel=cancel, using=using)
-    if ctx._progress is None and ctx._meta_json is None:  # the common case: nothing set
-        return outcome
-    return with_report(outcome, (ctx._progress, ctx._meta_json))
-
-
-def with_report(outcome: Outcome, reported: Report) -> Outcome:
-    """``outcome`` carrying the progress and metadata ``reported``, to write with it."""
-    progress, meta_json = reported
-    return replace(
-        outcome,
-        progress_json=None if progress is None else progress_json(progress),
-        meta_json=meta_json,
-    )
-
-
-def _outcome(
-    job: ClaimedJob,
-    definition: JobDefinition,
-    ctx: JobContext,
-    *,
-    policy: RetrySettings,
-    cancel: CancelFlag,
-    using: str,
-) -> Outcome:
-    """Run the handler of ``job`` with ``ctx`` and decide its outcome; never raises."""
     try:
         if definition.isolation == "process":
             returned = run_isolated(job, definition, cancel, using, ctx._adopt)
@@ -423,7 +397,7 @@ def _outcome(
                     _leave_forked_child(job)
         if isinstance(returned, Snooze):
             raise returned
-        result_json = None if returned is None else _result_json(returned)
+        outcome = Outcome.completed(job, None if returned is None else _result_json(returned))
     except Snooze as snooze:
         # Snooze checked its seconds; a value changed since is clamped, never sent as is.
         seconds = clamp_delay(getattr(snooze, "seconds", None))
@@ -435,7 +409,7 @@ def _outcome(
             seconds,
             extra={**job_fields(job), "outcome": "snoozed"},
         )
-        return Outcome(
+        outcome = Outcome(
             job,
             JobStatus.RETRYING,
             delay=seconds,
@@ -452,7 +426,7 @@ def _outcome(
         code, summary = failed.code, failed.summary
         if definition.error_details is not None and not isinstance(error, InvalidResult):
             code, summary = _error_details(definition, error, job, code, summary)
-        return Outcome(job, status, delay=failed.delay, code=code, summary=summary)
+        outcome = Outcome(job, status, delay=failed.delay, code=code, summary=summary)
     finally:
         # Once per attempt, after it: a connection the handler left broken, in a transaction,
         # or past CONN_MAX_AGE is closed before the thread's next job (as after a request).
@@ -462,7 +436,19 @@ def _outcome(
                 close_old_connections()
             except Exception:
                 logger.exception("job %s: closing its thread's connections failed", job.id)
-    return Outcome.completed(job, result_json)
+    if ctx._progress is None and ctx._meta_json is None:  # the common case: nothing set
+        return outcome
+    return with_report(outcome, (ctx._progress, ctx._meta_json))
+
+
+def with_report(outcome: Outcome, reported: Report) -> Outcome:
+    """``outcome`` carrying the progress and metadata ``reported``, to write with it."""
+    progress, meta_json = reported
+    return replace(
+        outcome,
+        progress_json=None if progress is None else progress_json(progress),
+        meta_json=meta_json,
+    )
 
 
 def _error_details(

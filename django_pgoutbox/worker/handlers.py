@@ -1,7 +1,7 @@
 """A queue's handler threads: each takes a claimed attempt, runs it, and posts what finished.
 
 A handler thread touches nothing of its queue's state: it reads the attempt's claim row, posts
-``(STARTED, attempt, deadline)`` when a timeout starts to run, ``(PROGRESS, attempt, note)`` at
+``(STARTED, attempt, deadline)`` when a timeout starts to run, ``(PROGRESS, note)`` at
 the handler's first ``ctx.set_progress()`` or ``ctx.set_meta()``, then ``(FINISHED, attempt,
 outcome)``; or ``(LOST, attempt, thread_died)`` on the last-resort path where no outcome came.
 """
@@ -152,6 +152,10 @@ class AttemptRunner:
         self.using = using
         self._mailbox = mailbox
         self._renew = renew
+        post = mailbox.post
+        # Once an attempt, at its first ctx.set_progress() or ctx.set_meta(): quiet, the
+        # coordinator reads the note when it next writes progress. Made once, not per attempt.
+        self._report = lambda note: post((PROGRESS, note), urgent=False)
 
     def __call__(self, attempt: Attempt) -> Outcome:
         """Run ``attempt``; should that fail in the worker itself (its row cannot be read,
@@ -174,16 +178,13 @@ class AttemptRunner:
         if definition is not None and definition.timeout and definition.isolation == "thread":
             deadline = time.monotonic() + definition.timeout
             self._mailbox.post((STARTED, attempt, deadline), urgent=False)
-        post = self._mailbox.post
         return execute(
             job,
             policy=self.policy,
             renew=lambda: self._renew(attempt.key),
             cancel=attempt.cancel,
             using=self.using,
-            # Once an attempt, at its first ctx.set_progress() or ctx.set_meta(): quiet, the
-            # coordinator reads the note when it next writes progress.
-            report=lambda note: post((PROGRESS, attempt, note), urgent=False),
+            report=self._report,
         )
 
     def worker_error(self, attempt: Attempt, error: BaseException) -> Outcome:

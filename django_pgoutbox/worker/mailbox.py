@@ -28,7 +28,7 @@ Message = tuple[Any, ...]
 
 # Posted by a handler thread: ``(STARTED, attempt, deadline)`` when an attempt's timeout starts
 # to run, ``(FINISHED, attempt, outcome)``, ``(LOST, attempt or None, thread_died)``, and
-# ``(PROGRESS, attempt, ProgressNote)`` at an attempt's first ``ctx.set_progress()`` or
+# ``(PROGRESS, ProgressNote)`` at an attempt's first ``ctx.set_progress()`` or
 # ``ctx.set_meta()``.
 STARTED = "started"
 FINISHED = "finished"

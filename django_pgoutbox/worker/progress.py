@@ -1,9 +1,9 @@
 """Writing what running handlers say of their progress and metadata, at most once a second.
 
 A handler's ``ctx.set_progress()`` and ``ctx.set_meta()`` replace the values of the attempt's
-``ProgressNote``; the first call posts the note to the coordinator (``(PROGRESS, attempt,
-note)``), the rest cost no message. The coordinator (``Reporting``, its own) reads every note
-once a second at most and sends the values that changed since it last wrote them, for all its
+``ProgressNote``; the first call posts the note to the coordinator (``(PROGRESS, note)``), the
+rest cost no message. The coordinator (``Reporting``, its own) reads every note once a second
+at most and sends the values that changed since it last wrote them, for all its
 running attempts in one statement (``WriteProgress``, WRITE_PROGRESS) on a lane. A handler
 that calls ``set_progress()`` a million times a second costs one write a second; its last
 values go with its outcome (``Outcome.progress_json``), whatever was written before.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 
@@ -23,9 +23,12 @@ from django_pgoutbox.context import ProgressNote
 from django_pgoutbox.db import ErrorKind, classify_error
 from django_pgoutbox.progress import Report, progress_json
 from django_pgoutbox.retry import summarize
-from django_pgoutbox.worker.attempt import QUEUED, Attempt, Key
+from django_pgoutbox.worker.attempt import QUEUED, Attempt, Key, slot
 from django_pgoutbox.worker.execute import Outcome, with_report
 from django_pgoutbox.worker.outcomes import STATEMENT_ERRORS
+
+if TYPE_CHECKING:
+    from django_pgoutbox.worker.state import QueueState
 
 logger = logging.getLogger("django_pgoutbox.worker")
 
@@ -113,9 +116,12 @@ class Reporting:
         #: No write goes before this time (monotonic): once a second at most.
         self.next_write = 0.0
 
-    def noted(self, attempt: Attempt, note: ProgressNote) -> None:
+    def noted(self, note: ProgressNote, state: QueueState) -> None:
         """A handler's first ``set_progress()`` or ``set_meta()`` of its attempt."""
-        if attempt.state == QUEUED:  # else its outcome (or its timeout's) carries the values
+        attempt = state.attempts.get(slot(note.key))
+        # Else its outcome (or its timeout's) carries the values, or it is no longer this
+        # queue's (a thread the handler started calls after it returned).
+        if attempt is not None and attempt.state == QUEUED:
             self.notes[attempt.slot] = (attempt, note, None)
 
     def due(self, now: float) -> bool:
@@ -131,9 +137,9 @@ class Reporting:
         self.next_write = now + PROGRESS_INTERVAL
         rows: list[tuple[Key, Report]] = []
         notes = self.notes
-        for slot, (attempt, note, sent) in list(notes.items()):
+        for key, (attempt, note, sent) in list(notes.items()):
             if attempt.state != QUEUED:
-                del notes[slot]
+                del notes[key]
                 continue
             latest = note.latest
             if latest is not sent and not attempt.lease_lost:

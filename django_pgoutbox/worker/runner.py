@@ -235,7 +235,7 @@ class QueueRunner:
                 if replace is not None:
                     (self._handlers.add_thread if replace else self._handlers.retire_thread)()
             elif kind is mailbox.PROGRESS:
-                self._reporting.noted(message[1], message[2])
+                self._reporting.noted(message[1], state)
             elif kind is mailbox.STOP:
                 self._stopping = True
             elif kind is mailbox.SNAPSHOT:

@@ -154,4 +154,5 @@ def test_an_isolated_attempt_writes_its_last_values_with_the_outcome() -> None:
     job.refresh_from_db()
     assert job.status == JobStatus.COMPLETED
     assert job.progress == {"done": 3, "total": 4, "message": "in a child process"}
+    assert job.meta is not None
     assert isinstance(job.meta["pid"], int)

@@ -163,8 +163,8 @@ class TestCoalescing:
         return attempts
 
     def note(self, harness: Harness, attempt: Any, done: int) -> ProgressNote:
-        note = ProgressNote(((done, 100, None), None))
-        harness.runner._mailbox.post((PROGRESS, attempt, note), urgent=False)
+        note = ProgressNote(attempt.key, ((done, 100, None), None))
+        harness.runner._mailbox.post((PROGRESS, note), urgent=False)
         return note
 
     def test_one_write_a_second_with_the_last_value(self) -> None:
