@@ -437,6 +437,8 @@ def workflow_step(payload: dict[str, Any], ctx: JobContext) -> Any:
 def group_done(payload: dict[str, Any], ctx: JobContext) -> Any:
     """A group's callback: what its members came to."""
     return {"counts": ctx.parent_counts, "members": sorted(str(p.id) for p in ctx.parents)}
+
+
 @job("tests.progress")
 def progress(payload: dict[str, Any], ctx: JobContext) -> int:
     """Call ``ctx.set_progress()`` in a tight loop for ``seconds`` (a count of calls in meta

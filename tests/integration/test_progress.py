@@ -76,7 +76,7 @@ def test_a_stale_attempt_writes_nothing(lane: Any) -> None:
     # Its lease expires, the job is recovered and claimed again by another worker.
     Job.objects.filter(pk=key[0]).update(lease_expires_at=timezone.now() - timedelta(hours=1))
     with connection.cursor() as cursor:
-        cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": "reports"})
+        cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": "reports", "notify": True})
     again = claim("another-worker")
     assert write(lane, (key, ((9, None, "stale"), '{"stale":true}'))) == []
     assert WriteProgress([(again, ((9, None, None), None))], WORKER).run(lane) == []

@@ -211,6 +211,8 @@ def record_later(
                     "codes": [None if status == "completed" else "Boom"] * n,
                     "summaries": [None if status == "completed" else "it broke"] * n,
                     "results": [json.dumps(result)] * n,
+                    "progress": [None] * n,
+                    "meta": [None] * n,
                     "worker_id": "w",
                     "notify": notify,
                 },
@@ -382,7 +384,11 @@ class TestWaking:
         time.sleep(0.5)
         with connection.cursor() as cursor:
             # one listener registered every job its waiters wait for (job_waiters)
-            cursor.execute("SELECT count(*), count(DISTINCT listener_pid) FROM job_waiters")
+            cursor.execute(
+                "SELECT count(*), count(DISTINCT listener_pid) FROM job_waiters"
+                " WHERE job_id = ANY(%s)",
+                [[job.pk for job in jobs]],
+            )
             assert cursor.fetchone() == (n, 1)
         half = [job.pk for job in jobs[: n // 2]]
         rest = [job.pk for job in jobs[n // 2 :]]
