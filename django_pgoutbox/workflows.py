@@ -385,7 +385,10 @@ def _write(
             )
             for job_id, run_at, created_at, _ in cursor.fetchall():
                 written[job_id] = (run_at, created_at)
-    kept = [(p, c, e) for p, c, e in edges if c in written]
+    # In parent order: the constraint trigger of each edge to a job enqueued before locks that
+    # job at the commit, edge by edge, and a worker writing the outcomes of several of them
+    # locks them in id order too; in another order the two could deadlock.
+    kept = sorted(((p, c, e) for p, c, e in edges if c in written), key=lambda edge: edge[0])
     if kept:
         with server_side_cursor(alias) as cursor:
             cursor.execute(
