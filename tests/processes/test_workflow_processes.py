@@ -13,8 +13,8 @@ import pytest
 
 from django_pgoutbox import group, step, workflow
 from django_pgoutbox.models import Job
-from tests.processes import wait_for
 from testproject.testjobs.models import SideEffect
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
