@@ -23,7 +23,7 @@ SLOW_POLL = {"POLL_INTERVAL": 60, "LEASE_SECONDS": 5}
 
 
 def steps_of(workflow_id: Any) -> dict[str, Job]:
-    return {job.step: job for job in Job.objects.filter(workflow_id=workflow_id)}
+    return {str(job.step): job for job in Job.objects.filter(workflow_id=workflow_id)}
 
 
 def order(name: str, poisoned: bool) -> Any:
