@@ -23,7 +23,8 @@ import django_pgoutbox.models
 # - pgoutbox_settle() releases the children that waited for nothing else (waiting -> pending,
 #   and a notification wakes their queue), and cancels with 'upstream_failed' those a dead or
 #   cancelled parent dooms (all but steps that run on an upstream failure), then their own
-#   children, a level per statement (each level reads its edges after it locked its rows).
+#   children, a level per statement (each level reads its edges after it locked its rows). A
+#   cascade first locks, in id order, all the rows its levels may change.
 # - pgoutbox_rearm() puts back the steps that a parent's death cancelled when the parent is
 #   retried, and counts again what each waits for.
 # - job_dependencies_settle (a constraint trigger, at commit) settles an edge to a parent that was
@@ -45,7 +46,44 @@ LANGUAGE plpgsql SET search_path = %1$I
 AS $$
 DECLARE
     level uuid[] := parents;
+    to_lock uuid[];
+    below uuid[];
+    cancelling uuid[];
+    expanded uuid[] := '{}';
 BEGIN
+    -- A cascade locks level after level, and a lower id may come at a later level: first lock,
+    -- in id order, every row it may change (the waiting children, then the waiting children of
+    -- those it cancels, and so on). Else it may hold a child while it waits for a grandchild
+    -- that a release, locking both children in one statement, holds while waiting for the
+    -- first: a deadlock. A release alone is a single level, locked in id order by its UPDATE.
+    -- A statement per level, not a recursive CTE: its plan read every edge at each level.
+    IF EXISTS (SELECT 1 FROM jobs WHERE id = ANY(parents) AND status IN ('dead', 'cancelled'))
+    THEN
+        SELECT array_agg(c.id),
+               array_agg(DISTINCT c.id) FILTER (
+                   WHERE p.status <> 'completed' AND c.on_upstream_failure IS DISTINCT FROM 'run')
+        INTO to_lock, cancelling
+        FROM jobs AS p
+        JOIN job_dependencies AS d ON d.parent_id = p.id
+        JOIN jobs AS c ON c.id = d.child_id
+        WHERE p.id = ANY(parents)
+          AND p.status IN ('completed', 'dead', 'cancelled')
+          AND (only_children IS NULL OR d.child_id = ANY(only_children))
+          AND (c.status = 'waiting') IS TRUE;
+        WHILE cancelling IS NOT NULL LOOP
+            expanded := expanded || cancelling;
+            SELECT array_agg(c.id),
+                   array_agg(DISTINCT c.id) FILTER (
+                       WHERE c.on_upstream_failure IS DISTINCT FROM 'run'
+                         AND NOT c.id = ANY(expanded))
+            INTO below, cancelling
+            FROM job_dependencies AS d JOIN jobs AS c ON c.id = d.child_id
+            WHERE d.parent_id = ANY(cancelling)
+              AND (c.status = 'waiting') IS TRUE;
+            to_lock := to_lock || below;
+        END LOOP;
+        PERFORM 1 FROM jobs WHERE id = ANY(to_lock) ORDER BY id FOR NO KEY UPDATE;
+    END IF;
     LOOP
         WITH edges AS (
             SELECT d.child_id, p.status AS parent_status

@@ -8,11 +8,14 @@ is settled at commit (a deferred trigger); ``settle_now()`` fires it as the comm
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import uuid
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 from django.utils import timezone
@@ -34,6 +37,7 @@ from django_pgoutbox.models import Job, JobDependency, JobStatus, Workflow
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.outcomes import params
 from tests.conftest import claimed_job
+from tests.processes import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -383,6 +387,84 @@ class TestRelease:
         assert status(jobs["notify"])[0] == "cancelled"
         with pytest.raises(Workflow.DoesNotExist):
             cancel_workflow(uuid.uuid4())
+
+
+def _blocked(pid: int) -> bool:
+    """whether backend ``pid`` waits for a lock"""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+            [pid],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+# transaction=True: the settlements under test run on connections of their own, which must see
+# the workflow committed.
+@pytest.mark.django_db(transaction=True)
+class TestConcurrentSettlement:
+    def test_a_cascade_and_a_release_crossing_it_lock_in_one_order(
+        self, raw_connection_params: dict[str, Any]
+    ) -> None:
+        """P's death cancels c1 and c2, then c1's child g; r's completion settles g and c2.
+        Locked level by level, the cascade held c2 (above g) while it waited for g, which the
+        release held while it waited for c2: a deadlock (40P01). The cascade now locks every row
+        it may change, in id order, before its first change."""
+        flow = workflow("crossing")
+        # added in this order, so ids rise in it: c1 < g < c2
+        for name, after in [
+            ("p", []),
+            ("r", []),
+            ("c1", ["p"]),
+            ("g", ["c1", "r"]),
+            ("c2", ["p", "r"]),
+        ]:
+            flow.add("tests.step", {}, name=name, after=after)
+        jobs = flow.enqueue().jobs
+        assert jobs["c1"].pk < jobs["g"].pk < jobs["c2"].pk
+
+        errors: list[Exception] = []
+
+        def end(conn: psycopg.Connection[Any], job: Job, outcome: str) -> None:
+            try:
+                with conn.transaction():
+                    conn.execute(
+                        "UPDATE jobs SET status = %s, finished_at = now(),"
+                        " completed_at = CASE WHEN %s = 'completed' THEN now() END WHERE id = %s",
+                        [outcome, outcome, job.pk],
+                    )
+            except Exception as error:  # a deadlock: the test's thread reports it
+                errors.append(error)
+
+        with (
+            psycopg.connect(**raw_connection_params) as holder,
+            psycopg.connect(**raw_connection_params) as cascade,
+            psycopg.connect(**raw_connection_params) as release,
+        ):
+            holder.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", [jobs["c2"].pk])
+            threads = []
+            for conn, job, outcome in [
+                (cascade, jobs["p"], "dead"),
+                (release, jobs["r"], "completed"),
+            ]:
+                thread = threading.Thread(target=end, args=(conn, job, outcome))
+                thread.start()
+                threads.append(thread)
+                wait_for(functools.partial(_blocked, conn.info.backend_pid), timeout=10)
+            holder.commit()
+            for thread in threads:
+                thread.join(timeout=30)
+        assert errors == []
+        assert {
+            job.step: (job.status, job.last_error_code)
+            for job in Job.objects.filter(workflow_id=jobs["p"].workflow_id)
+        } == {
+            "p": ("dead", None),
+            "r": ("completed", None),
+            "c1": ("cancelled", "upstream_failed"),
+            "g": ("cancelled", "upstream_failed"),
+            "c2": ("cancelled", "upstream_failed"),
+        }
 
 
 class TestAfterJobsEnqueuedBefore:
