@@ -61,10 +61,13 @@ class Variant:
     dags: int
     #: seconds between two SIGKILLs (drawn at random in this range)
     kill_every: tuple[float, float]
+    #: seconds (scaled) for every step to settle
+    deadline: float
 
 
-FAST = Variant(dags=200, kill_every=(1.0, 2.0))
-LONG_RUN = Variant(dags=1000, kill_every=(0.5, 1.5))
+FAST = Variant(dags=200, kill_every=(1.0, 2.0), deadline=120)
+#: A kill every 0.7 to 1.5 s: more often, and a replacement spends a good part of it starting.
+LONG_RUN = Variant(dags=1000, kill_every=(0.7, 1.5), deadline=600)
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,7 @@ def run_chaos(start_worker: Any, variant: Variant, seed: int) -> None:
     every_worker = list(workers)
     kills = 0
     stuck: list[str] = []
-    deadline = time.monotonic() + scaled(120)
+    deadline = time.monotonic() + scaled(variant.deadline)
     next_kill = time.monotonic() + rng.uniform(*variant.kill_every)
     while True:
         if later:
@@ -180,7 +183,10 @@ def run_chaos(start_worker: Any, variant: Variant, seed: int) -> None:
         stuck.extend(_waiting_for_nothing())
         if not later and not _unsettled():
             break
-        assert time.monotonic() < deadline, f"still unsettled after {scaled(120):g} s"
+        assert time.monotonic() < deadline, (
+            f"after {scaled(variant.deadline):g} s and {kills} kills, still unsettled:"
+            f" {_unsettled_counts()}"
+        )
         if time.monotonic() >= next_kill:
             victim = rng.randrange(WORKERS)
             workers[victim].kill()
@@ -243,6 +249,11 @@ def _deadlocks_detected() -> int:
 
 def _unsettled() -> bool:
     return Job.objects.filter(status__in=UNSETTLED).exists()
+
+
+def _unsettled_counts() -> dict[str, int]:
+    rows = Job.objects.filter(status__in=UNSETTLED).values_list("status", flat=True)
+    return dict(Counter(rows))
 
 
 def _waiting_for_nothing() -> list[str]:
