@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -155,9 +156,14 @@ class JobContext:
     @property
     def parent_results(self) -> dict[str, Any]:
         """The results of the parents that completed, by step name (by job id, as text, for a
-        parent that is no step of a workflow)."""
+        parent that is no step of a workflow, or whose step name another parent has: steps of
+        two workflows may share one)."""
+        names = Counter(parent.step for parent in self.parents if parent.step is not None)
+        shared = {name for name, count in names.items() if count > 1}
         return {
-            parent.key: parent.result for parent in self.parents if parent.status == "completed"
+            str(parent.id) if parent.step in shared else parent.key: parent.result
+            for parent in self.parents
+            if parent.status == "completed"
         }
 
     @property

@@ -126,6 +126,10 @@ class DeferredEnqueues:
     def __init__(self, using: str) -> None:
         self.using = using
         self._rows: list[tuple[JobRow, Job]] = []
+        #: Ids of jobs of ``_rows`` written already (``write_now``), which ``flush()`` skips.
+        self._written: set[uuid.UUID] = set()
+        #: The last mark taken: the jobs added since are in the savepoint open now.
+        self._floor = 0
 
     def add(self, row: JobRow) -> Job:
         job = job_from_row(self.using, row, None, None)
@@ -133,17 +137,37 @@ class DeferredEnqueues:
         return job
 
     def mark(self) -> int:
-        return len(self._rows)
+        self._floor = len(self._rows)
+        return self._floor
 
     def discard_from(self, mark: int) -> None:
         """Forget the jobs added since ``mark`` (their subscriber's savepoint rolled back)."""
+        self._written.difference_update(row.id for row, _ in self._rows[mark:])
         del self._rows[mark:]
+        self._floor = min(self._floor, mark)
+
+    def write_now(self, ids: Iterable[uuid.UUID]) -> None:
+        """Write at once the jobs among ``ids`` added since the last mark: a job enqueued with
+        ``after=`` names them, and its edges need their rows. They keep their place, so that
+        ``discard_from`` forgets them with their savepoint; ``flush()`` skips them. (A job added
+        before the last mark is left to the flush: written in a later savepoint, a rollback of
+        that one would lose it.)"""
+        wanted = set(ids) - self._written
+        now = [(row, job) for row, job in self._rows[self._floor :] if row.id in wanted]
+        if not now:
+            return
+        for (_, job), job_written in zip(
+            now, insert_rows(self.using, [row for row, _ in now]), strict=True
+        ):
+            job.run_at, job.created_at = job_written.run_at, job_written.created_at
+        self._written.update(row.id for row, _ in now)
 
     def flush(self) -> None:
         """Insert every job added since the last flush, and fill in the times the database gave
         them. Those rows are forgotten even if the statement fails: the caller rolls back (to a
         savepoint) what it wrote."""
-        rows, self._rows = self._rows, []
+        rows = [(row, job) for row, job in self._rows if row.id not in self._written]
+        self._rows, self._written, self._floor = [], set(), 0
         written = [row for row, _ in rows]
         if copyable(written):
             now, _ = copy_unkeyed(self.using, written, get_settings().notify)

@@ -430,9 +430,15 @@ def _existing(alias: str, row: JobRow) -> Job:
 
 
 def _check_external(alias: str, ids: set[uuid.UUID], where: str) -> None:
-    """Refuse parents that are no job of ``alias``."""
+    """Refuse parents that are no job of ``alias``. Parents that an outbox subscriber enqueued
+    just before, collected for the relay's batch (``deferred_enqueues``), are written first."""
     if not ids:
         return
+    from django_pgoutbox import enqueueing  # it imports this module
+
+    collector = getattr(enqueueing._deferring, "collector", None)
+    if collector is not None and collector.using == alias:
+        collector.write_now(ids)
     with connections[alias].cursor() as cursor:
         cursor.execute(queries.EXISTING_JOBS, [list(ids)])
         found = {row[0] for row in cursor.fetchall()}

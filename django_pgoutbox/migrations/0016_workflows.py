@@ -259,8 +259,10 @@ BEGIN
             NEW.child_id, NEW.parent_id
             USING ERRCODE = 'foreign_key_violation';
     END IF;
-    UPDATE jobs SET has_dependants = true
-    WHERE id = NEW.parent_id AND has_dependants IS NOT TRUE;
+    -- Written even when already set: a transaction in REPEATABLE READ that ends the parent
+    -- after this commit, its snapshot taken before it, could not see the edge; the new row
+    -- version makes its write fail (a serialization failure, to retry) instead.
+    UPDATE jobs SET has_dependants = true WHERE id = NEW.parent_id;
     IF parent_status IN ('completed', 'dead', 'cancelled') THEN
         PERFORM set_config('pgoutbox.settling', 'on', true);
         PERFORM pgoutbox_settle(ARRAY[NEW.parent_id], ARRAY[NEW.child_id]);
