@@ -311,7 +311,6 @@ class TestWhatAStepReads:
 
 
 class TestCost:
-    @pytest.mark.xfail(strict=True, reason="each finished row appends to one setting: O(n^2)")
     def test_cancel_workflow_costs_in_proportion_to_the_steps(self) -> None:
         def cancelled_in(n: int) -> float:
             written = chain(*[step("tests.step", {}) for _ in range(n)]).enqueue()
