@@ -191,6 +191,7 @@ def deferred_enqueues(using: str) -> Iterator[DeferredEnqueues]:
     one statement for the whole batch instead of one each. The returned ``Job`` objects get their
     ``run_at`` and ``created_at`` at the flush; until then the rows do not exist, so a subscriber
     that reads back the job it just enqueued should pass an idempotency key (written at once).
+    A job that a later ``enqueue(after=[...])`` names is written at once too (``write_now``).
     """
     previous = getattr(_deferring, "collector", None)
     collector = DeferredEnqueues(using)
