@@ -9,6 +9,10 @@
 - Detail pages: the row's fields grouped, its times in order, its error whole; buttons that run
   a page's action on that one row (``<id>/<button>/``, POST only); a publisher's job and its
   event linked both ways.
+- Workflows: newest first, each with its steps' states (one statement for the page); a
+  workflow's page draws its steps as a graph (SVG, laid out on the server: ``graph``), lists
+  them, and has a confirmed cancel of the workflow and retry of a dead step (``workflows``); a
+  job's page links its workflow, its parents and its children.
 - Jobs, outbox events (with re-drive and discard for dead events, and each event's deliveries on
   its page), outbox deliveries (with re-drive and discard for dead ones), schedules (with "run
   now"), inbox messages (filtered by source, searched by message id): read-only changelists.
@@ -44,6 +48,7 @@ from django_pgoutbox.admin.deliveries import OutboxDeliveryAdmin
 from django_pgoutbox.admin.events import OutboxEventAdmin, ScheduleAdmin
 from django_pgoutbox.admin.inbox import InboxMessageAdmin
 from django_pgoutbox.admin.jobs import DeadLetterAdmin, JobAdmin
+from django_pgoutbox.admin.workflows import WorkflowAdmin
 
 __all__ = [
     "DeadLetterAdmin",
@@ -53,4 +58,5 @@ __all__ = [
     "OutboxDeliveryAdmin",
     "OutboxEventAdmin",
     "ScheduleAdmin",
+    "WorkflowAdmin",
 ]

@@ -17,7 +17,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from django_pgoutbox import control, queue_controls, queue_minutes, scheduler
+from django_pgoutbox import control, queries, queue_controls, queue_minutes, scheduler
 from django_pgoutbox import gauges as db_gauges
 from django_pgoutbox.admin.attempts import last_error_and_attempts
 from django_pgoutbox.admin.bulk import Bulk, bulk_action
@@ -41,6 +41,7 @@ from django_pgoutbox.admin.filters import (
     newest,
 )
 from django_pgoutbox.admin.queues import queue_action, queue_row
+from django_pgoutbox.admin.workflows import is_step, relatives, workflow_link
 from django_pgoutbox.models import (
     CLAIMABLE_STATUSES,
     FINISHED_STATUSES,
@@ -110,6 +111,9 @@ class _JobPage(ButtonsAdmin):
 
     readonly_fields: ClassVar[tuple[str, ...]] = (
         "event",
+        "workflow",
+        "parents",
+        "children",
         "attempts_and_errors",
         "pretty_payload",
         "pretty_result",
@@ -141,6 +145,7 @@ class _JobPage(ButtonsAdmin):
                 )
             },
         ),
+        ("Workflow", {"fields": ("workflow", "parents", "children")}),
         (
             "Attempts",
             {
@@ -174,12 +179,29 @@ class _JobPage(ButtonsAdmin):
     )
 
     def get_fieldsets(self, request: HttpRequest, obj: Model | None = None) -> Any:
-        """The event only on a job that came from one."""
-        if isinstance(obj, Job) and (obj.event_id is not None or obj.job_type == PUBLISH_JOB):
-            return self.fieldsets
+        """The event only on a job that came from one; the workflow only on a step, a job
+        that waited for others or one that others wait for."""
         first, *rest = self.fieldsets
+        if not (isinstance(obj, Job) and is_step(obj)):
+            rest = [(name, options) for name, options in rest if name != "Workflow"]
+        if isinstance(obj, Job) and (obj.event_id is not None or obj.job_type == PUBLISH_JOB):
+            return (first, *rest)
         fields = tuple(name for name in first[1]["fields"] if name != "event")
         return ((first[0], {**first[1], "fields": fields}), *rest)
+
+    @admin.display(description="workflow")
+    def workflow(self, obj: Job) -> str:
+        return workflow_link(self.admin_site, obj)
+
+    @admin.display(description="waits for")
+    def parents(self, obj: Job) -> str:
+        """The jobs it waits (or waited) for: the first 20, with their statuses."""
+        return relatives(self.admin_site, obj, queries.JOB_PARENTS)
+
+    @admin.display(description="waited for by")
+    def children(self, obj: Job) -> str:
+        """The jobs that wait (or waited) for it: the first 20, with their statuses."""
+        return relatives(self.admin_site, obj, queries.JOB_CHILDREN)
 
     @admin.display(description="event")
     def event(self, obj: Job) -> str:

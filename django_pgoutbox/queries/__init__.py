@@ -14,7 +14,9 @@
 - ``progress``: what running handlers say of their progress and metadata;
 - ``operations``: pruning, dead letters (and their causes), cancellation;
 - ``monitoring``: heartbeats, gauges, the scheduler's cursors, the system checks;
-- ``workflows``: writing a graph of jobs, reading a step's parents.
+- ``workflows``: writing a graph of jobs, reading a step's parents;
+- ``workflow_pages``: the admin's reads of workflows, their steps and edges, a job's parents and
+  children, each bounded.
 
 Every name is importable from here (``queries.CLAIM_JOBS``), and the rest of the code calls the
 statements by these names; this module also says how a queue's lanes send theirs (``DISPATCHED``).
@@ -156,6 +158,13 @@ from django_pgoutbox.queries.params import binary
 from django_pgoutbox.queries.progress import WRITE_PROGRESS
 from django_pgoutbox.queries.publish import PUBLISH_AHEAD
 from django_pgoutbox.queries.results import PRUNE_WAITERS, REGISTER_WAITERS, UNREGISTER_WAITER
+from django_pgoutbox.queries.workflow_pages import (
+    JOB_CHILDREN,
+    JOB_PARENTS,
+    WORKFLOW_EDGES,
+    WORKFLOW_STATES,
+    WORKFLOW_STEPS,
+)
 from django_pgoutbox.queries.workflows import (
     EXISTING_JOBS,
     INSERT_EDGES,
@@ -214,7 +223,9 @@ __all__ = [
     "INSERT_EDGES",
     "INSERT_STEPS",
     "INSERT_WORKFLOW",
+    "JOB_CHILDREN",
     "JOB_GAUGES",
+    "JOB_PARENTS",
     "LOCK_CLAIMED_DELIVERIES",
     "LOCK_CLAIMED_EVENTS",
     "LOCK_WORKER_ID",
@@ -268,6 +279,9 @@ __all__ = [
     "UNREGISTER_WAITER",
     "WAKE_QUEUES",
     "WORKER_HEARTBEATS",
+    "WORKFLOW_EDGES",
+    "WORKFLOW_STATES",
+    "WORKFLOW_STEPS",
     "WRITE_DELIVERIES",
     "WRITE_PROGRESS",
     "ClaimRow",

@@ -1,0 +1,586 @@
+"""The workflows' pages: the list with each workflow's states, and a workflow's page with its
+steps as a graph and a table, its cancel and the retry of a dead step, each confirmed first.
+
+Every page is bounded whatever the workflow holds: the list counts at most ``SUMMARY_STEPS``
+steps of each of its workflows, in one statement; a workflow's page reads at most
+``READ_STEPS`` steps and ``READ_EDGES`` edges, draws the first ``DRAWN_STEPS`` by layer and
+lists those in its table, and the dead steps among the rest apart.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
+from django.db import connections, router
+from django.db.models import QuerySet
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+)
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+
+from django_pgoutbox import control, queries
+from django_pgoutbox.admin.bulk import Bulk, act_on
+from django_pgoutbox.admin.common import ReadOnlyAdmin, _ChangeList, breadcrumbs_as_list
+from django_pgoutbox.admin.filters import newest
+from django_pgoutbox.admin.graph import Box, first_by_layer, layers, ordered_columns, svg
+from django_pgoutbox.models import FINISHED_STATUSES, Job, JobStatus, Workflow
+
+#: The most steps of each workflow that the list counts by status (a workflow with more says
+#: so, and its page counts them).
+SUMMARY_STEPS = 1_000
+#: The most steps and edges that a workflow's page reads, in the order they were enqueued.
+READ_STEPS = 10_000
+READ_EDGES = 50_000
+#: The most steps that the graph draws and the table lists: the first by layer.
+DRAWN_STEPS = 500
+#: The most edges that the graph draws (a dense graph of 500 steps can have 100,000).
+DRAWN_EDGES = 3_000
+#: The most dead steps listed apart, beyond the table.
+OTHER_DEAD = 100
+#: A name search looks among this many of the newest workflows.
+NAME_WINDOW = 50_000
+
+#: Statuses in the order a summary gives them.
+STATUS_ORDER = ("dead", "leased", "retrying", "pending", "waiting", "completed", "cancelled")
+
+
+def _summary(counts: dict[str, int]) -> str:
+    return ", ".join(
+        f"{counts[status]} {'running' if status == 'leased' else status}"
+        for status in (*STATUS_ORDER, *sorted(set(counts) - set(STATUS_ORDER)))
+        if counts.get(status)
+    )
+
+
+class _WorkflowList(_ChangeList):
+    """Counts the states of the page's workflows in one statement, once the page's rows are
+    read, and hangs them on each row."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        rows = list(self.result_list)
+        if not rows:
+            return
+        counts: dict[uuid.UUID, dict[str, int]] = {row.pk: {} for row in rows}
+        with connections[self.queryset.db].cursor() as cursor:
+            cursor.execute(queries.WORKFLOW_STATES, [[row.pk for row in rows], SUMMARY_STEPS + 1])
+            for workflow_id, status, count in cursor.fetchall():
+                counts[workflow_id][status] = count
+        for row in rows:
+            row.pgoutbox_states = counts[row.pk]
+
+
+@admin.register(Workflow)
+class WorkflowAdmin(ReadOnlyAdmin):
+    list_display = ("name", "id", "created_at", "steps", "states")
+    list_display_links = ("name",)
+    search_fields = ("name",)
+    search_help_text = (
+        f"A workflow id, or a part of its name (among the newest {NAME_WINDOW:,} workflows)."
+    )
+    ordering = ("-created_at", "id")  # workflows_created_idx
+    sortable_by = ()
+    actions = None
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[_ChangeList]:
+        return _WorkflowList
+
+    @admin.display(description="states")
+    def states(self, obj: Workflow) -> str:
+        counts: dict[str, int] = getattr(obj, "pgoutbox_states", {})
+        if not counts:
+            return "no step kept"
+        text = _summary(counts)
+        if sum(counts.values()) > SUMMARY_STEPS:
+            return f"over {SUMMARY_STEPS:,} steps: see its page"
+        if counts.get(JobStatus.DEAD):
+            return format_html('<strong class="errornote-text">{}</strong>', text)
+        return text
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        """An id through the primary key; else a part of the name, among the newest
+        ``NAME_WINDOW`` workflows (no index holds the names)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        try:
+            return queryset.filter(pk=uuid.UUID(term)), False
+        except ValueError:
+            pass
+        return newest(queryset.filter(name__icontains=term), NAME_WINDOW), False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def may_act(self, request: HttpRequest) -> bool:
+        """Cancelling a workflow and retrying a step change jobs: the Jobs page's cancel's
+        permission."""
+        return request.user.has_perm("pgoutbox.change_job")
+
+    def get_urls(self) -> list[URLPattern]:
+        site = self.admin_site
+        return [
+            path(
+                "<path:object_id>/cancel/",
+                site.admin_view(self.cancel_view),
+                name="pgoutbox_workflow_cancel",
+            ),
+            path(
+                "<path:object_id>/retry/<str:job_id>/",
+                site.admin_view(self.retry_view),
+                name="pgoutbox_workflow_retry",
+            ),
+            *super().get_urls(),
+        ]
+
+    def _workflow(self, request: HttpRequest, object_id: str) -> Workflow:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            pk = uuid.UUID(unquote(object_id))
+        except ValueError:
+            raise Http404(f"{object_id[:60]!r} is not a workflow's id") from None
+        found = self.get_queryset(request).filter(pk=pk).first()
+        if found is None:
+            raise Http404(f"no workflow {pk}")
+        return cast(Workflow, found)
+
+    def change_view(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        workflow = self._workflow(request, object_id)
+        page = _read_page(workflow, self.admin_site, request)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Workflow {workflow.name}",
+            "workflow": workflow,
+            "page": page,
+            "can_act": self.may_act(request),
+            "cancel_url": reverse("admin:pgoutbox_workflow_cancel", args=[quote(workflow.pk)]),
+            "history_url": reverse("admin:pgoutbox_workflow_history", args=[quote(workflow.pk)]),
+            "opts": self.opts,
+            "breadcrumbs_as_list": breadcrumbs_as_list(),
+        }
+        return TemplateResponse(request, "admin/django_pgoutbox/workflow.html", context)
+
+    def _confirm(
+        self,
+        request: HttpRequest,
+        workflow: Workflow,
+        title: str,
+        explanation: str,
+        listed: list[str],
+    ) -> HttpResponse:
+        return TemplateResponse(
+            request,
+            "admin/django_pgoutbox/confirm_workflow_action.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": title,
+                "explanation": explanation,
+                "listed": listed,
+                "workflow_url": _workflow_url(workflow),
+                "opts": self.opts,
+                "breadcrumbs_as_list": breadcrumbs_as_list(),
+            },
+        )
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """GET: the confirmation, with the number of steps not finished now. POST (confirmed):
+        ``control.cancel_workflow``, then back to the workflow's page."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        workflow = self._workflow(request, object_id)
+        if not self.may_act(request):
+            raise PermissionDenied
+        alias = router.db_for_write(Job)
+        if request.method == "POST" and request.POST.get("confirmed") == "yes":
+            try:
+                done = control.cancel_workflow(
+                    workflow.pk, using=alias, by=f"admin user {request.user}"
+                )
+            except Workflow.DoesNotExist:
+                raise Http404(f"no workflow {workflow.pk}") from None
+            _log(request, workflow, "Cancelled the workflow")
+            message = f"Cancelled {done['cancelled']} steps of workflow {workflow.name}."
+            if done["cancelling"]:
+                message += (
+                    f" {done['cancelling']} running steps were asked to stop: they end "
+                    "cancelled when their handlers see ctx.cancelled."
+                )
+            self.message_user(request, message, messages.SUCCESS)
+            return HttpResponseRedirect(_workflow_url(workflow))
+        unfinished = (
+            Job._base_manager.using(alias)
+            .filter(workflow_id=workflow.pk)
+            .exclude(status__in=FINISHED_STATUSES)
+            .count()
+        )
+        if unfinished == 0:
+            self.message_user(
+                request,
+                "Every step of this workflow has finished: nothing to cancel.",
+                messages.WARNING,
+            )
+            return HttpResponseRedirect(_workflow_url(workflow))
+        return self._confirm(
+            request,
+            workflow,
+            f"Cancel workflow {workflow.name}",
+            "Its steps not finished yet become cancelled and never run; running ones are "
+            "asked to stop, and end cancelled. Finished steps are left as they are.",
+            [
+                f"{unfinished} steps not finished now (and any that finish meanwhile are left "
+                "as they end)."
+            ],
+        )
+
+    def retry_view(self, request: HttpRequest, object_id: str, job_id: str) -> HttpResponse:
+        """GET: the confirmation. POST (confirmed): retry the step if it is still a dead step
+        of this workflow (``control.retry_dead_jobs``, locked, checked and logged as the dead
+        letters' retry is); the triggers of migration 0016 put back to waiting the steps that
+        its death cancelled."""
+        if request.method not in ("GET", "POST"):
+            return HttpResponseNotAllowed(["GET", "POST"])
+        workflow = self._workflow(request, object_id)
+        if not self.may_act(request):
+            raise PermissionDenied
+        try:
+            step_id = uuid.UUID(job_id)
+        except ValueError:
+            raise Http404(f"{job_id[:60]!r} is not a job's id") from None
+        alias = router.db_for_write(Job)
+        rows = Job._base_manager.using(alias).filter(
+            pk=step_id, workflow_id=workflow.pk, status=JobStatus.DEAD
+        )
+        found = rows.values_list("pk", "step").first()
+        if found is None:
+            steps = Job._base_manager.using(alias).filter(workflow_id=workflow.pk)
+            if not steps.filter(pk=step_id).exists():
+                raise Http404(f"no step {step_id} in workflow {workflow.pk}")
+            self.message_user(
+                request, f"Step {step_id} is not dead: nothing was done.", messages.WARNING
+            )
+            return HttpResponseRedirect(_workflow_url(workflow))
+        step = found[1] or str(step_id)
+        if request.method == "POST" and request.POST.get("confirmed") == "yes":
+            action = Bulk(
+                name="retry_step",
+                title="Retry a dead step",
+                explanation="",
+                noun=("dead step", "dead steps"),
+                verb="Retried",
+                infinitive="retry",
+                left_out=("is not dead", "are not dead"),
+                gone=("was no longer dead", "were no longer dead"),
+                perform=lambda ids: control.retry_dead_jobs(ids, using=alias),
+            )
+            if act_on(request, rows, action):
+                self.message_user(
+                    request,
+                    f"Retried step {step}: the steps its death cancelled wait again.",
+                    messages.SUCCESS,
+                )
+            else:
+                self.message_user(
+                    request, f"Step {step} was no longer dead: nothing was done.", messages.WARNING
+                )
+            return HttpResponseRedirect(_workflow_url(workflow))
+        return self._confirm(
+            request,
+            workflow,
+            f"Retry step {step}",
+            "The step goes back to its queue, due now, with its attempts reset to zero (its "
+            "handler must be idempotent). The steps that its death cancelled wait for it again.",
+            [f"{step} ({step_id})"],
+        )
+
+
+def _workflow_url(workflow: Workflow) -> str:
+    return reverse("admin:pgoutbox_workflow_change", args=[quote(workflow.pk)])
+
+
+def _log(request: HttpRequest, workflow: Workflow, message: str) -> None:
+    LogEntry.objects.log_actions(
+        user_id=cast(int, request.user.pk),
+        queryset=[workflow],
+        action_flag=CHANGE,
+        change_message=message,
+    )
+
+
+@dataclass
+class StepRow:
+    id: uuid.UUID
+    name: str
+    job_type: str
+    queue: str
+    status: str
+    attempts: int
+    max_attempts: int
+    waiting_for: int | None
+    run_at: datetime | None
+    locked_at: datetime | None
+    finished_at: datetime | None
+    error_code: str | None
+    url: str | None = None
+    retry_url: str | None = None
+    layer: int = 0
+
+    @property
+    def started(self) -> str:
+        """When its last attempt started."""
+        return _utc(self.locked_at)
+
+    @property
+    def finished(self) -> str:
+        return _utc(self.finished_at)
+
+
+@dataclass
+class WorkflowPage:
+    steps_read: int
+    more_steps: bool  # the workflow has more steps than were read
+    edges_read: int
+    more_edges: bool
+    drawn: list[StepRow]
+    graph: str
+    edges_drawn: int
+    edges_left_out: int
+    counts: str
+    counts_partial: bool
+    unfinished: int
+    circular: int
+    gone: int  # steps that edges name and that are no longer kept (retention)
+    external: list[tuple[uuid.UUID, str | None]]  # jobs outside the workflow that steps wait for
+    other_dead: list[StepRow] = field(default_factory=list)
+    layers: int = 0
+
+
+def _read_page(workflow: Workflow, site: admin.AdminSite, request: HttpRequest) -> WorkflowPage:
+    alias = router.db_for_read(Job)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.WORKFLOW_STEPS, [workflow.pk, READ_STEPS + 1])
+        fetched = cursor.fetchall()
+        cursor.execute(queries.WORKFLOW_EDGES, [workflow.pk, READ_EDGES + 1])
+        edge_rows = cursor.fetchall()
+    more_steps = len(fetched) > READ_STEPS
+    more_edges = len(edge_rows) > READ_EDGES
+    steps = [StepRow(*row) for row in fetched[:READ_STEPS]]
+    for row in steps:
+        row.name = row.name if row.name is not None else str(row.id)
+    by_id = {row.id: row for row in steps}
+    edges = [(parent, child) for parent, child, _ in edge_rows[:READ_EDGES]]
+    external_ids = sorted({p for p, _, ext in edge_rows[:READ_EDGES] if ext and p not in by_id})
+    gone = len({p for p, _, ext in edge_rows[:READ_EDGES] if not ext and p not in by_id})
+    found = layers(list(by_id), edges)
+    drawn_ids = first_by_layer(list(by_id), found, DRAWN_STEPS)
+    drawn_set = set(drawn_ids)
+    drawn_edges = [(p, c) for p, c in edges if p in drawn_set and c in drawn_set]
+    columns = ordered_columns(drawn_ids, found, drawn_edges)
+
+    job_url, retry_url = _url_makers(site, request, workflow)
+    now = timezone.now()
+    for row in steps:
+        row.layer = found.layer_of[row.id]
+        row.url = job_url(row.id)
+    boxes = {
+        step_id: Box(
+            name=row.name,
+            job_type=row.job_type,
+            status=row.status,
+            attempts=row.attempts,
+            max_attempts=row.max_attempts,
+            timing=_timing(row, now),
+            url=row.url,
+        )
+        for step_id in drawn_ids
+        if (row := by_id[step_id])
+    }
+    graph = svg(columns, boxes, drawn_edges[:DRAWN_EDGES])
+    for row in steps:
+        if row.status == JobStatus.DEAD:
+            row.retry_url = retry_url(row.id)
+    drawn = [by_id[step_id] for column in columns for step_id in column]
+    status_counts = Counter(row.status for row in steps)
+    counts_partial = more_steps
+    if more_steps:
+        with connections[alias].cursor() as cursor:
+            cursor.execute(queries.WORKFLOW_STATES, [[workflow.pk], 10 * READ_STEPS])
+            status_counts = Counter({status: count for _, status, count in cursor.fetchall()})
+    external = _external(alias, external_ids[:20])
+    return WorkflowPage(
+        steps_read=len(steps),
+        more_steps=more_steps,
+        edges_read=len(edges),
+        more_edges=more_edges,
+        drawn=drawn,
+        graph=graph,
+        edges_drawn=min(len(drawn_edges), DRAWN_EDGES),
+        edges_left_out=max(0, len(drawn_edges) - DRAWN_EDGES),
+        counts=_summary(dict(status_counts)) or "no step kept",
+        counts_partial=counts_partial,
+        unfinished=sum(n for s, n in status_counts.items() if s not in FINISHED_STATUSES),
+        circular=len(found.circular),
+        gone=gone,
+        external=external,
+        other_dead=[
+            row for row in steps if row.status == JobStatus.DEAD and row.id not in drawn_set
+        ][:OTHER_DEAD],
+        layers=found.depth,
+    )
+
+
+def _external(alias: str, ids: list[uuid.UUID]) -> list[tuple[uuid.UUID, str | None]]:
+    """The jobs outside the workflow that its steps wait for, with their statuses (None: no
+    longer kept)."""
+    if not ids:
+        return []
+    statuses = dict(Job._base_manager.using(alias).filter(pk__in=ids).values_list("pk", "status"))
+    return [(job_id, statuses.get(job_id)) for job_id in ids]
+
+
+def _url_makers(
+    site: admin.AdminSite, request: HttpRequest, workflow: Workflow
+) -> tuple[Callable[[uuid.UUID], str | None], Callable[[uuid.UUID], str]]:
+    """Each URL made once and completed per step: a reverse() per step was most of the
+    page's time at a few hundred steps."""
+    job_admin = site._registry.get(Job)
+    job = reverse("admin:pgoutbox_job_change", args=["ID"]).split("ID")
+    retry = reverse("admin:pgoutbox_workflow_retry", args=[quote(workflow.pk), "ID"]).split("ID")
+    linked = job_admin is not None and job_admin.has_view_permission(request)
+
+    def job_url(step_id: uuid.UUID) -> str | None:
+        return f"{job[0]}{step_id}{job[1]}" if linked else None
+
+    def retry_url(step_id: uuid.UUID) -> str:
+        return f"{retry[0]}{step_id}{retry[1]}"
+
+    return job_url, retry_url
+
+
+def _duration(delta: timedelta) -> str:
+    seconds = max(0.0, delta.total_seconds())
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, second = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {second} s"
+    hours, minute = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours} h {minute} min"
+    return f"{hours // 24} d {hours % 24} h"
+
+
+def _clock(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%m-%d %H:%M:%S")
+
+
+def _timing(row: StepRow, now: datetime) -> str:
+    """A box's last line: how long it ran, runs or waits."""
+    if row.status in FINISHED_STATUSES:
+        if row.finished_at is None:
+            return "finished"
+        if row.locked_at is not None and row.locked_at <= row.finished_at:
+            return f"ran {_duration(row.finished_at - row.locked_at)}, {_clock(row.finished_at)}"
+        return f"ended {_clock(row.finished_at)} UTC"
+    if row.status == JobStatus.LEASED and row.locked_at is not None:
+        return f"running for {_duration(now - row.locked_at)}"
+    if row.status == JobStatus.WAITING:
+        return f"waits for {row.waiting_for or 0} more"
+    if row.run_at is not None:
+        if row.run_at > now:
+            return f"due in {_duration(row.run_at - now)}"
+        return f"due for {_duration(now - row.run_at)}"
+    return ""
+
+
+def _utc(moment: datetime | None) -> str:
+    return "" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+#: The most parents and children that a job's page lists.
+SHOWN_RELATIVES = 20
+
+
+def is_step(job: Job) -> bool:
+    """Whether ``job`` has a workflow, parents or children: ``waiting_for`` is set on a job
+    enqueued with parents (and stays, 0 once they finished), ``has_dependants`` on a parent."""
+    return job.workflow_id is not None or bool(job.has_dependants) or job.waiting_for is not None
+
+
+def workflow_link(site: admin.AdminSite, job: Job) -> str:
+    """The job's workflow (a link, with its name) and its step's name."""
+    if job.workflow_id is None:
+        return "-"
+    alias = job._state.db or router.db_for_read(Workflow)
+    name = (
+        Workflow._base_manager.using(alias)
+        .filter(pk=job.workflow_id)
+        .values_list("name", flat=True)
+        .first()
+    )
+    if name is None:
+        return format_html("{} (no longer kept), step {}", job.workflow_id, job.step or "-")
+    url = reverse(f"{site.name}:pgoutbox_workflow_change", args=[quote(job.workflow_id)])
+    return format_html('<a href="{}">{}</a>, step <strong>{}</strong>', url, name, job.step or "-")
+
+
+def relatives(site: admin.AdminSite, job: Job, sql: str) -> str:
+    """The job's parents or children (``sql``): the first ``SHOWN_RELATIVES``, each a link
+    with its step (or job type) and status."""
+    alias = job._state.db or router.db_for_read(Job)
+    with connections[alias].cursor() as cursor:
+        cursor.execute(sql, [job.pk, SHOWN_RELATIVES + 1])
+        found = cursor.fetchall()
+    if not found:
+        return "-"
+    url = reverse(f"{site.name}:pgoutbox_job_change", args=["ID"]).split("ID")
+    lines = []
+    for other, step, job_type, status, other_workflow in found[:SHOWN_RELATIVES]:
+        if status is None:  # deleted by retention (no foreign key holds it)
+            lines.append(format_html("<li>{} (no longer kept)</li>", other))
+            continue
+        outside = job.workflow_id is not None and other_workflow != job.workflow_id
+        lines.append(
+            format_html(
+                '<li><a href="{}">{}</a> ({}{})</li>',
+                f"{url[0]}{other}{url[1]}",
+                step or job_type,
+                status,
+                ", outside the workflow" if outside else "",
+            )
+        )
+    more: str = ""
+    if len(found) > SHOWN_RELATIVES:
+        more = format_html(
+            "<li>and more{}</li>",
+            ": the workflow's page shows them all" if job.workflow_id is not None else "",
+        )
+    return format_html(
+        '<ul style="margin: 0; padding: 0">{}{}</ul>',
+        format_html_join("", "{}", ((line,) for line in lines)),
+        more,
+    )
