@@ -47,6 +47,8 @@ SUMMARY_STEPS = 1_000
 #: The most steps and edges that a workflow's page reads, in the order they were enqueued.
 READ_STEPS = 10_000
 READ_EDGES = 50_000
+#: The most steps of a workflow bigger than that which its page counts by status.
+COUNTED_STEPS = 100_000
 #: The most steps that the graph draws and the table lists: the first by layer.
 DRAWN_STEPS = 500
 #: The most edges that the graph draws (a dense graph of 500 steps can have 100,000).
@@ -347,7 +349,6 @@ class StepRow:
     error_code: str | None
     url: str | None = None
     retry_url: str | None = None
-    layer: int = 0
 
     @property
     def started(self) -> str:
@@ -376,7 +377,6 @@ class WorkflowPage:
     gone: int  # steps that edges name and that are no longer kept (retention)
     external: list[tuple[uuid.UUID, str | None]]  # jobs outside the workflow that steps wait for
     other_dead: list[StepRow] = field(default_factory=list)
-    layers: int = 0
 
 
 def _read_page(workflow: Workflow, site: admin.AdminSite, request: HttpRequest) -> WorkflowPage:
@@ -391,46 +391,61 @@ def _read_page(workflow: Workflow, site: admin.AdminSite, request: HttpRequest) 
     steps = [StepRow(*row) for row in fetched[:READ_STEPS]]
     for row in steps:
         row.name = row.name if row.name is not None else str(row.id)
-    by_id = {row.id: row for row in steps}
-    edges = [(parent, child) for parent, child, _ in edge_rows[:READ_EDGES]]
-    external_ids = sorted({p for p, _, ext in edge_rows[:READ_EDGES] if ext and p not in by_id})
-    gone = len({p for p, _, ext in edge_rows[:READ_EDGES] if not ext and p not in by_id})
-    found = layers(list(by_id), edges)
-    drawn_ids = first_by_layer(list(by_id), found, DRAWN_STEPS)
-    drawn_set = set(drawn_ids)
+    # Laid out by index: a UUID's hash is computed in Python, and the layout hashes each
+    # step and edge many times (most of the page's time at 10,000 steps, when keyed by id).
+    index = {row.id: number for number, row in enumerate(steps)}
+    edges: list[tuple[int, int]] = []
+    external_ids: set[uuid.UUID] = set()
+    gone: set[uuid.UUID] = set()
+    for parent, child, external in edge_rows[:READ_EDGES]:
+        if child not in index:  # a step past the first READ_STEPS
+            continue
+        if parent in index:
+            edges.append((index[parent], index[child]))
+        elif external:
+            external_ids.add(parent)
+        else:
+            gone.add(parent)
+    numbers = list(range(len(steps)))
+    found = layers(numbers, edges)
+    drawn_numbers = first_by_layer(numbers, found, DRAWN_STEPS)
+    drawn_set = set(drawn_numbers)
     drawn_edges = [(p, c) for p, c in edges if p in drawn_set and c in drawn_set]
-    columns = ordered_columns(drawn_ids, found, drawn_edges)
+    columns = ordered_columns(drawn_numbers, found, drawn_edges)
 
     job_url, retry_url = _url_makers(site, request, workflow)
     now = timezone.now()
-    for row in steps:
-        row.layer = found.layer_of[row.id]
+    other_dead = [
+        row
+        for number, row in enumerate(steps)
+        if row.status == JobStatus.DEAD and number not in drawn_set
+    ][:OTHER_DEAD]
+    for row in [*(steps[number] for number in drawn_numbers), *other_dead]:
         row.url = job_url(row.id)
-    boxes = {
-        step_id: Box(
-            name=row.name,
-            job_type=row.job_type,
-            status=row.status,
-            attempts=row.attempts,
-            max_attempts=row.max_attempts,
-            timing=_timing(row, now),
-            url=row.url,
-        )
-        for step_id in drawn_ids
-        if (row := by_id[step_id])
-    }
-    graph = svg(columns, boxes, drawn_edges[:DRAWN_EDGES])
-    for row in steps:
         if row.status == JobStatus.DEAD:
             row.retry_url = retry_url(row.id)
-    drawn = [by_id[step_id] for column in columns for step_id in column]
+    boxes = {
+        number: Box(
+            name=steps[number].name,
+            job_type=steps[number].job_type,
+            status=steps[number].status,
+            attempts=steps[number].attempts,
+            max_attempts=steps[number].max_attempts,
+            timing=_timing(steps[number], now),
+            url=steps[number].url,
+        )
+        for number in drawn_numbers
+    }
+    graph = svg(columns, boxes, drawn_edges[:DRAWN_EDGES])
+    drawn = [steps[number] for column in columns for number in column]
     status_counts = Counter(row.status for row in steps)
-    counts_partial = more_steps
+    counts_partial = False
     if more_steps:
         with connections[alias].cursor() as cursor:
-            cursor.execute(queries.WORKFLOW_STATES, [[workflow.pk], 10 * READ_STEPS])
+            cursor.execute(queries.WORKFLOW_STATES, [[workflow.pk], COUNTED_STEPS])
             status_counts = Counter({status: count for _, status, count in cursor.fetchall()})
-    external = _external(alias, external_ids[:20])
+        counts_partial = sum(status_counts.values()) >= COUNTED_STEPS
+    external = _external(alias, sorted(external_ids)[:20])
     return WorkflowPage(
         steps_read=len(steps),
         more_steps=more_steps,
@@ -444,12 +459,9 @@ def _read_page(workflow: Workflow, site: admin.AdminSite, request: HttpRequest) 
         counts_partial=counts_partial,
         unfinished=sum(n for s, n in status_counts.items() if s not in FINISHED_STATUSES),
         circular=len(found.circular),
-        gone=gone,
+        gone=len(gone),
         external=external,
-        other_dead=[
-            row for row in steps if row.status == JobStatus.DEAD and row.id not in drawn_set
-        ][:OTHER_DEAD],
-        layers=found.depth,
+        other_dead=other_dead,
     )
 
 

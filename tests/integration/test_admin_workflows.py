@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from django_pgoutbox import workflow
 from django_pgoutbox.admin import graph
+from django_pgoutbox.admin import workflows as workflow_pages
 from django_pgoutbox.admin.workflows import DRAWN_STEPS
 from django_pgoutbox.models import Job, JobDependency, JobStatus, Workflow
 
@@ -413,6 +414,25 @@ class TestHostile:
             cursor.execute("UPDATE jobs SET step = NULL WHERE id = %s", [jobs["ship"].pk])
         text = admin_client.get(page_of(wf.pk)).content.decode()
         assert str(jobs["ship"].pk)[: graph.NAME_CHARS - 1] in text
+
+    def test_more_steps_and_edges_than_a_page_reads(
+        self, admin_client: Client, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A page reads the first READ_STEPS steps and READ_EDGES edges (10,000 and 50,000):
+        edges to steps past them are left out, and the page says so."""
+        monkeypatch.setattr(workflow_pages, "READ_STEPS", 50)
+        monkeypatch.setattr(workflow_pages, "READ_EDGES", 60)
+        wf = random_dag(80, seed=5)
+        page = admin_client.get(page_of(wf.pk))
+        assert page.status_code == 200
+        text = page.content.decode()
+        assert "more than 50 steps" in text
+        assert "more than 60 edges" in text
+        # counted apart, all 80 of them
+        pending = Job.objects.filter(workflow_id=wf.pk, status=JobStatus.PENDING).count()
+        assert f"Steps: {pending} pending, {80 - pending} waiting." in text
+        svg = text[text.index('<svg id="workflow-graph"') :]
+        assert svg.count('class="step ') == 50
 
 
 class TestTheLayout:
