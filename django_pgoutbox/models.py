@@ -376,9 +376,10 @@ class Job(models.Model):
                 name="jobs_waiting_idx",
                 condition=models.Q(status=JobStatus.WAITING),
             ),
-            # A workflow's steps (its admin page, cancel_workflow()). Only steps have entries.
+            # A workflow's steps, in id order (its admin page reads them so, bounded;
+            # cancel_workflow()). Only steps have entries.
             models.Index(
-                fields=["workflow_id"],
+                fields=["workflow_id", "id"],
                 name="jobs_workflow_idx",
                 condition=models.Q(workflow_id__isnull=False),
             ),

@@ -508,7 +508,7 @@ class Migration(migrations.Migration):
             model_name="job",
             index=models.Index(
                 condition=models.Q(("workflow_id__isnull", False)),
-                fields=["workflow_id"],
+                fields=["workflow_id", "id"],
                 name="jobs_workflow_idx",
             ),
         ),
