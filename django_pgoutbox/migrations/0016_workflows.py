@@ -100,6 +100,11 @@ BEGIN
             FROM edges AS e JOIN jobs AS c ON c.id = e.child_id
             WHERE (c.status = 'waiting') IS TRUE
             GROUP BY e.child_id
+            -- In id order: the UPDATE below probes jobs_pkey once per child, in this order, so
+            -- it locks them in id order. Not c.id = ANY(the sorted ids) there: sure from this
+            -- CTE's estimate of one row, the planner scanned the whole list again for each child
+            -- (docs/benchmarks.md, "What profiling found", 28).
+            ORDER BY e.child_id
         ),
         changed AS (
             UPDATE jobs AS c
@@ -117,8 +122,7 @@ BEGIN
                     THEN 'cancelled: a job it waits for ended dead or cancelled'
                     ELSE c.last_error_summary END
             FROM changes AS ch
-            WHERE c.id = ANY(ARRAY(SELECT id FROM changes ORDER BY id))
-              AND c.id = ch.id
+            WHERE c.id = ch.id
               AND (c.status = 'waiting') IS TRUE
             RETURNING c.id, c.status, c.queue
         ),
