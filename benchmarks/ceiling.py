@@ -41,6 +41,8 @@ def _client(conninfo: dict[str, Any], batch: int, worker_id: str) -> None:
                 "codes": [None] * len(ids),
                 "summaries": [None] * len(ids),
                 "results": [None] * len(ids),
+                "progress": [None] * len(ids),
+                "meta": [None] * len(ids),
                 "worker_id": worker_id,
                 "notify": True,
                 "queue": "default",

@@ -376,13 +376,6 @@ class Job(models.Model):
                 name="jobs_waiting_idx",
                 condition=models.Q(status=JobStatus.WAITING),
             ),
-            # A workflow's steps, in id order (its admin page reads them so, bounded;
-            # cancel_workflow()). Only steps have entries.
-            models.Index(
-                fields=["workflow_id", "id"],
-                name="jobs_workflow_idx",
-                condition=models.Q(workflow_id__isnull=False),
-            ),
         ]
 
     def __str__(self) -> str:
@@ -425,6 +418,11 @@ class Workflow(models.Model):
     organization_id = models.UUIDField(null=True, blank=True)
     #: How many steps it was enqueued with.
     steps = models.IntegerField()
+    #: Its first and last steps' ids. They are UUIDv7s made in order by one ``enqueue()``, so its
+    #: steps are the jobs of that range of the primary key that name it: read so, a workflow's
+    #: steps need no index of their own, whose entries every write of a step would add to.
+    first_step = models.UUIDField()
+    last_step = models.UUIDField()
     created_at = models.DateTimeField(db_default=TransactionNow())
 
     class Meta:

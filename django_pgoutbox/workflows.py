@@ -203,9 +203,17 @@ class WorkflowBuilder:
             _check_external(alias, {p for p, _, external in edges if external}, "after")
         with tables_required(alias, EnqueueError), transaction.atomic(using=alias, savepoint=False):
             with server_side_cursor(alias) as cursor:
+                step_ids = [s.row.id for s in steps]
                 cursor.execute(
                     queries.INSERT_WORKFLOW,
-                    [workflow_id, self.name, organization_id, len(steps)],
+                    [
+                        workflow_id,
+                        self.name,
+                        organization_id,
+                        len(steps),
+                        min(step_ids),
+                        max(step_ids),
+                    ],
                 )
                 created_row = cursor.fetchone()
                 assert created_row is not None
@@ -217,6 +225,8 @@ class WorkflowBuilder:
             name=self.name,
             organization_id=organization_id,
             steps=len(steps),
+            first_step=min(step_ids),
+            last_step=max(step_ids),
             created_at=created_row[0],
         )
         written._state.adding = False

@@ -41,7 +41,9 @@ SETTLE_FUNCTIONS = r"""
 DO $do$
 BEGIN
     EXECUTE format($function$
-CREATE FUNCTION pgoutbox_settle(parents uuid[], only_children uuid[]) RETURNS void
+CREATE FUNCTION pgoutbox_settle(
+    parents uuid[], only_children uuid[], any_failed boolean DEFAULT NULL
+) RETURNS void
 LANGUAGE plpgsql SET search_path = %1$I
 AS $$
 DECLARE
@@ -57,7 +59,10 @@ BEGIN
     -- that a release, locking both children in one statement, holds while waiting for the
     -- first: a deadlock. A release alone is a single level, locked in id order by its UPDATE.
     -- A statement per level, not a recursive CTE: its plan read every edge at each level.
-    IF EXISTS (SELECT 1 FROM jobs WHERE id = ANY(parents) AND status IN ('dead', 'cancelled'))
+    -- (any_failed: whether a parent ended dead or cancelled, when the caller knows; a batch of
+    -- completions then costs no read of the parents for it)
+    IF coalesce(any_failed, EXISTS (
+        SELECT 1 FROM jobs WHERE id = ANY(parents) AND status IN ('dead', 'cancelled')))
     THEN
         SELECT array_agg(c.id),
                array_agg(DISTINCT c.id) FILTER (
@@ -93,12 +98,11 @@ BEGIN
               AND (only_children IS NULL OR d.child_id = ANY(only_children))
         ),
         changes AS (
+            -- the children's rows are read once, by the UPDATE (which skips those not waiting)
             SELECT e.child_id AS id,
-                   bool_or(e.parent_status <> 'completed'
-                           AND c.on_upstream_failure IS DISTINCT FROM 'run') AS doomed,
+                   bool_or(e.parent_status <> 'completed') AS failed,
                    count(*)::integer AS n
-            FROM edges AS e JOIN jobs AS c ON c.id = e.child_id
-            WHERE (c.status = 'waiting') IS TRUE
+            FROM edges AS e
             GROUP BY e.child_id
             -- In id order: the UPDATE below probes jobs_pkey once per child, in this order, so
             -- it locks them in id order. Not c.id = ANY(the sorted ids) there: sure from this
@@ -108,17 +112,25 @@ BEGIN
         ),
         changed AS (
             UPDATE jobs AS c
-            SET status = CASE WHEN ch.doomed THEN 'cancelled'
+            -- doomed: a parent failed, and the child does not run on an upstream failure
+            SET status = CASE WHEN (ch.failed AND c.on_upstream_failure IS DISTINCT FROM 'run')
+                              THEN 'cancelled'
                               WHEN c.waiting_for - ch.n <= 0 THEN 'pending'
                               ELSE 'waiting' END,
-                waiting_for = CASE WHEN ch.doomed THEN c.waiting_for
+                waiting_for = CASE WHEN (ch.failed AND c.on_upstream_failure IS DISTINCT FROM 'run')
+                                   THEN c.waiting_for
                                    ELSE greatest(c.waiting_for - ch.n, 0) END,
-                run_at = CASE WHEN NOT ch.doomed AND c.waiting_for - ch.n <= 0
+                run_at = CASE WHEN NOT (ch.failed AND c.on_upstream_failure IS DISTINCT FROM 'run')
+                                   AND c.waiting_for - ch.n <= 0
                               THEN greatest(c.run_at, now()) ELSE c.run_at END,
-                finished_at = CASE WHEN ch.doomed THEN now() END,
-                last_error_code = CASE WHEN ch.doomed THEN 'upstream_failed'
-                                       ELSE c.last_error_code END,
-                last_error_summary = CASE WHEN ch.doomed
+                finished_at = CASE WHEN (ch.failed AND c.on_upstream_failure IS DISTINCT FROM 'run')
+                                   THEN now() END,
+                last_error_code = CASE
+                    WHEN (ch.failed AND c.on_upstream_failure IS DISTINCT FROM 'run')
+                    THEN 'upstream_failed'
+                    ELSE c.last_error_code END,
+                last_error_summary = CASE
+                    WHEN (ch.failed AND c.on_upstream_failure IS DISTINCT FROM 'run')
                     THEN 'cancelled: a job it waits for ended dead or cancelled'
                     ELSE c.last_error_summary END
             FROM changes AS ch
@@ -234,7 +246,8 @@ BEGIN
     END IF;
     PERFORM set_config(
         name,
-        noted || CASE WHEN NEW.status IN ('completed', 'dead', 'cancelled') THEN 'f' ELSE 'r' END
+        noted || CASE WHEN NEW.status = 'completed' THEN 'c'
+                      WHEN NEW.status IN ('dead', 'cancelled') THEN 'x' ELSE 'r' END
             || NEW.id::text || ',',
         true
     ), set_config('pgoutbox.noted_bucket', bucket::text, true);
@@ -249,6 +262,7 @@ DECLARE
     buckets text := current_setting('pgoutbox.noted_bucket', true);
     notes text[] := '{}';
     finished uuid[];
+    failed boolean;
     rearmed uuid[];
 BEGIN
     IF coalesce(buckets, '') = '' THEN
@@ -262,15 +276,16 @@ BEGIN
     END LOOP;
     PERFORM set_config('pgoutbox.noted_bucket', '', true),
             set_config('pgoutbox.settling', 'on', true);
-    SELECT array_agg(substr(note, 2)::uuid) FILTER (WHERE left(note, 1) = 'f'),
+    SELECT array_agg(substr(note, 2)::uuid) FILTER (WHERE left(note, 1) IN ('c', 'x')),
+           bool_or(left(note, 1) = 'x'),
            array_agg(substr(note, 2)::uuid) FILTER (WHERE left(note, 1) = 'r')
-    INTO finished, rearmed
+    INTO finished, failed, rearmed
     FROM unnest(notes) AS note;
     IF rearmed IS NOT NULL THEN
         PERFORM pgoutbox_rearm(rearmed);
     END IF;
     IF finished IS NOT NULL THEN
-        PERFORM pgoutbox_settle(finished, NULL);
+        PERFORM pgoutbox_settle(finished, NULL, failed);
     END IF;
     PERFORM set_config('pgoutbox.settling', 'off', true);
     RETURN NULL;
@@ -337,7 +352,7 @@ DROP FUNCTION IF EXISTS pgoutbox_settle_external_edge();
 DROP FUNCTION IF EXISTS pgoutbox_settle_noted();
 DROP FUNCTION IF EXISTS pgoutbox_note_settled();
 DROP FUNCTION IF EXISTS pgoutbox_rearm(uuid[]);
-DROP FUNCTION IF EXISTS pgoutbox_settle(uuid[], uuid[]);
+DROP FUNCTION IF EXISTS pgoutbox_settle(uuid[], uuid[], boolean);
 """
 
 # Who waits for which job (Job.wait(), results.ResultListener): a row per job and listening
@@ -415,6 +430,8 @@ class Migration(migrations.Migration):
                 ("name", models.TextField()),
                 ("organization_id", models.UUIDField(blank=True, null=True)),
                 ("steps", models.IntegerField()),
+                ("first_step", models.UUIDField()),
+                ("last_step", models.UUIDField()),
                 (
                     "created_at",
                     models.DateTimeField(db_default=django_pgoutbox.models.TransactionNow()),
@@ -507,14 +524,6 @@ class Migration(migrations.Migration):
             database_operations=[
                 migrations.RunSQL(_status_check(STATUSES), _status_check(OLD_STATUSES)),
             ],
-        ),
-        AddIndexConcurrently(
-            model_name="job",
-            index=models.Index(
-                condition=models.Q(("workflow_id__isnull", False)),
-                fields=["workflow_id", "id"],
-                name="jobs_workflow_idx",
-            ),
         ),
         AddIndexConcurrently(
             model_name="job",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django_pgoutbox.queries.results import notify_finished
+from django_pgoutbox.queries.workflows import steps_of
 
 #: Delete up to ``limit`` jobs of one finished status older than the retention.
 #:
@@ -30,13 +31,13 @@ WHERE id IN (SELECT id FROM doomed)
 
 #: Delete up to ``limit`` workflows older than the retention whose steps are all pruned.
 #: Named parameters: age seconds float, limit int.
-PRUNE_WORKFLOWS = """
+PRUNE_WORKFLOWS = f"""
 DELETE FROM workflows
 WHERE id IN (
     SELECT w.id
     FROM workflows AS w
     WHERE w.created_at < now() - make_interval(secs => %(age)s)
-      AND NOT EXISTS (SELECT 1 FROM jobs AS j WHERE j.workflow_id = w.id)
+      AND NOT EXISTS (SELECT 1 FROM jobs AS j WHERE {steps_of("w", "j")})
     LIMIT %(limit)s
 )
 """

@@ -4,15 +4,18 @@ caller passes, whatever the graph holds."""
 
 from __future__ import annotations
 
+from django_pgoutbox.queries.workflows import steps_of
+
 #: The states of a page of workflows: (workflow id, status, count) for each status found among
-#: the first ``limit`` steps of each (read through ``jobs_workflow_idx``, a lateral scan each).
+#: the first ``limit`` steps of each (a lateral scan of each one's range of ``jobs_pkey``).
 #: A workflow whose counts add up to ``limit`` has more steps than were counted.
 #: Parameters: ids uuid[], limit int.
-WORKFLOW_STATES = """
+WORKFLOW_STATES = f"""
 SELECT w.id, s.status, count(*)::integer
-FROM unnest(%s::uuid[]) AS w(id)
+FROM unnest(%s::uuid[]) AS u(id)
+JOIN workflows AS w ON w.id = u.id
 CROSS JOIN LATERAL (
-    SELECT j.status FROM jobs AS j WHERE j.workflow_id = w.id LIMIT %s
+    SELECT j.status FROM jobs AS j WHERE {steps_of("w", "j")} ORDER BY j.id LIMIT %s
 ) AS s
 GROUP BY w.id, s.status
 """
@@ -20,23 +23,25 @@ GROUP BY w.id, s.status
 #: A workflow's steps, the first ``limit`` in the order they were enqueued (ids are UUIDv7):
 #: id, step, job_type, queue, status, attempts, max_attempts, waiting_for, run_at, locked_at,
 #: finished_at, last_error_code. Parameters: workflow id, limit int.
-WORKFLOW_STEPS = """
-SELECT id, step, job_type, queue, status, attempts, max_attempts, waiting_for, run_at,
-       locked_at, finished_at, last_error_code
-FROM jobs
-WHERE workflow_id = %s
-ORDER BY id
+WORKFLOW_STEPS = f"""
+SELECT j.id, j.step, j.job_type, j.queue, j.status, j.attempts, j.max_attempts, j.waiting_for,
+       j.run_at, j.locked_at, j.finished_at, j.last_error_code
+FROM workflows AS w JOIN jobs AS j ON {steps_of("w", "j")}
+WHERE w.id = %s
+ORDER BY j.id
 LIMIT %s
 """
 
 #: The edges into a workflow's steps, the first ``limit``: parent id, child id, external
 #: (the parent was enqueued before the workflow, not as a step of it). A parent that is neither
-#: a step read nor external is a step that retention deleted. Read through ``jobs_workflow_idx``
-#: and ``job_dependencies_child_idx``. Parameters: workflow id, limit int.
-WORKFLOW_EDGES = """
+#: a step read nor external is a step that retention deleted. Read along the workflow's range of
+#: ``jobs_pkey`` and ``job_dependencies_child_idx``. Parameters: workflow id, limit int.
+WORKFLOW_EDGES = f"""
 SELECT d.parent_id, d.child_id, d.external
-FROM jobs AS c JOIN job_dependencies AS d ON d.child_id = c.id
-WHERE c.workflow_id = %s
+FROM workflows AS w
+JOIN jobs AS c ON {steps_of("w", "c")}
+JOIN job_dependencies AS d ON d.child_id = c.id
+WHERE w.id = %s
 ORDER BY d.child_id, d.parent_id
 LIMIT %s
 """

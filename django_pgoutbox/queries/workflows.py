@@ -59,11 +59,20 @@ INSERT INTO job_dependencies (parent_id, child_id, external)
 SELECT * FROM unnest(%b::uuid[], %b::uuid[], %b::boolean[])
 """)
 
-#: The workflow's own row: id uuid, name text, organization_id uuid, steps int.
+#: The workflow's own row: id uuid, name text, organization_id uuid, steps int, first_step uuid,
+#: last_step uuid (its steps' lowest and highest ids: see ``models.Workflow``).
 INSERT_WORKFLOW = binary("""
-INSERT INTO workflows (id, name, organization_id, steps) VALUES (%b, %b, %b, %b)
+INSERT INTO workflows (id, name, organization_id, steps, first_step, last_step)
+VALUES (%b, %b, %b, %b, %b, %b)
 RETURNING created_at
 """)
+
+
+#: The jobs of workflow ``w`` (an alias of ``workflows``) in table alias ``j``: those of its range
+#: of the primary key that name it, read along ``jobs_pkey`` (no index of steps by workflow).
+def steps_of(w: str, j: str) -> str:
+    return f"{j}.id BETWEEN {w}.first_step AND {w}.last_step AND {j}.workflow_id = {w}.id"
+
 
 #: Which of the given jobs exist (the parents a new job names that were not enqueued with it).
 #: Parameter: ids uuid[].
@@ -79,7 +88,8 @@ ORDER BY p.step NULLS LAST, p.id
 """
 
 #: The steps of a workflow not finished yet, for ``cancel_workflow``. Parameter: workflow id.
-UNFINISHED_STEPS = """
-SELECT id FROM jobs
-WHERE workflow_id = %s AND status NOT IN ('completed', 'dead', 'cancelled')
+UNFINISHED_STEPS = f"""
+SELECT j.id
+FROM workflows AS w JOIN jobs AS j ON {steps_of("w", "j")}
+WHERE w.id = %s AND j.status NOT IN ('completed', 'dead', 'cancelled')
 """
