@@ -260,15 +260,23 @@ LANGUAGE plpgsql SET search_path = %1$I
 AS $$
 DECLARE
     buckets text := current_setting('pgoutbox.noted_bucket', true);
+    statement_notes text := current_setting('pgoutbox.noted_statement', true);
     notes text[] := '{}';
     finished uuid[];
     failed boolean;
     rearmed uuid[];
 BEGIN
-    IF coalesce(buckets, '') = '' THEN
+    IF current_setting('pgoutbox.noting', true) = 'on' THEN
+        PERFORM set_config('pgoutbox.noting', '', true);
+    END IF;
+    IF coalesce(buckets, '') = '' AND coalesce(statement_notes, '') = '' THEN
         RETURN NULL;
     END IF;
-    FOR bucket IN 0 .. buckets::integer LOOP
+    IF coalesce(statement_notes, '') <> '' THEN
+        notes := string_to_array(statement_notes, ',');
+        PERFORM set_config('pgoutbox.noted_statement', '', true);
+    END IF;
+    FOR bucket IN 0 .. coalesce(nullif(buckets, ''), '-1')::integer LOOP
         notes := notes || string_to_array(
             rtrim(coalesce(current_setting('pgoutbox.noted_' || bucket, true), ''), ','), ','
         );
@@ -324,6 +332,8 @@ CREATE TRIGGER jobs_note_settled
 AFTER UPDATE OF status ON jobs
 FOR EACH ROW WHEN (
     NEW.has_dependants
+    -- a worker's outcomes note their jobs themselves, set-based (RECORD_OUTCOMES)
+    AND current_setting('pgoutbox.noting', true) IS DISTINCT FROM 'on'
     AND OLD.status IS DISTINCT FROM NEW.status
     AND ((NEW.status IN ('completed', 'dead', 'cancelled')
           AND OLD.status NOT IN ('completed', 'dead', 'cancelled'))

@@ -203,7 +203,11 @@ u AS MATERIALIZED (
     -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
     -- would have PostgreSQL apply either to the one row)
     SELECT DISTINCT ON (id, attempt)
-        id, attempt, status, gives_back_attempt, delay, code, summary, result, progress, meta
+        id, attempt, status, gives_back_attempt, delay, code, summary, result, progress, meta,
+        -- the ends of jobs with dependants are noted by this statement (``noted``), not row
+        -- by row by the trigger jobs_note_settled, which this setting turns off: set here, in
+        -- the CTE the UPDATE reads first, before any row is written
+        set_config('pgoutbox.noting', 'on', true) AS noting
     FROM unnest(
         %(ids)s::uuid[], %(attempts)s::integer[], %(statuses)s::text[],
         %(gives_back_attempt)s::boolean[], %(delays)s::float8[], %(codes)s::text[],
@@ -241,14 +245,24 @@ recorded AS (
       AND j.attempts = u.attempt
       AND j.locked_by = %(worker_id)s
       AND (j.status = 'leased') IS TRUE  -- not jobs_leased_idx: see above
-    RETURNING j.id, j.status
+    RETURNING j.id, j.status, j.has_dependants
 ),
-finished AS ({notify_finished("recorded", "%(notify)s")})
+finished AS ({notify_finished("recorded", "%(notify)s")}),
+noted AS (  -- for the statement trigger of migration 0016: it settles their children
+    SELECT set_config(
+        'pgoutbox.noted_statement',
+        coalesce(string_agg(CASE WHEN status = 'completed' THEN 'c' ELSE 'x' END || id::text, ','),
+                 ''),
+        true
+    )
+    FROM recorded
+    WHERE has_dependants AND status IN ('completed', 'dead', 'cancelled')
+)
 """
 RECORD_OUTCOMES = f"""
 WITH {_RECORD_OUTCOMES_CTES}
 SELECT id FROM recorded
-WHERE (SELECT count(*) FROM finished) >= 0  -- reading it sends its notifications
+WHERE (SELECT count(*) FROM finished) + (SELECT count(*) FROM noted) >= 0  -- read: they run
 """
 
 # The typed NULLs that pad RECORD_AND_CLAIM's outcome rows to the claim's columns.
@@ -271,7 +285,7 @@ candidates AS MATERIALIZED ({candidates}),
 claimed AS ({_CLAIM_UPDATE})
 SELECT false, id, {_CLAIM_NULLS}
 FROM recorded
-WHERE (SELECT count(*) FROM finished) >= 0
+WHERE (SELECT count(*) FROM finished) + (SELECT count(*) FROM noted) >= 0
 UNION ALL
 SELECT true, * FROM claimed
 ORDER BY 1, {_claim_order(offset=1)}  -- the outcomes' ids, then the claimed jobs as CLAIM_JOBS
