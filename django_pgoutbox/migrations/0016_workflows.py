@@ -223,6 +223,38 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION pgoutbox_outcomes_written(
+    ids uuid[], statuses text[], dependants boolean[], notify boolean
+) RETURNS integer
+LANGUAGE plpgsql SET search_path = %1$I
+AS $$
+DECLARE
+    noted text;
+BEGIN
+    -- Tell the waiters of the jobs that finished (Job.wait(): queries.results), 800 tags (the
+    -- ids' last 8 hex digits) a notification, if anyone waits for any job at all.
+    IF notify AND EXISTS (SELECT 1 FROM job_waiters) THEN
+        PERFORM pg_notify('pgoutbox_results', string_agg(right(f.id::text, 8), ' '))
+        FROM (
+            SELECT r.id, row_number() OVER () - 1 AS n
+            FROM unnest(ids, statuses) AS r(id, status)
+            WHERE r.status IN ('completed', 'dead', 'cancelled')
+              AND EXISTS (SELECT 1 FROM job_waiters AS w WHERE w.job_id = r.id)
+        ) AS f
+        GROUP BY f.n / 800;
+    END IF;
+    -- Note the ends of jobs with dependants for the statement trigger, which settles them.
+    SELECT string_agg(CASE WHEN r.status = 'completed' THEN 'c' ELSE 'x' END || r.id::text, ',')
+    INTO noted
+    FROM unnest(ids, statuses, dependants) AS r(id, status, dependant)
+    WHERE r.dependant AND r.status IN ('completed', 'dead', 'cancelled');
+    IF noted IS NOT NULL THEN
+        PERFORM set_config('pgoutbox.noted_statement', noted, true);
+    END IF;
+    RETURN 0;
+END
+$$;
+
 CREATE FUNCTION pgoutbox_note_settled() RETURNS trigger
 LANGUAGE plpgsql SET search_path = %1$I
 AS $$
@@ -361,6 +393,7 @@ DROP TRIGGER IF EXISTS jobs_note_settled ON jobs;
 DROP FUNCTION IF EXISTS pgoutbox_settle_external_edge();
 DROP FUNCTION IF EXISTS pgoutbox_settle_noted();
 DROP FUNCTION IF EXISTS pgoutbox_note_settled();
+DROP FUNCTION IF EXISTS pgoutbox_outcomes_written(uuid[], text[], boolean[], boolean);
 DROP FUNCTION IF EXISTS pgoutbox_rearm(uuid[]);
 DROP FUNCTION IF EXISTS pgoutbox_settle(uuid[], uuid[], boolean);
 """

@@ -8,7 +8,6 @@ from datetime import datetime
 from typing import NamedTuple
 
 from django_pgoutbox.queries.attempts import append_attempt
-from django_pgoutbox.queries.results import notify_finished
 
 #: What a claim returns of each job, in order: (name, SQL expression, type). CLAIM_JOBS's and
 #: RECORD_AND_CLAIM's RETURNING, RECORD_AND_CLAIM's typed NULLs, their ORDER BY and ``ClaimRow``
@@ -247,22 +246,22 @@ recorded AS (
       AND (j.status = 'leased') IS TRUE  -- not jobs_leased_idx: see above
     RETURNING j.id, j.status, j.has_dependants
 ),
-finished AS ({notify_finished("recorded", "%(notify)s")}),
-noted AS (  -- for the statement trigger of migration 0016: it settles their children
-    SELECT set_config(
-        'pgoutbox.noted_statement',
-        coalesce(string_agg(CASE WHEN status = 'completed' THEN 'c' ELSE 'x' END || id::text, ','),
-                 ''),
-        true
-    )
+-- What follows the outcomes (migration 0016's pgoutbox_outcomes_written): the notifications of
+-- the finished jobs someone waits for, and the note of those with dependants. One function
+-- call, whose own statements are planned once a session: in this statement, planned at every
+-- run, they cost a twentieth of a drain (docs/benchmarks.md, "What profiling found", 29).
+written AS (
+    SELECT pgoutbox_outcomes_written(
+        array_agg(id), array_agg(status), array_agg(coalesce(has_dependants, false)),
+        %(notify)s
+    ) AS n
     FROM recorded
-    WHERE has_dependants AND status IN ('completed', 'dead', 'cancelled')
 )
 """
 RECORD_OUTCOMES = f"""
 WITH {_RECORD_OUTCOMES_CTES}
 SELECT id FROM recorded
-WHERE (SELECT count(*) FROM finished) + (SELECT count(*) FROM noted) >= 0  -- read: they run
+WHERE (SELECT n FROM written) >= 0  -- read, so that it runs
 """
 
 # The typed NULLs that pad RECORD_AND_CLAIM's outcome rows to the claim's columns.
@@ -285,7 +284,7 @@ candidates AS MATERIALIZED ({candidates}),
 claimed AS ({_CLAIM_UPDATE})
 SELECT false, id, {_CLAIM_NULLS}
 FROM recorded
-WHERE (SELECT count(*) FROM finished) + (SELECT count(*) FROM noted) >= 0
+WHERE (SELECT n FROM written) >= 0
 UNION ALL
 SELECT true, * FROM claimed
 ORDER BY 1, {_claim_order(offset=1)}  -- the outcomes' ids, then the claimed jobs as CLAIM_JOBS

@@ -35,7 +35,10 @@ def notify_finished(rows: str, notify: str) -> str:
     FROM (
         SELECT id, row_number() OVER () - 1 AS n
         FROM {rows}
-        WHERE status IN ('completed', 'dead', 'cancelled') AND {notify}
+        -- first, evaluated once: whether anyone waits for any job at all (nearly never in a
+        -- drain), so that a batch no one waits on costs one probe of an empty table
+        WHERE (SELECT EXISTS (SELECT 1 FROM job_waiters)) AND {notify}
+          AND status IN ('completed', 'dead', 'cancelled')
           AND EXISTS (SELECT 1 FROM job_waiters AS w WHERE w.job_id = {rows}.id)
     ) AS f
     GROUP BY f.n / {TAGS_PER_NOTIFICATION}
