@@ -1,6 +1,6 @@
 """Issue 24's scale requirements: a big workflow's enqueue, a release's cost, a drain of workflows.
 
-    python benchmarks/workflows.py [--part enqueue release drain] [--steps 10000] [--runs 5]
+    python benchmarks/workflows.py [--part enqueue release drain ceiling] [--steps 10000] [--runs 5]
         [--sizes 1000 100000] [--children 10] [--samples 30] [--workflows 1000]
         [--drain-runs 3] [--database NAME]
 
@@ -23,6 +23,9 @@ run and the medians.
   drain of as many no-op jobs, alternated, each by one ``runworkers --burst`` process with default
   settings after a ``VACUUM ANALYZE``; the rate is the jobs over the time from the first claim to
   the last outcome (``min(locked_at)`` to ``max(finished_at)``), as in ``benchmarks/worker.py``.
+- ceiling (not run by default): the same workflows and plain jobs completed by the statement a
+  worker sends, ``RECORD_AND_CLAIM`` in batches of 100, in a loop on one connection with no
+  worker (as ``benchmarks/ceiling.py``): PostgreSQL's part alone.
 """
 
 from __future__ import annotations
@@ -292,6 +295,58 @@ def drain_part(count: int, runs: int) -> None:
     )
 
 
+# -- ceiling ----------------------------------------------------------------------------------
+
+
+UNFINISHED = "SELECT EXISTS (SELECT 1 FROM jobs WHERE status IN ('waiting', 'pending'))"
+
+
+def statement_loop(batch: int = 100) -> float:
+    """Seconds to complete every job of the table with the statement a worker's dispatcher sends
+    (``RECORD_AND_CLAIM``: the last batch's outcomes, the next batch claimed), in a loop on one
+    connection, no worker."""
+    import psycopg
+
+    from django_pgoutbox import queries
+    from django_pgoutbox.db import dispatcher_connection_params
+
+    claimed: list[Any] = []
+    with psycopg.connect(**dispatcher_connection_params("default"), autocommit=True) as conn:
+        started = time.perf_counter()
+        while True:
+            params = completed_outcomes([row[1] for row in claimed], [row[4] for row in claimed])
+            params |= {"worker_id": "ceiling", "queue": "default", "limit": batch, "lease": 60.0}
+            rows = conn.execute(queries.RECORD_AND_CLAIM, params).fetchall()
+            claimed = [row for row in rows if row[0]]
+            # the children that a statement's outcomes release are claimed by the next one
+            if not claimed and conn.execute(UNFINISHED).fetchone() == (False,):
+                return time.perf_counter() - started
+
+
+def ceiling_part(count: int, runs: int) -> None:
+    from django.db import connection
+
+    jobs = count * 10
+    print(
+        f"ceiling: {count:,} workflows of 10 steps against {jobs:,} plain no-op jobs, "
+        "RECORD_AND_CLAIM in batches of 100 on one connection (jobs/s)"
+    )
+    plain, flows = [], []
+    for run in range(1, runs + 1):
+        truncate(*TABLES)
+        pending_noops(jobs)
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE jobs")
+        plain.append(jobs / statement_loop())
+        flows.append(workflow_steps(count) / statement_loop())
+        print(f"  pair {run}: plain {plain[-1]:,.0f}, workflows {flows[-1]:,.0f}", flush=True)
+    ratio = statistics.median(flows) / statistics.median(plain)
+    print(
+        f"  medians: plain {statistics.median(plain):,.0f}, workflows "
+        f"{statistics.median(flows):,.0f} ({ratio:.0%} of plain)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -299,7 +354,7 @@ def main() -> None:
     parser.add_argument(
         "--part",
         nargs="+",
-        choices=["enqueue", "release", "drain"],
+        choices=["enqueue", "release", "drain", "ceiling"],
         default=["enqueue", "release", "drain"],
     )
     parser.add_argument("--steps", type=int, default=10_000, help="steps of the enqueued workflow")
@@ -318,6 +373,8 @@ def main() -> None:
         release_part(args.sizes, args.children, args.samples)
     if "drain" in args.part:
         drain_part(args.workflows, args.drain_runs)
+    if "ceiling" in args.part:
+        ceiling_part(args.workflows, args.drain_runs)
 
 
 if __name__ == "__main__":
