@@ -55,7 +55,7 @@ def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:
     # round either inserts or finds every row, barring a deletion racing us each time.
     for _ in range(3):
         with server_side_cursor(alias) as cursor:
-            params = _many(pending, conf.notify)
+            params = row_params(pending, conf.notify)
             cursor.execute(
                 queries.ENQUEUE_JOBS_FROM_EVENT if "event_ids" in params else queries.ENQUEUE_JOBS,
                 params,
@@ -76,9 +76,10 @@ def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:
     )
 
 
-def _many(rows: Sequence[JobRow], notify: bool) -> dict[str, Any]:
+def row_params(rows: Sequence[JobRow], notify: bool) -> dict[str, Any]:
     """ENQUEUE_JOBS's (or ENQUEUE_JOBS_UNKEYED's) parameters for ``rows``; with ``event_ids``,
-    those of the ``*_FROM_EVENT`` statements, if a subscriber enqueued any of them."""
+    those of the ``*_FROM_EVENT`` statements, if a subscriber enqueued any of them (a
+    workflow's INSERT_STEPS adds its own to them)."""
     params = {
         "ids": [r.id for r in rows],
         "organization_ids": [r.organization_id for r in rows],
@@ -135,7 +136,7 @@ def _insert_one(alias: str, row: JobRow, notify: bool) -> Job:
 def _insert_unkeyed(alias: str, rows: Sequence[JobRow], notify: bool) -> list[Job]:
     """Insert rows without idempotency keys: nothing can conflict, nothing per row comes back."""
     with server_side_cursor(alias) as cursor:
-        params = _many(rows, notify)
+        params = row_params(rows, notify)
         cursor.execute(
             queries.ENQUEUE_JOBS_UNKEYED_FROM_EVENT
             if "event_ids" in params

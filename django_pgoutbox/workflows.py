@@ -23,10 +23,11 @@ from typing import Any, Literal
 from django.db import connections, transaction
 
 from django_pgoutbox import queries
-from django_pgoutbox.conf import JOBS_CHANNEL, PgOutboxSettings, get_settings
+from django_pgoutbox.conf import PgOutboxSettings, get_settings
 from django_pgoutbox.db import server_side_cursor, tables_required
 from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.ids import uuid7
+from django_pgoutbox.insert_rows import row_params
 from django_pgoutbox.job_rows import JobRow, job_database, jobs_from_rows, validate_job
 from django_pgoutbox.models import Job, JobStatus, Workflow
 from django_pgoutbox.registry import Payload
@@ -370,17 +371,8 @@ def _write(
         with server_side_cursor(alias) as cursor:
             cursor.execute(
                 queries.INSERT_STEPS,
-                {
-                    "ids": [r.id for r in rows],
-                    "organization_ids": [r.organization_id for r in rows],
-                    "queues": [r.queue for r in rows],
-                    "job_types": [r.job_type for r in rows],
-                    "payloads": [r.payload_json for r in rows],
-                    "idempotency_keys": [r.idempotency_key for r in rows],
-                    "priorities": [r.priority for r in rows],
-                    "run_ats": [r.run_at for r in rows],
-                    "delays": [r.delay for r in rows],
-                    "max_attempts": [r.max_attempts for r in rows],
+                row_params(rows, notify)
+                | {
                     "event_ids": [r.event_id for r in rows],
                     "waiting_for": [waiting.get(r.id, 0) for r in rows],
                     "has_dependants": [r.id in parents_of for r in rows],
@@ -389,8 +381,6 @@ def _write(
                         "run" if s.on_upstream_failure == "run" else None for s in chunk
                     ],
                     "workflow_id": workflow_id,
-                    "channel": JOBS_CHANNEL,
-                    "notify": notify,
                 },
             )
             for job_id, run_at, created_at, _ in cursor.fetchall():
