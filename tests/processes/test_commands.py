@@ -194,6 +194,7 @@ def test_demo_runs_the_batch_to_the_end(caplog: pytest.LogCaptureFixture) -> Non
     counts = {s: demo_jobs.filter(status=s).count() for s in JobStatus.values}
     # 126 jobs enqueued, plus a notification and a report for each of 3 completed sessions.
     assert counts == {
+        "waiting": 0,
         "pending": 0,
         "leased": 0,
         "retrying": 0,
@@ -290,6 +291,6 @@ def test_commands_refuse_an_unmigrated_database(command: list[str]) -> None:
         "pgoutbox.0007_outbox_deliveries, pgoutbox.0008_publish_order, "
         "pgoutbox.0009_queue_controls, pgoutbox.0010_queue_minutes, pgoutbox.0011_attempt_history, "
         "pgoutbox.0012_dead_letter_causes, pgoutbox.0013_dead_letter_indexes, "
-        "pgoutbox.0014_dead_cause_column, pgoutbox.0015_job_event: "
+        "pgoutbox.0014_dead_cause_column, pgoutbox.0015_job_event, pgoutbox.0016_workflows: "
         "run 'manage.py migrate --database default' first."
     ) in result.stderr
