@@ -114,6 +114,12 @@ def for_event(event_id: uuid.UUID) -> Iterator[None]:
         _deferring.event_id = previous
 
 
+def current_collector() -> DeferredEnqueues | None:
+    """The relay batch's collector on this thread (``deferred_enqueues``), if one is open."""
+    collector: DeferredEnqueues | None = getattr(_deferring, "collector", None)
+    return collector
+
+
 def _current_event() -> uuid.UUID | None:
     """The event whose subscriber runs on this thread (``for_event``), if one does."""
     event_id: uuid.UUID | None = getattr(_deferring, "event_id", None)

@@ -436,7 +436,7 @@ def _check_external(alias: str, ids: set[uuid.UUID], where: str) -> None:
         return
     from django_pgoutbox import enqueueing  # it imports this module
 
-    collector = getattr(enqueueing._deferring, "collector", None)
+    collector = enqueueing.current_collector()
     if collector is not None and collector.using == alias:
         collector.write_now(ids)
     with connections[alias].cursor() as cursor:

@@ -137,7 +137,7 @@ def _short(value: str, limit: int = 60) -> str:
     return repr(value if len(value) <= limit else value[: limit - 3] + "...")
 
 
-class _ChangeList(ChangeList):
+class SortableChangeList(ChangeList):
     """Sorts only by the columns of ``sortable_by``: Django checks it for the headers alone, and
     sorts by any column of the list that ``?o=`` names."""
 
@@ -199,7 +199,7 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return lookup in offered
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
-        return _ChangeList
+        return SortableChangeList
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

@@ -36,7 +36,7 @@ from django.utils.html import format_html, format_html_join
 
 from django_pgoutbox import control, queries
 from django_pgoutbox.admin.bulk import Bulk, act_on
-from django_pgoutbox.admin.common import ReadOnlyAdmin, _ChangeList, breadcrumbs_as_list
+from django_pgoutbox.admin.common import ReadOnlyAdmin, SortableChangeList, breadcrumbs_as_list
 from django_pgoutbox.admin.filters import newest
 from django_pgoutbox.admin.graph import Box, first_by_layer, layers, ordered_columns, svg
 from django_pgoutbox.models import FINISHED_STATUSES, Job, JobStatus, Workflow
@@ -70,7 +70,7 @@ def _summary(counts: dict[str, int]) -> str:
     )
 
 
-class _WorkflowList(_ChangeList):
+class _WorkflowList(SortableChangeList):
     """Counts the states of the page's workflows in one statement, once the page's rows are
     read, and hangs them on each row."""
 
@@ -100,7 +100,7 @@ class WorkflowAdmin(ReadOnlyAdmin):
     sortable_by = ()
     actions = None
 
-    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[_ChangeList]:
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[SortableChangeList]:
         return _WorkflowList
 
     @admin.display(description="states")
