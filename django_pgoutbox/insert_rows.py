@@ -124,7 +124,7 @@ def _insert_one(alias: str, row: JobRow, notify: bool) -> Job:
             written = cursor.fetchone()
         if written is not None:
             return job_from_row(alias, row, written[0], written[1])
-        existing = _existing_jobs(alias, [row]).get(_key(row))
+        existing = existing_job(alias, row)
         if existing is not None:
             return existing
     raise EnqueueError(
@@ -153,6 +153,11 @@ def _insert_unkeyed(alias: str, rows: Sequence[JobRow], notify: bool) -> list[Jo
         lambda r: (r.run_at or now) + timedelta(seconds=r.delay) if r.delay else (r.run_at or now),
         now,
     )
+
+
+def existing_job(alias: str, row: JobRow) -> Job | None:
+    """The job that holds the idempotency key of ``row`` (keyed), if one does."""
+    return _existing_jobs(alias, [row]).get(_key(row))
 
 
 def _key(row: JobRow) -> tuple[uuid.UUID | None, str, str | None]:

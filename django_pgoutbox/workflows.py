@@ -20,18 +20,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from django.db import connections, transaction
+from django.db import transaction
 
 from django_pgoutbox import queries
 from django_pgoutbox.conf import PgOutboxSettings, get_settings
 from django_pgoutbox.db import server_side_cursor, tables_required
 from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.ids import uuid7
-from django_pgoutbox.insert_rows import row_params
-from django_pgoutbox.job_rows import JobRow, job_database, jobs_from_rows, validate_job
-from django_pgoutbox.models import Job, JobStatus, Workflow
+from django_pgoutbox.job_rows import JobRow, job_database, validate_job
+from django_pgoutbox.models import Job, Workflow
 from django_pgoutbox.registry import Payload
 from django_pgoutbox.validation import check_text, optional_uuid, short_repr
+from django_pgoutbox.workflow_rows import PlacedStep, check_parents, write_steps
 
 #: What a step does when a job it waits for ends dead or cancelled.
 UpstreamFailure = Literal["cancel", "run"]
@@ -39,8 +39,6 @@ UPSTREAM_FAILURE_CHOICES: tuple[str, ...] = ("cancel", "run")
 
 #: The longest step name, in bytes (UTF-8).
 MAX_STEP_NAME_BYTES = 200
-#: Steps per INSERT statement of a workflow (a bigger one takes several).
-STEPS_PER_STATEMENT = 5000
 
 
 @dataclass(frozen=True)
@@ -196,12 +194,12 @@ class WorkflowBuilder:
         _refuse_cycles(self.steps, ids, edges)
         workflow_id = uuid7()
         steps = [
-            _Placed(row, s.name, s.spec.on_upstream_failure)
+            PlacedStep(row, s.name, s.spec.on_upstream_failure == "run")
             for s, row in zip(self.steps, rows, strict=True)
         ]
         with tables_required(alias, EnqueueError):
             # Before the transaction block: a refusal leaves the caller's transaction usable.
-            _check_external(alias, {p for p, _, external in edges if external}, "after")
+            check_parents(alias, {p for p, _, external in edges if external}, "after")
         with tables_required(alias, EnqueueError), transaction.atomic(using=alias, savepoint=False):
             with server_side_cursor(alias) as cursor:
                 step_ids = [s.row.id for s in steps]
@@ -218,7 +216,7 @@ class WorkflowBuilder:
                 )
                 created_row = cursor.fetchone()
                 assert created_row is not None
-            jobs = _write(alias, steps, edges, workflow_id)
+            jobs = write_steps(alias, steps, edges, workflow_id)
         for s, job in zip(self.steps, jobs, strict=True):
             s.job = job
         written = Workflow(
@@ -330,125 +328,14 @@ def enqueue_after(
         )
     if isinstance(after, (str, bytes, Job, uuid.UUID)) or not isinstance(after, Iterable):
         raise EnqueueError("after", f"must be a list of jobs or job ids, not {short_repr(after)}")
-    parents = list(_unique((_job_id(parent, "after"), True) for parent in after))
+    parents = sorted({_job_id(parent, "after") for parent in after})
     alias = job_database(using)
-    placed = _Placed(row, None, on_upstream_failure)
     with tables_required(alias, EnqueueError):
         # Before the transaction block: a refusal leaves the caller's transaction usable.
-        _check_external(alias, {parent for parent, _ in parents}, "after")
+        check_parents(alias, set(parents), "after")
     with tables_required(alias, EnqueueError), transaction.atomic(using=alias, savepoint=False):
-        edges = [(parent, row.id, True) for parent, _ in parents]
-        return _write(alias, [placed], edges, None)[0]
-
-
-# -- writing ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Placed:
-    row: JobRow
-    step: str | None
-    on_upstream_failure: str
-
-
-def _write(
-    alias: str,
-    steps: Sequence[_Placed],
-    edges: Sequence[tuple[uuid.UUID, uuid.UUID, bool]],
-    workflow_id: uuid.UUID | None,
-) -> list[Job]:
-    """Insert the steps, then the edges of those written (a repeated key writes none)."""
-    notify = get_settings().notify
-    waiting: dict[uuid.UUID, int] = {}
-    parents_of: set[uuid.UUID] = set()
-    for parent, child, _ in edges:
-        waiting[child] = waiting.get(child, 0) + 1
-        parents_of.add(parent)
-    written: dict[uuid.UUID, tuple[datetime, datetime]] = {}
-    for start in range(0, len(steps), STEPS_PER_STATEMENT):
-        chunk = steps[start : start + STEPS_PER_STATEMENT]
-        rows = [s.row for s in chunk]
-        with server_side_cursor(alias) as cursor:
-            cursor.execute(
-                queries.INSERT_STEPS,
-                row_params(rows, notify)
-                | {
-                    "event_ids": [r.event_id for r in rows],
-                    "waiting_for": [waiting.get(r.id, 0) for r in rows],
-                    "has_dependants": [r.id in parents_of for r in rows],
-                    "steps": [s.step for s in chunk],
-                    "on_upstream_failure": [
-                        "run" if s.on_upstream_failure == "run" else None for s in chunk
-                    ],
-                    "workflow_id": workflow_id,
-                },
-            )
-            for job_id, run_at, created_at, _ in cursor.fetchall():
-                written[job_id] = (run_at, created_at)
-    # In parent order: the constraint trigger of each edge to a job enqueued before locks that
-    # job at the commit, edge by edge, and a worker writing the outcomes of several of them
-    # locks them in id order too; in another order the two could deadlock.
-    kept = sorted(((p, c, e) for p, c, e in edges if c in written), key=lambda edge: edge[0])
-    if kept:
-        with server_side_cursor(alias) as cursor:
-            cursor.execute(
-                queries.INSERT_EDGES,
-                [[p for p, _, _ in kept], [c for _, c, _ in kept], [e for _, _, e in kept]],
-            )
-    new_rows = [s.row for s in steps if s.row.id in written]
-    built = iter(jobs_from_rows(alias, new_rows, lambda r: written[r.id][0], None))
-    jobs: list[Job] = []
-    for s in steps:
-        if s.row.id not in written:  # a repeated idempotency key: the job that holds it
-            jobs.append(_existing(alias, s.row))
-            continue
-        job = next(built)
-        job.created_at = written[s.row.id][1]
-        count = waiting.get(s.row.id, 0)
-        job.status = JobStatus.WAITING if count else JobStatus.PENDING
-        job.waiting_for = count or None
-        job.has_dependants = True if s.row.id in parents_of else None
-        job.workflow_id = workflow_id
-        job.step = s.step
-        job.on_upstream_failure = "run" if s.on_upstream_failure == "run" else None
-        jobs.append(job)
-    return jobs
-
-
-def _existing(alias: str, row: JobRow) -> Job:
-    try:
-        return Job.objects.using(alias).get(
-            organization_id=row.organization_id,
-            job_type=row.job_type,
-            idempotency_key=row.idempotency_key,
-        )
-    except Job.DoesNotExist:
-        raise EnqueueError(
-            "idempotency_key",
-            f"{row.idempotency_key!r} conflicts with a job that keeps disappearing; try again",
-        ) from None
-
-
-def _check_external(alias: str, ids: set[uuid.UUID], where: str) -> None:
-    """Refuse parents that are no job of ``alias``. Parents that an outbox subscriber enqueued
-    just before, collected for the relay's batch (``deferred_enqueues``), are written first."""
-    if not ids:
-        return
-    from django_pgoutbox import enqueueing  # it imports this module
-
-    collector = enqueueing.current_collector()
-    if collector is not None and collector.using == alias:
-        collector.write_now(ids)
-    with connections[alias].cursor() as cursor:
-        cursor.execute(queries.EXISTING_JOBS, [list(ids)])
-        found = {row[0] for row in cursor.fetchall()}
-    missing = sorted(str(job_id) for job_id in ids - found)
-    if missing:
-        raise EnqueueError(
-            where,
-            f"names job {missing[0]}, which does not exist in database {alias!r}"
-            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
-        )
+        placed = PlacedStep(row, None, on_upstream_failure == "run")
+        return write_steps(alias, [placed], [(parent, row.id, True) for parent in parents], None)[0]
 
 
 # -- checking --------------------------------------------------------------------------------
