@@ -80,12 +80,12 @@ def cancel_workflow(
     if parsed is None:
         raise EnqueueError("workflow_id", "is required")
     alias = job_database(using)
-    with tables_required(alias, EnqueueError):
-        if not Workflow.objects.using(alias).filter(id=parsed).exists():
-            raise Workflow.DoesNotExist(f"no workflow {parsed} in database {alias!r}")
-        with connections[alias].cursor() as cursor:
-            cursor.execute(queries.UNFINISHED_STEPS, [parsed])
-            ids = [row[0] for row in cursor.fetchall()]
+    with tables_required(alias, EnqueueError), connections[alias].cursor() as cursor:
+        cursor.execute(queries.UNFINISHED_STEPS, [parsed])
+        rows = cursor.fetchall()
+    if not rows:
+        raise Workflow.DoesNotExist(f"no workflow {parsed} in database {alias!r}")
+    ids = [row[0] for row in rows if row[0] is not None]
     states = cancel_jobs(ids, using=alias, by=by)
     counts = {"cancelled": 0, "cancelling": 0}
     for state in states.values():

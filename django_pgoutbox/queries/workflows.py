@@ -87,9 +87,13 @@ WHERE d.child_id = %s
 ORDER BY p.step NULLS LAST, p.id
 """
 
-#: The steps of a workflow not finished yet, for ``cancel_workflow``. Parameter: workflow id.
+#: The steps of a workflow not finished yet, for ``cancel_workflow``: one row per step, or one
+#: row with a NULL id for a workflow with none; no row for an unknown workflow. Parameter:
+#: workflow id.
 UNFINISHED_STEPS = f"""
 SELECT j.id
-FROM workflows AS w JOIN jobs AS j ON {steps_of("w", "j")}
-WHERE w.id = %s AND j.status NOT IN ('completed', 'dead', 'cancelled')
+FROM workflows AS w
+LEFT JOIN jobs AS j
+    ON {steps_of("w", "j")} AND j.status NOT IN ('completed', 'dead', 'cancelled')
+WHERE w.id = %s
 """

@@ -385,6 +385,10 @@ class TestRelease:
         assert status(jobs["reserve"])[0] == "completed"
         assert status(jobs["ship"])[0] == "cancelled"
         assert status(jobs["notify"])[0] == "cancelled"
+        # again: only the running step is left unfinished, asked to stop already
+        assert cancel_workflow(workflow_id) == {"cancelled": 0, "cancelling": 1}
+        Job.objects.filter(pk=jobs["charge"].pk).update(status="cancelled")  # its attempt ended
+        assert cancel_workflow(workflow_id) == {"cancelled": 0, "cancelling": 0}  # none left
         with pytest.raises(Workflow.DoesNotExist):
             cancel_workflow(uuid.uuid4())
 
