@@ -41,7 +41,7 @@ from django_pgoutbox.admin.filters import (
     newest,
 )
 from django_pgoutbox.admin.queues import queue_action, queue_row
-from django_pgoutbox.admin.workflows import is_step, relatives, workflow_link
+from django_pgoutbox.admin.workflow_pages import is_step, relatives, workflow_link
 from django_pgoutbox.models import (
     CLAIMABLE_STATUSES,
     FINISHED_STATUSES,

@@ -22,9 +22,8 @@ from django.test import Client
 from django.utils import timezone
 
 from django_pgoutbox import workflow
-from django_pgoutbox.admin import graph
-from django_pgoutbox.admin import workflows as workflow_pages
-from django_pgoutbox.admin.workflows import DRAWN_STEPS
+from django_pgoutbox.admin import graph, workflow_pages
+from django_pgoutbox.admin.workflow_pages import DRAWN_STEPS
 from django_pgoutbox.models import Job, JobDependency, JobStatus, Workflow
 
 pytestmark = pytest.mark.django_db
