@@ -79,9 +79,9 @@ def enqueue(
         queue=queue,
         using=using,
     )
-    if after is not None and not (isinstance(after, (list, tuple)) and not after):
-        return enqueue_after(prepared._row, after, on_upstream_failure, prepared.using)
-    return enqueue_prepared(prepared)
+    if after is None or after == [] or after == ():  # waits for nothing: a plain job
+        return enqueue_prepared(prepared)
+    return enqueue_after(prepared._row, after, on_upstream_failure, prepared.using)
 
 
 def enqueue_prepared(prepared: PreparedJob) -> Job:
