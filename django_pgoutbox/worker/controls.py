@@ -1,8 +1,9 @@
 """A queue paused or resized at run time, as its coordinator knows it (``queue_controls``).
 
 The coordinator reads its queue's row on a lane (``ReadControl``) before its first claim, when
-the listener passes on a notification of a change, and with each lease recovery (once per poll
-interval), which finds a change whose notification was lost; ``Controls``,
+the listener passes on a notification of a change, after a lane lost its connection (and with
+it, maybe, a notification), and with each lease recovery (once per poll interval), which finds
+a change whose notification was lost; ``Controls``,
 its own, says when, and what changed since the last answer (``Change``), which the coordinator
 then applies: no claim while paused (the attempts claimed but not started are given back),
 handler threads added or retired, the claims' settings replaced.
@@ -89,6 +90,9 @@ class Controls:
         self._covered = 0
         self._reading_covers = 0
         self._unseen_since = 0.0
+        #: A lane lost its connection (``doubted``): no claim until the answer to a read sent
+        #: after the notice it counts as.
+        self._doubt = 0
         self._said: set[str] = set()
 
     @property
@@ -101,7 +105,7 @@ class Controls:
         for its read (a pause notified, then a job: the job is not claimed meanwhile). Not
         longer than ``NOTICE_HOLD``: notifications that keep coming faster than a read is
         answered would else hold the claims for as long as they come."""
-        return self.claimable and self.hold_deadline(now) is None
+        return self.claimable and self._covered >= self._doubt and self.hold_deadline(now) is None
 
     def hold_deadline(self, now: float) -> float | None:
         """When claims held back by a notification not yet read may go again (``may_claim``),
@@ -117,6 +121,15 @@ class Controls:
             self._unseen_since = now
         self.asked = True
         self.notices += 1
+
+    def doubted(self, now: float) -> None:
+        """A lane's connection was lost: the listener's may be too, and a change notified
+        meanwhile with it. A notice, whose read no claim goes before (a read in flight was
+        sent too soon to count): it goes first on the lane that reconnects, so this costs no
+        wait, and unlike a notification's hold it has no limit (a lane that cannot read
+        cannot claim either)."""
+        self.notified(now)
+        self._doubt = self.notices
 
     def due(self) -> bool:
         """Whether to read the row now on its own: at start, after a notification or a failed

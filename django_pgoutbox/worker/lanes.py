@@ -141,12 +141,12 @@ class Lane:
             connection.close()
 
 
-def waited_out(queue: str, index: int, error: BaseException, pause: float) -> None:
+def waited_out(queue: str, index: int, error: BaseException, pause: float) -> ErrorKind:
     """Lane ``index``'s statement failed. A lost connection or a conflict is waited out on that
-    lane (``pause`` seconds), its work kept for later: logged. Anything else is a bug or a
-    schema the worker does not expect: raised, so that the loop stops, and the worker with it,
-    rather than send it forever. (A DATA error in an outcome write never gets here:
-    ``outcomes`` writes those one by one.)"""
+    lane (``pause`` seconds), its work kept for later: logged, and its kind returned. Anything
+    else is a bug or a schema the worker does not expect: raised, so that the loop stops, and
+    the worker with it, rather than send it forever. (A DATA error in an outcome write never
+    gets here: ``outcomes`` writes those one by one.)"""
     kind = classify_error(error)
     if kind not in (ErrorKind.CONNECTION, ErrorKind.CONFLICT):
         raise error
@@ -159,6 +159,7 @@ def waited_out(queue: str, index: int, error: BaseException, pause: float) -> No
         pause,
         extra={"queue": queue},
     )
+    return kind
 
 
 class Lanes:

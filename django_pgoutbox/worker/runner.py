@@ -29,6 +29,7 @@ from django.db import connections
 
 from django_pgoutbox import metrics
 from django_pgoutbox.conf import QueueSettings, RetrySettings
+from django_pgoutbox.db import ErrorKind
 from django_pgoutbox.errors import LeaseLost
 from django_pgoutbox.queue_controls import Control
 from django_pgoutbox.worker import deadlines, mailbox
@@ -410,8 +411,11 @@ class QueueRunner:
     def _on_error(
         self, index: int, request: Request, error: BaseException, pause: float, now: float
     ) -> None:
-        """A lane's statement failed (``lanes.waited_out``): its work is kept for later."""
-        waited_out(self.queue, index, error, pause)
+        """A lane's statement failed (``lanes.waited_out``): its work is kept for later. A lost
+        connection may have lost the listener's too, and with it a pause notified meanwhile:
+        the queue's row is read again before its next claim."""
+        if waited_out(self.queue, index, error, pause) is ErrorKind.CONNECTION:
+            self._controls.doubted(now)
         if self._stopping and self._stop_deadline is not None and now >= self._stop_deadline:
             self._giving_up = True  # the grace period is over: what is left, leases recover
         if isinstance(request, RecordAndClaim):

@@ -12,8 +12,10 @@ import pytest
 
 from django_pgoutbox import metrics
 from django_pgoutbox.models import JobStatus
+from django_pgoutbox.queue_controls import Control
 from django_pgoutbox.worker.attempt import QUEUED, Attempt
 from django_pgoutbox.worker.claims import RecordAndClaim
+from django_pgoutbox.worker.controls import ReadControl
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.leases import GiveBack, Renew
 from django_pgoutbox.worker.mailbox import Mailbox
@@ -293,7 +295,9 @@ class TestLanes:
         assert not harness.sent(RecordAndClaim)  # backing off
         snapshot = harness.runner.snapshot()
         assert (snapshot.outcomes_waiting, snapshot.writing, snapshot.reserved) == (1, 0, 0)
-        harness.step(0.25)
+        harness.step(0.25)  # the queue's row first: a pause may have been notified meanwhile
+        harness.answer(ReadControl, Control())
+        harness.step()
         (again,) = harness.sent(RecordAndClaim)
         assert [o.job.id for o in again.batch] == [attempt.id]
         assert harness.runner.snapshot().reserved == again.limit

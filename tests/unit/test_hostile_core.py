@@ -8,8 +8,10 @@ import threading
 import psycopg
 import pytest
 
+from django_pgoutbox.queue_controls import Control
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.claims import RecordAndClaim
+from django_pgoutbox.worker.controls import ReadControl
 from django_pgoutbox.worker.leases import GiveBack, Recover, Renew, RenewalRequest
 from django_pgoutbox.worker.mailbox import RENEW
 from tests.unit.fakes import Harness, claim_row
@@ -111,17 +113,22 @@ class TestLaneErrors:
         harness.lanes[0].reply(error=lost())
         harness.step()
         harness.step(0.25)
+        harness.answer(ReadControl, Control())  # first: a pause may have been notified meanwhile
+        harness.step()
         (again,) = harness.sent(RecordAndClaim)
         assert again.limit == claim.limit
 
 
 def test_work_lost_with_the_first_lanes_connection_goes_at_once_on_the_second() -> None:
     """The first lane's backend was ended (``pg_terminate_backend``, a proxy's restart): its
-    work does not wait out the first lane's back-off while the second is free."""
+    work does not wait out the first lane's back-off while the second is free (once the
+    queue's row is read again there: a pause notified meanwhile may have been lost)."""
     harness = Harness(connections=2)
     harness.start_up()
     (claim,) = harness.sent(RecordAndClaim)
     harness.lanes[0].reply(error=lost())
+    harness.step()
+    harness.answer(ReadControl, Control(), lane=1)
     harness.step()
     (again,) = harness.sent(RecordAndClaim, lane=1)
     assert again.limit == claim.limit

@@ -134,3 +134,27 @@ def test_a_notification_holds_the_claims_no_longer_than_the_hold() -> None:
     harness.answer(ReadControl, Control())
     harness.step()
     assert len(claims(harness)) == 1
+
+
+def test_a_lost_connection_reads_the_row_again_before_the_next_claim() -> None:
+    """A lane's connection is lost (the listener's, and a pause notified meanwhile, may be
+    too): the row is read again before anything is claimed, however long the read takes."""
+    import psycopg
+
+    lost = psycopg.OperationalError("server closed the connection unexpectedly")
+    for then, expected in ((PAUSED, 0), (Control(), 1)):
+        harness = Harness()
+        harness.start_up()
+        harness.claim([])  # idle
+        harness.runner.wake()
+        harness.step()
+        assert len(claims(harness)) == 1
+        harness.lanes[0].reply(error=lost)
+        harness.step()
+        harness.step(10.0)  # past the lane's back-off, and past any notification's hold
+        assert not claims(harness)
+        assert not claims(harness, lane=1)
+        (lane,) = [lane for lane in (0, 1) if harness.sent(ReadControl, lane)]
+        harness.answer(ReadControl, then, lane=lane)
+        harness.step()
+        assert len(claims(harness)) + len(claims(harness, lane=1)) == expected

@@ -8,8 +8,10 @@ from typing import Any
 
 import psycopg
 
+from django_pgoutbox.queue_controls import Control
 from django_pgoutbox.worker.attempt import HELD, QUEUED
 from django_pgoutbox.worker.claims import RecordAndClaim
+from django_pgoutbox.worker.controls import ReadControl
 from django_pgoutbox.worker.lanes import DISARM, FIRE, STOPPING
 from django_pgoutbox.worker.leases import GiveBack, Recover
 from django_pgoutbox.worker.mailbox import REPLY, STOP, Mailbox
@@ -269,6 +271,8 @@ class TestStandby:
         assert lane.held is None  # ... holding nothing meanwhile
         assert harness.runner._next_deadline() == harness.clock.now + 0.2
         harness.step(0.2)
+        harness.answer(ReadControl, Control())  # first: a pause may have been notified meanwhile
+        harness.step()
         (claim,) = harness.sent(RecordAndClaim)  # the wake-up is claimed for again
         assert claim.limit == harness.runner.concurrency
         harness.claim([claim_row()])
@@ -280,6 +284,8 @@ class TestStandby:
         harness, lane = idle_harness(connections=2)
         harness.runner.wake()
         lane.fail(psycopg.OperationalError("server closed the connection unexpectedly"))
+        harness.step()
+        harness.answer(ReadControl, Control(), lane=1)
         harness.step()
         (claim,) = harness.sent(RecordAndClaim, lane=1)
         assert claim.limit == harness.runner.concurrency
