@@ -298,9 +298,7 @@ DECLARE
     failed boolean;
     rearmed uuid[];
 BEGIN
-    IF current_setting('pgoutbox.noting', true) = 'on' THEN
-        PERFORM set_config('pgoutbox.noting', '', true);
-    END IF;
+    PERFORM set_config('pgoutbox.noting', '', true), set_config('pgoutbox.noted_rows', '', true);
     IF coalesce(buckets, '') = '' AND coalesce(statement_notes, '') = '' THEN
         RETURN NULL;
     END IF;
@@ -360,23 +358,39 @@ $function$, current_schema());
 END
 $do$;
 
+-- A CASE, whose branches are taken in order: the last test, true, also tells the statement
+-- trigger that a row was noted ('pgoutbox.noted_rows'), as the row is written (a WHEN is tested
+-- then; the trigger itself is called only at the statement's end, after the statement trigger's
+-- WHEN was tested).
 CREATE TRIGGER jobs_note_settled
 AFTER UPDATE OF status ON jobs
 FOR EACH ROW WHEN (
-    NEW.has_dependants
+    CASE
+    WHEN NEW.has_dependants IS NOT TRUE THEN false
     -- a worker's outcomes note their jobs themselves, set-based (RECORD_OUTCOMES)
-    AND current_setting('pgoutbox.noting', true) IS DISTINCT FROM 'on'
-    AND OLD.status IS DISTINCT FROM NEW.status
-    AND ((NEW.status IN ('completed', 'dead', 'cancelled')
+    WHEN current_setting('pgoutbox.noting', true) = 'on' THEN false
+    -- a change that pgoutbox_settle or pgoutbox_rearm itself makes
+    WHEN current_setting('pgoutbox.settling', true) = 'on' THEN false
+    WHEN OLD.status IS NOT DISTINCT FROM NEW.status THEN false
+    WHEN (NEW.status IN ('completed', 'dead', 'cancelled')
           AND OLD.status NOT IN ('completed', 'dead', 'cancelled'))
          OR (OLD.status IN ('dead', 'cancelled')
-             AND NEW.status NOT IN ('completed', 'dead', 'cancelled')))
+             AND NEW.status NOT IN ('completed', 'dead', 'cancelled'))
+        THEN set_config('pgoutbox.noted_rows', 'on', true) = 'on'
+    ELSE false
+    END
 )
 EXECUTE FUNCTION pgoutbox_note_settled();
 
+-- Called only when the statement noted a job (the row trigger above, or a worker's outcomes,
+-- which set 'pgoutbox.noting' for a job with dependants): every other UPDATE of status, the
+-- claims and the outcomes of plain jobs among them, pays a test of two settings, not a call.
 CREATE TRIGGER jobs_settle_noted
 AFTER UPDATE OF status ON jobs
-FOR EACH STATEMENT
+FOR EACH STATEMENT WHEN (
+    current_setting('pgoutbox.noting', true) = 'on'
+    OR current_setting('pgoutbox.noted_rows', true) = 'on'
+)
 EXECUTE FUNCTION pgoutbox_settle_noted();
 
 CREATE CONSTRAINT TRIGGER job_dependencies_settle

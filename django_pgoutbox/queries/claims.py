@@ -202,11 +202,7 @@ u AS MATERIALIZED (
     -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
     -- would have PostgreSQL apply either to the one row)
     SELECT DISTINCT ON (id, attempt)
-        id, attempt, status, gives_back_attempt, delay, code, summary, result, progress, meta,
-        -- the ends of jobs with dependants are noted by this statement (``noted``), not row
-        -- by row by the trigger jobs_note_settled, which this setting turns off: set here, in
-        -- the CTE the UPDATE reads first, before any row is written
-        set_config('pgoutbox.noting', 'on', true) AS noting
+        id, attempt, status, gives_back_attempt, delay, code, summary, result, progress, meta
     FROM unnest(
         %(ids)s::uuid[], %(attempts)s::integer[], %(statuses)s::text[],
         %(gives_back_attempt)s::boolean[], %(delays)s::float8[], %(codes)s::text[],
@@ -237,7 +233,14 @@ recorded AS (
         result = u.result::jsonb,
         progress = coalesce(u.progress::jsonb, j.progress),
         meta = coalesce(u.meta::jsonb, j.meta),
-        lease_expires_at = NULL
+        lease_expires_at = NULL,
+        -- Unchanged. A job with dependants turns the row trigger jobs_note_settled off
+        -- (``pgoutbox.noting``) as it is written, before the trigger's WHEN is tested: this
+        -- statement notes it (``written``), set-based. A batch of plain jobs sets nothing, and
+        -- the statement trigger jobs_settle_noted is then not called either.
+        has_dependants = CASE WHEN j.has_dependants
+                              THEN set_config('pgoutbox.noting', 'on', true) = 'on'
+                              ELSE j.has_dependants END
     FROM u
     WHERE j.id = ANY(ARRAY(SELECT id FROM u))  -- by primary key, in id order: see above
       AND j.id = u.id
@@ -249,12 +252,17 @@ recorded AS (
 -- What follows the outcomes (migration 0016's pgoutbox_outcomes_written): the notifications of
 -- the finished jobs someone waits for, and the note of those with dependants. One function
 -- call, whose own statements are planned once a session: in this statement, planned at every
--- run, they cost a twentieth of a drain (docs/benchmarks.md, "What profiling found", 29).
+-- run, they cost a twentieth of a drain (docs/benchmarks.md, "What profiling found", 29). No
+-- call at all for a batch of plain jobs that no one waits for, the common case.
 written AS (
-    SELECT pgoutbox_outcomes_written(
-        array_agg(id), array_agg(status), array_agg(coalesce(has_dependants, false)),
-        %(notify)s
-    ) AS n
+    SELECT CASE
+        WHEN bool_or(has_dependants) OR (%(notify)s AND EXISTS (SELECT 1 FROM job_waiters))
+        THEN pgoutbox_outcomes_written(
+            array_agg(id), array_agg(status), array_agg(coalesce(has_dependants, false)),
+            %(notify)s
+        )
+        ELSE 0
+    END AS n
     FROM recorded
 )
 """

@@ -320,3 +320,61 @@ class TestCost:
 
         small, large = cancelled_in(2000), cancelled_in(12000)
         assert large < 6 * 2 * small + 0.5  # in proportion: 6 times, with room for noise
+
+
+class TestWhichStatementsCallTheSettleFunctions:
+    """The statement trigger and the outcomes' function are called only by a statement that
+    ended a job with dependants (or one someone waits for): the claims and the outcomes of
+    plain jobs pay no call. Counted by ``pg_stat_xact_user_functions``, in one transaction that
+    also checks that the settings those statements set do not leak into the next."""
+
+    CALLED = (
+        "SELECT funcname, calls FROM pg_stat_xact_user_functions"
+        " WHERE funcname IN ('pgoutbox_settle_noted', 'pgoutbox_outcomes_written',"
+        " 'pgoutbox_note_settled')"
+    )
+
+    def test_calls_by_statement(self, raw_connection_params: Params) -> None:
+        plain = enqueue("tests.step", {})
+        flow = workflow("one edge")
+        flow.add("tests.step", {}, name="parent")
+        flow.add("tests.step", {}, name="child", after=["parent"])
+        steps = flow.enqueue()
+        other = workflow("another edge")
+        other.add("tests.step", {}, name="parent")
+        other.add("tests.step", {}, name="child", after=["parent"])
+        others = other.enqueue()
+        lease(others["parent"])
+        plain_values, step_values = outcome_params(plain), outcome_params(steps["parent"])
+        with raw(raw_connection_params) as conn:
+            (superuser,) = conn.execute(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+            ).fetchall()
+            if not superuser[0]:
+                pytest.skip("track_functions is a superuser's setting")
+            conn.execute("SET track_functions = 'pl'")
+
+            def calls() -> dict[str, int]:
+                return dict(conn.execute(self.CALLED).fetchall())
+
+            record(conn, plain_values)
+            assert calls() == {}, "the outcome of a plain job called a function"
+            record(conn, step_values)
+            assert calls() == {"pgoutbox_settle_noted": 1, "pgoutbox_outcomes_written": 1}
+            # then an UPDATE of yours, in the same transaction: the worker's setting is gone,
+            # the row trigger notes the parent it cancels
+            conn.execute(
+                "UPDATE jobs SET status = 'cancelled' WHERE id = %s", [others["parent"].pk]
+            )
+            assert calls() == {
+                "pgoutbox_settle_noted": 2,
+                "pgoutbox_outcomes_written": 1,
+                "pgoutbox_note_settled": 1,
+            }
+            conn.execute("UPDATE jobs SET priority = 1 WHERE id = %s", [plain.pk])
+            conn.execute("UPDATE jobs SET status = 'pending' WHERE id = %s", [plain.pk])
+            assert calls()["pgoutbox_settle_noted"] == 2, "a later statement called it again"
+            conn.commit()
+        assert state(steps["child"]) == ("pending", 0)
+        assert state(others["child"])[0] == "cancelled"
+        assert Job.objects.get(pk=others["child"].pk).last_error_code == "upstream_failed"
