@@ -308,7 +308,18 @@ class DispatcherConnection:
 
     def get(self) -> psycopg.Connection[Any]:
         if self._db is None or self._db.closed:
-            self._db = psycopg.connect(**dispatcher_connection_params(self.using), autocommit=True)
+            params = dispatcher_connection_params(self.using)
+            db = psycopg.connect(**params, autocommit=True)
+            if params.get("prepare_threshold") is not None and not pooling_signs(self.using):
+                # Prepared statements planned at each run with its values (queries.Dispatched):
+                # parsed once, never given a generic plan. Not behind a pooling proxy, whose
+                # server connections other clients share: nothing is prepared there anyway.
+                try:
+                    db.execute("SET plan_cache_mode = force_custom_plan")
+                except BaseException:
+                    db.close()
+                    raise
+            self._db = db
         return self._db
 
     def close(self) -> None:

@@ -36,7 +36,10 @@ import django_pgoutbox.models
 # ``status = 'waiting'`` are written ``(...) IS TRUE``, which jobs_waiting_idx's predicate does
 # not match: with that index, sure from statistics that few jobs wait, the planner read every
 # waiting job for each parent (a chain of 2,000 steps cancelled in 8 minutes, not a second); it
-# now probes the primary key for each child.
+# now probes the primary key for each child. Those that run statements of their own keep the
+# server's own choice of plans for them (``plan_cache_mode = auto``): a worker's lanes plan each
+# run of their prepared statements anew (``db.DispatcherConnection``), which would else replan
+# every statement of these functions at every call.
 SETTLE_FUNCTIONS = r"""
 DO $do$
 BEGIN
@@ -44,7 +47,7 @@ BEGIN
 CREATE FUNCTION pgoutbox_settle(
     parents uuid[], only_children uuid[], any_failed boolean DEFAULT NULL
 ) RETURNS void
-LANGUAGE plpgsql SET search_path = %1$I
+LANGUAGE plpgsql SET search_path = %1$I SET plan_cache_mode = auto
 AS $$
 DECLARE
     level uuid[] := parents;
@@ -158,7 +161,7 @@ END
 $$;
 
 CREATE FUNCTION pgoutbox_rearm(parents uuid[]) RETURNS void
-LANGUAGE plpgsql SET search_path = %1$I
+LANGUAGE plpgsql SET search_path = %1$I SET plan_cache_mode = auto
 AS $$
 DECLARE
     members uuid[];
@@ -226,7 +229,7 @@ $$;
 CREATE FUNCTION pgoutbox_outcomes_written(
     ids uuid[], statuses text[], dependants boolean[], notify boolean
 ) RETURNS integer
-LANGUAGE plpgsql SET search_path = %1$I
+LANGUAGE plpgsql SET search_path = %1$I SET plan_cache_mode = auto
 AS $$
 DECLARE
     noted text;
@@ -288,7 +291,7 @@ END
 $$;
 
 CREATE FUNCTION pgoutbox_settle_noted() RETURNS trigger
-LANGUAGE plpgsql SET search_path = %1$I
+LANGUAGE plpgsql SET search_path = %1$I SET plan_cache_mode = auto
 AS $$
 DECLARE
     buckets text := current_setting('pgoutbox.noted_bucket', true);

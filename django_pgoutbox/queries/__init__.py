@@ -302,10 +302,13 @@ class Dispatched(NamedTuple):
     #: the ``%s`` form of the constant of the same name.
     sql: str
     #: psycopg's ``prepare``: None (prepared after a few runs, as the connection says) or False.
-    #: Those that join an array of (id, attempt) pairs to this worker's leased rows are False,
+    #: Those that join an array of (id, attempt) pairs to this worker's leased rows must be
     #: planned each time knowing how many pairs they carry: a generic plan took the leased rows
     #: (estimated at one) as the outer side of a nested loop and read the whole array again for
-    #: each row (docs/benchmarks.md, "What profiling found", item 17).
+    #: each row (docs/benchmarks.md, "What profiling found", item 17). A lane's connection that
+    #: prepares statements plans each run of them anew (``plan_cache_mode``:
+    #: ``db.DispatcherConnection``), so those that carry outcomes are prepared too, which spares
+    #: them their parsing at each run (item 30); the others are False, sent once in a while.
     prepare: bool | None
 
 
@@ -316,10 +319,10 @@ def _dispatched(name: str, *, prepare: bool | None) -> Dispatched:
 #: The statements of a queue's lanes, by name.
 DISPATCHED: dict[str, Dispatched] = {
     "CLAIM_JOBS": _dispatched("CLAIM_JOBS", prepare=None),
-    "RECORD_AND_CLAIM": _dispatched("RECORD_AND_CLAIM", prepare=False),
+    "RECORD_AND_CLAIM": _dispatched("RECORD_AND_CLAIM", prepare=None),
     "SEEK_CLAIM_JOBS": _dispatched("SEEK_CLAIM_JOBS", prepare=None),
-    "RECORD_AND_SEEK_CLAIM": _dispatched("RECORD_AND_SEEK_CLAIM", prepare=False),
-    "RECORD_OUTCOMES": _dispatched("RECORD_OUTCOMES", prepare=False),
+    "RECORD_AND_SEEK_CLAIM": _dispatched("RECORD_AND_SEEK_CLAIM", prepare=None),
+    "RECORD_OUTCOMES": _dispatched("RECORD_OUTCOMES", prepare=None),
     "RENEW_LEASES": _dispatched("RENEW_LEASES", prepare=False),
     "UNCLAIM_JOBS": _dispatched("UNCLAIM_JOBS", prepare=False),
     "RELEASE_JOBS": _dispatched("RELEASE_JOBS", prepare=False),

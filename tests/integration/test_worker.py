@@ -641,8 +641,10 @@ def test_the_fast_constructors_make_the_same_frozen_objects() -> None:
 
 
 def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: Any) -> None:
-    """A generic plan of these read the whole array again for each leased row (quadratic);
-    they are never prepared, while the claim is."""
+    """A generic plan of these read the whole array again for each leased row (quadratic). The
+    outcomes' statements are prepared (parsed once) on a lane's connection, which plans every
+    run of a prepared statement anew; the others are never prepared; the settle functions keep
+    the server's own choice for their statements."""
     from django.conf import settings as django_settings
 
     from django_pgoutbox import queries
@@ -660,28 +662,37 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
                 )
                 queries.send(cursor, "RENEW_LEASES", [60.0, [], [], "w"])
                 queries.send(cursor, "RECORD_OUTCOMES", outcomes.params([], "w"))
-            cursor.execute("SELECT statement FROM pg_prepared_statements")
-            prepared = {row[0] for row in cursor.fetchall()}
+            cursor.execute(
+                "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+            )
+            prepared = {row[0]: row[1:] for row in cursor.fetchall()}
+            cursor.execute("SHOW plan_cache_mode")
+            (mode,) = cursor.fetchone() or ("",)
+            cursor.execute(
+                "SELECT proname, proconfig FROM pg_proc WHERE proname IN ('pgoutbox_settle',"
+                " 'pgoutbox_rearm', 'pgoutbox_outcomes_written', 'pgoutbox_settle_noted')"
+            )
+            configs = dict(cursor.fetchall())
     finally:
         connection.close()
-    planned_each_time = {
+    assert len(configs) == 4
+    assert all("plan_cache_mode=auto" in config for config in configs.values()), configs
+    never_prepared = {
         name for name, statement in queries.DISPATCHED.items() if statement.prepare is False
     }
-    assert {
-        "RECORD_AND_CLAIM",
-        "RECORD_AND_SEEK_CLAIM",
-        "RECORD_OUTCOMES",
-        "RENEW_LEASES",
-        "UNCLAIM_JOBS",
-        "RELEASE_JOBS",
-        "WRITE_PROGRESS",
-    } == planned_each_time
+    assert never_prepared == {"RENEW_LEASES", "UNCLAIM_JOBS", "RELEASE_JOBS", "WRITE_PROGRESS"}
     if "prepare_threshold" in django_settings.DATABASES["default"].get("OPTIONS", {}):
         pytest.skip("the test database's OPTIONS decide on prepared statements")
+    assert mode == "force_custom_plan"
     texts = {name: statement.sql.split("%")[0] for name, statement in queries.DISPATCHED.items()}
-    assert any(texts["CLAIM_JOBS"].strip() in text for text in prepared)
-    assert not any(texts["RENEW_LEASES"].strip() in text for text in prepared)
-    assert not any(texts["RECORD_OUTCOMES"].strip() in text for text in prepared)
+
+    def plans(name: str) -> list[tuple[int, int]]:
+        return [plans for text, plans in prepared.items() if texts[name].strip() in text]
+
+    assert plans("CLAIM_JOBS")
+    assert not plans("RENEW_LEASES")
+    ((generic, custom),) = plans("RECORD_OUTCOMES")
+    assert (generic, custom) == (0, 4)  # prepared at its third run, then planned at each
 
 
 class TestConnections:
