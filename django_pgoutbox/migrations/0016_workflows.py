@@ -15,7 +15,7 @@ import django_pgoutbox.models
 #   put back from dead or cancelled. Its WHEN is false for a job without dependants (every plain
 #   job): one comparison per row, no call. AFTER, not BEFORE: a BEFORE UPDATE row trigger locks
 #   each row before its WHEN is tested (migration 0014).
-# - jobs_settle_noted (AFTER UPDATE OF status, FOR EACH STATEMENT) settles them all at once, in
+# - jobs_settle_noted (AFTER UPDATE, FOR EACH STATEMENT) settles them all at once, in
 #   statements of their own: each reads the edges in a snapshot taken after the parents' rows
 #   were written, so an edge that a transaction committed while it held such a row (see
 #   job_dependencies_settle) is seen. One statement, not one per row, so that the children of
@@ -297,11 +297,16 @@ DECLARE
     buckets text := current_setting('pgoutbox.noted_bucket', true);
     statement_notes text := current_setting('pgoutbox.noted_statement', true);
     notes text[] := '{}';
+    row_notes text[] := '{}';
+    unsettled integer;
     finished uuid[];
     failed boolean;
     rearmed uuid[];
 BEGIN
-    PERFORM set_config('pgoutbox.noting', '', true), set_config('pgoutbox.noted_rows', '', true);
+    PERFORM set_config('pgoutbox.noting', '', true);
+    -- Nothing noted yet: a statement that a function ran in the middle of another, whose rows
+    -- the other noted (its row trigger is called at its own end): 'pgoutbox.noted_rows' still
+    -- counts them, and the other's statement trigger settles them.
     IF coalesce(buckets, '') = '' AND coalesce(statement_notes, '') = '' THEN
         RETURN NULL;
     END IF;
@@ -310,12 +315,17 @@ BEGIN
         PERFORM set_config('pgoutbox.noted_statement', '', true);
     END IF;
     FOR bucket IN 0 .. coalesce(nullif(buckets, ''), '-1')::integer LOOP
-        notes := notes || string_to_array(
+        row_notes := row_notes || string_to_array(
             rtrim(coalesce(current_setting('pgoutbox.noted_' || bucket, true), ''), ','), ','
         );
         PERFORM set_config('pgoutbox.noted_' || bucket, '', true);
     END LOOP;
-    PERFORM set_config('pgoutbox.noted_bucket', '', true),
+    notes := notes || row_notes;
+    unsettled := coalesce(nullif(current_setting('pgoutbox.noted_rows', true), ''), '0')::integer
+                 - coalesce(cardinality(row_notes), 0);
+    PERFORM set_config('pgoutbox.noted_rows', CASE WHEN unsettled > 0 THEN unsettled::text ELSE '' END,
+                       true),
+            set_config('pgoutbox.noted_bucket', '', true),
             set_config('pgoutbox.settling', 'on', true);
     SELECT array_agg(substr(note, 2)::uuid) FILTER (WHERE left(note, 1) IN ('c', 'x')),
            bool_or(left(note, 1) = 'x'),
@@ -362,9 +372,11 @@ END
 $do$;
 
 -- A CASE, whose branches are taken in order: the last test, true, also tells the statement
--- trigger that a row was noted ('pgoutbox.noted_rows'), as the row is written (a WHEN is tested
--- then; the trigger itself is called only at the statement's end, after the statement trigger's
--- WHEN was tested).
+-- trigger that a row was noted ('pgoutbox.noted_rows', the count of rows noted and not yet
+-- settled), as the row is written (a WHEN is tested then; the trigger itself is called only at
+-- the statement's end, after the statement trigger's WHEN was tested). A count, not a flag: a
+-- statement run in the middle of this one (by a function it calls) calls the statement trigger
+-- at its own end, which settles the rows that statement noted and leaves this one's counted.
 CREATE TRIGGER jobs_note_settled
 AFTER UPDATE OF status ON jobs
 FOR EACH ROW WHEN (
@@ -379,20 +391,30 @@ FOR EACH ROW WHEN (
           AND OLD.status NOT IN ('completed', 'dead', 'cancelled'))
          OR (OLD.status IN ('dead', 'cancelled')
              AND NEW.status NOT IN ('completed', 'dead', 'cancelled'))
-        THEN set_config('pgoutbox.noted_rows', 'on', true) = 'on'
+        THEN set_config(
+            'pgoutbox.noted_rows',
+            (coalesce(nullif(current_setting('pgoutbox.noted_rows', true), ''), '0')::integer
+             + 1)::text,
+            true
+        ) IS NOT NULL
     ELSE false
     END
 )
 EXECUTE FUNCTION pgoutbox_note_settled();
 
 -- Called only when the statement noted a job (the row trigger above, or a worker's outcomes,
--- which set 'pgoutbox.noting' for a job with dependants): every other UPDATE of status, the
--- claims and the outcomes of plain jobs among them, pays a test of two settings, not a call.
+-- which set 'pgoutbox.noting' for a job with dependants): every other UPDATE, the claims and
+-- the outcomes of plain jobs among them, pays a test of the settings, not a call. Not only for
+-- an UPDATE OF status: PostgreSQL fires a table's statement triggers once per statement, for the
+-- last of its UPDATEs of the table to end (a data-modifying WITH may have two), and cancels those
+-- queued before; the last may write other columns. Not for the statements of pgoutbox_settle
+-- and pgoutbox_rearm, which settle what they change themselves.
 CREATE TRIGGER jobs_settle_noted
-AFTER UPDATE OF status ON jobs
+AFTER UPDATE ON jobs
 FOR EACH STATEMENT WHEN (
-    current_setting('pgoutbox.noting', true) = 'on'
-    OR current_setting('pgoutbox.noted_rows', true) = 'on'
+    (current_setting('pgoutbox.noting', true) = 'on'
+     OR coalesce(current_setting('pgoutbox.noted_rows', true), '') NOT IN ('', '0'))
+    AND current_setting('pgoutbox.settling', true) IS DISTINCT FROM 'on'
 )
 EXECUTE FUNCTION pgoutbox_settle_noted();
 

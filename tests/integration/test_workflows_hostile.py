@@ -35,6 +35,7 @@ from django_pgoutbox.models import Job, JobDependency, JobStatus
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.outcomes import params
 from django_pgoutbox.worker.relay import Relay
+from django_pgoutbox.workflows import EnqueuedWorkflow
 from tests.conftest import claimed_job
 from tests.integration.test_workflows import context
 
@@ -378,3 +379,75 @@ class TestWhichStatementsCallTheSettleFunctions:
         assert state(steps["child"]) == ("pending", 0)
         assert state(others["child"])[0] == "cancelled"
         assert Job.objects.get(pk=others["child"].pk).last_error_code == "upstream_failed"
+
+
+class TestStatementsThatUpdateJobsTwice:
+    """A statement whose end is not the last UPDATE of jobs in it: PostgreSQL fires a table's
+    statement triggers once per statement, those of the last UPDATE of the table to end (the
+    ones queued before are cancelled), and runs a function's statements, with their own
+    triggers, in the middle of the statement that calls it."""
+
+    def edge(self) -> EnqueuedWorkflow:
+        flow = workflow("one edge")
+        flow.add("tests.step", {}, name="parent")
+        flow.add("tests.step", {}, name="child", after=["parent"])
+        return flow.enqueue()
+
+    def test_a_parent_completed_in_a_cte_read_by_an_update_of_other_columns(self) -> None:
+        steps, plain = self.edge(), enqueue("tests.step", {})
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "WITH done AS (UPDATE jobs SET status = 'completed', finished_at = now()"
+                " WHERE id = %s RETURNING id)"
+                " UPDATE jobs SET priority = 1 WHERE id = %s AND (SELECT count(*) FROM done) = 1",
+                [steps["parent"].pk, plain.pk],
+            )
+        assert state(steps["child"]) == ("pending", 0)
+
+    def test_a_parent_completed_beside_a_cte_that_updates_other_columns(self) -> None:
+        steps, plain = self.edge(), enqueue("tests.step", {})
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "WITH touched AS (UPDATE jobs SET priority = 1 WHERE id = %s RETURNING id)"
+                " UPDATE jobs SET status = 'completed', finished_at = now() WHERE id = %s",
+                [plain.pk, steps["parent"].pk],
+            )
+        assert state(steps["child"]) == ("pending", 0)
+
+    def test_a_parent_completed_by_a_statement_that_calls_a_function_updating_jobs(
+        self,
+    ) -> None:
+        steps, plain, other = self.edge(), enqueue("tests.step", {}), enqueue("tests.step", {})
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "CREATE FUNCTION pg_temp.touch(job uuid) RETURNS integer LANGUAGE plpgsql AS $$"
+                " BEGIN UPDATE jobs SET status = 'retrying' WHERE id = job; RETURN 0; END $$"
+            )
+            # the parent's row first, then the plain job's, whose new priority updates another
+            cursor.execute(
+                "UPDATE jobs AS j SET status = 'completed', finished_at = now(),"
+                " priority = CASE WHEN j.id = %s THEN 0 ELSE pg_temp.touch(%s) END"
+                " FROM unnest(%s::uuid[]) WITH ORDINALITY AS o(id, n)"
+                " WHERE j.id = o.id",
+                [steps["parent"].pk, other.pk, [steps["parent"].pk, plain.pk]],
+            )
+        assert Job.objects.get(pk=other.pk).status == "retrying"
+        assert state(steps["child"]) == ("pending", 0)
+
+    def test_a_parent_completed_by_a_statement_whose_function_kills_another(self) -> None:
+        first, second, plain = self.edge(), self.edge(), enqueue("tests.step", {})
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "CREATE FUNCTION pg_temp.kill(job uuid) RETURNS integer LANGUAGE plpgsql AS $$"
+                " BEGIN UPDATE jobs SET status = 'dead', finished_at = now() WHERE id = job;"
+                " RETURN 0; END $$"
+            )
+            cursor.execute(
+                "UPDATE jobs AS j SET status = 'completed', finished_at = now(),"
+                " priority = CASE WHEN j.id = %s THEN 0 ELSE pg_temp.kill(%s) END"
+                " FROM unnest(%s::uuid[]) WITH ORDINALITY AS o(id, n)"
+                " WHERE j.id = o.id",
+                [first["parent"].pk, second["parent"].pk, [first["parent"].pk, plain.pk]],
+            )
+        assert Job.objects.get(pk=second["child"].pk).last_error_code == "upstream_failed"
+        assert state(first["child"]) == ("pending", 0)
