@@ -45,6 +45,8 @@ class ReadControl:
     may pass (a lock timeout) keeps what was last read (``Controls``), and each says why."""
 
     queue: str
+    #: The notifications taken when it was sent (``Controls.notices``): those its answer covers.
+    covers: int = 0
 
     def run(self, connection: psycopg.Connection[Any]) -> Control:
         try:
@@ -81,7 +83,9 @@ class Controls:
         self.control = Control()
         #: No answer yet: the queue claims nothing (a paused queue stays paused at a restart).
         self.known = False
-        self.reading = False
+        #: Reads in flight: one, or two when a lost connection made the one in flight too old
+        #: (``due``).
+        self.reading = 0
         self.asked = True  # read now: at start, or a notification came
         #: The notifications taken, and how many of them the last answer had seen: a claim
         #: waits until the read sent after the last one is answered (``may_claim``), or
@@ -89,6 +93,8 @@ class Controls:
         self.notices = 0
         self._covered = 0
         self._reading_covers = 0
+        #: What the answer applied last covers: an older read answered after it is not applied.
+        self._applied = -1
         self._unseen_since = 0.0
         #: A lane lost its connection (``doubted``): no claim until the answer to a read sent
         #: after the notice it counts as.
@@ -133,22 +139,31 @@ class Controls:
 
     def due(self) -> bool:
         """Whether to read the row now on its own: at start, after a notification or a failed
-        read (else it goes with each lease recovery, ``periodic``)."""
-        return self.asked and not self.reading
+        read (else it goes with each lease recovery, ``periodic``). Not while a read is in
+        flight, unless it was sent before a lost connection (``doubted``): it cannot lift the
+        doubt, and it may be slow to come back (the poll's read goes with a lease recovery,
+        which waits for a row lock or steps over a held horizon's dead entries) while the
+        claims wait for the doubt to be lifted."""
+        return self.asked and (not self.reading or self._reading_covers < self._doubt)
 
     def read(self) -> ReadControl:
-        self.reading, self.asked = True, False
+        self.reading += 1
+        self.asked = False
         self._reading_covers = self.notices
-        return ReadControl(self.base.name)
+        return ReadControl(self.base.name, self.notices)
 
     def periodic(self) -> ReadControl | None:
         """The read to send with a lease recovery (once per poll interval), unless one is in
         flight."""
         return None if self.reading else self.read()
 
-    def failed(self) -> None:
-        """The read failed (the lane backs off): read again as soon as a lane is ready."""
-        self.reading, self.asked = False, True
+    def failed(self, covers: int | None = None) -> None:
+        """The read sent when ``covers`` notifications were taken (None: the last sent) failed
+        (the lane backs off): read again as soon as a lane is ready, unless a later read is in
+        flight."""
+        self.reading = max(0, self.reading - 1)
+        if covers is None or covers >= self._reading_covers:
+            self.asked = True
 
     def preset(self, control: Control) -> tuple[QueueSettings, int]:
         """The row as read before the coordinator started: the settings and the concurrency
@@ -157,13 +172,28 @@ class Controls:
         self.asked = False
         return control.settings(self.base), control.concurrency(self.base_concurrency)
 
-    def answered(self, control: Control, settings: QueueSettings, concurrency: int) -> Change:
-        """A read came back with ``control``; the coordinator runs with ``settings`` and
-        ``concurrency`` threads now. Returns what to change."""
-        self.reading = False
-        self._covered = self._reading_covers
+    def answered(
+        self,
+        control: Control,
+        settings: QueueSettings,
+        concurrency: int,
+        covers: int | None = None,
+    ) -> Change:
+        """A read, sent when ``covers`` notifications were taken (None: the last sent), came
+        back with ``control``; the coordinator runs with ``settings`` and ``concurrency``
+        threads now. Returns what to change."""
+        self.reading = max(0, self.reading - 1)
+        if covers is None:
+            covers = self._reading_covers
+        if covers < self._applied:
+            return Change()  # sent before the answer applied last: what it read is older
         queue = self.base.name
         kept = control.unread is False  # a failure that may pass: what was read stays
+        if kept and covers >= self._doubt > self._covered:
+            # Not the row: the doubt stays, until a read answers with it (the poll's, at the
+            # latest: a failure that may pass is not read again at once).
+            covers = self._doubt - 1
+        self._covered = max(self._covered, covers)
         for problem in control.problems:
             if problem not in self._said:  # said once, not at every poll
                 self._said.add(problem)
@@ -179,6 +209,7 @@ class Controls:
                 logger.error("queue %s: %s%s", queue, problem, then, extra={"queue": queue})
         if kept:  # a pause is not lifted, nor a limit, by a read that failed
             return Change()
+        self._applied = covers
         before, first = self.control, not self.known
         self.control, self.known = control, True
         paused = None

@@ -388,9 +388,10 @@ class QueueRunner:
         elif isinstance(request, WriteProgress):
             self._reporting.answered(request, failed=error is not None)
         if isinstance(request, ReadControl):
-            self._read_control(result if error is None else None, now)
+            self._read_control(result if error is None else None, now, request.covers)
         elif isinstance(request, Recover) and request.control is not None:
-            self._read_control(request.read if error is None else None, now)
+            read = request.read if error is None else None
+            self._read_control(read, now, request.control.covers)
         if error is not None:
             self._on_error(index, request, error, pause, now)
         elif isinstance(request, RecordAndClaim):
@@ -489,13 +490,13 @@ class QueueRunner:
                 state.hold(attempt, HELD)
                 self._suspects.held, self._suspects.held_since = attempt, now
 
-    def _read_control(self, control: Control | None, now: float) -> None:
-        """The queue's row was read (``controls``; None: the read failed): pause, resume,
-        resize."""
+    def _read_control(self, control: Control | None, now: float, covers: int | None = None) -> None:
+        """The queue's row was read (``controls``; None: the read failed) by the read sent when
+        ``covers`` notifications were taken (None: the last sent): pause, resume, resize."""
         if control is None:
-            self._controls.failed()
+            self._controls.failed(covers)
             return
-        change = self._controls.answered(control, self.settings, self.concurrency)
+        change = self._controls.answered(control, self.settings, self.concurrency, covers)
         if change.settings is not None:
             self.settings = change.settings
             self._claims.configure(change.settings)

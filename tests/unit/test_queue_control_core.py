@@ -158,3 +158,65 @@ def test_a_lost_connection_reads_the_row_again_before_the_next_claim() -> None:
         harness.answer(ReadControl, then, lane=lane)
         harness.step()
         assert len(claims(harness)) + len(claims(harness, lane=1)) == expected
+
+
+def test_a_lost_connection_beside_a_slow_recovery_reads_the_row_without_waiting_for_it() -> None:
+    """The poll's read goes with a recovery, which may take long (it waits for a row lock, or a
+    held horizon slows it) while claims go on another lane. That lane's connection is lost: the
+    read in flight with the recovery was sent before, and does not count; another goes at once
+    on the lane that reconnects, rather than after the recovery's answer (until then, nothing
+    would be claimed). The recovery's read, answered last, changes nothing: it is older."""
+    import psycopg
+
+    from django_pgoutbox.worker.leases import SLOW_RECOVERY
+
+    lost = psycopg.OperationalError("server closed the connection unexpectedly")
+    harness = Harness()
+    harness.step()
+    (recover,) = harness.sent(Recover)
+    assert recover.control is not None  # the poll's read, with the recovery
+    harness.step(SLOW_RECOVERY)
+    assert len(claims(harness, lane=1)) == 1  # beside the slow recovery
+    harness.lanes[1].reply(error=lost)
+    harness.step()
+    harness.step(1.0)  # past the lane's back-off
+    assert len(harness.sent(ReadControl, lane=1)) == 1
+    harness.answer(ReadControl, PAUSED, lane=1)
+    harness.step()
+    assert not claims(harness, lane=1)
+    harness.answer(Recover, read=Control())  # read before the pause: not applied
+    harness.step()
+    assert harness.runner._controls.control.paused
+    assert not claims(harness)
+    assert not claims(harness, lane=1)
+    read(harness, Control())
+    assert len(claims(harness)) + len(claims(harness, lane=1)) == 1
+
+
+def test_a_read_that_failed_for_a_while_does_not_count_after_a_lost_connection() -> None:
+    """A read that fails for a reason that may pass (a lock timeout: the table locked by a
+    migration) keeps what was read last; after a lost connection, that is not the row as it is
+    now (a pause notified meanwhile was lost), so nothing is claimed until a read succeeds."""
+    import psycopg
+
+    lost = psycopg.OperationalError("server closed the connection unexpectedly")
+    harness = Harness()
+    harness.start_up()
+    harness.claim([])  # idle
+    harness.runner.wake()
+    harness.step()
+    harness.lanes[0].reply(error=lost)
+    harness.step()
+    harness.step(10.0)
+    (lane,) = [lane for lane in (0, 1) if harness.sent(ReadControl, lane)]
+    harness.answer(ReadControl, Control(problems=("lock timeout",), unread=False), lane=lane)
+    harness.step()
+    harness.step(10.0)
+    assert not claims(harness)
+    assert not claims(harness, lane=1)
+    harness.step(100.0)  # the poll's read, with the recovery
+    harness.answer(Recover, read=PAUSED)
+    harness.step()
+    assert not claims(harness)
+    assert not claims(harness, lane=1)
+    assert harness.runner._controls.control.paused
