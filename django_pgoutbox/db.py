@@ -120,9 +120,19 @@ class ErrorKind(enum.Enum):
     #: The transaction lost a conflict (serialization failure, deadlock) or was cancelled
     #: (``statement_timeout``, ``pg_cancel_backend``): try again as is, after a back-off.
     CONFLICT = "conflict"
+    #: A feature the server does not support (0A000). Among them: a statement prepared on this
+    #: connection whose result a migration changed since ("cached plan must not change result
+    #: type"), which fails at every run until the connection goes: a worker's own statements
+    #: reconnect (preparing them again) and try again; anywhere else it is ``OTHER``.
+    UNSUPPORTED = "unsupported"
     #: Anything else: a bug or a schema the code does not expect. Not retried blindly.
     OTHER = "other"
 
+
+#: The errors after which a worker loop's own connection (``DispatcherConnection``) is closed,
+#: and opened again for the next statement: a lost one, and one whose prepared statements a
+#: migration made stale.
+RECONNECT = frozenset({ErrorKind.CONNECTION, ErrorKind.UNSUPPORTED})
 
 #: SQLSTATE classes (first two characters) and codes, by what they say (PostgreSQL's appendix A).
 _SQLSTATE_KINDS: dict[str, ErrorKind] = {
@@ -137,6 +147,7 @@ _SQLSTATE_KINDS: dict[str, ErrorKind] = {
     "54": ErrorKind.DATA,  # program limit exceeded (a value or row too large)
     "40": ErrorKind.CONFLICT,  # transaction rollback (serialization failure, deadlock)
     "57014": ErrorKind.CONFLICT,  # query_canceled (statement_timeout, pg_cancel_backend)
+    "0A000": ErrorKind.UNSUPPORTED,  # feature_not_supported (a stale prepared statement)
 }
 
 
@@ -294,13 +305,21 @@ def require_migrated(alias: str) -> None:
 ERROR_BACKOFF = (0.2, 10.0)
 
 
+class LaneConnection(psycopg.Connection[Any]):
+    """A worker loop's psycopg connection, which knows whether it plans every run of its
+    prepared statements anew (``plan_cache_mode = force_custom_plan``): ``queries.send``
+    prepares the outcomes' statements only where it does."""
+
+    plans_each_run = False
+
+
 class DispatcherConnection:
     """A worker loop's own psycopg connection (autocommit, with ``dispatcher_connection_params``):
     opened on first use, and again after ``close()`` (the loop closes it on a lost connection)."""
 
     def __init__(self, using: str) -> None:
         self.using = using
-        self._db: psycopg.Connection[Any] | None = None
+        self._db: LaneConnection | None = None
 
     @property
     def opened(self) -> bool:
@@ -309,16 +328,18 @@ class DispatcherConnection:
     def get(self) -> psycopg.Connection[Any]:
         if self._db is None or self._db.closed:
             params = dispatcher_connection_params(self.using)
-            db = psycopg.connect(**params, autocommit=True)
+            db = LaneConnection.connect(**params, autocommit=True)
             if params.get("prepare_threshold") is not None and not pooling_signs(self.using):
                 # Prepared statements planned at each run with its values (queries.Dispatched):
                 # parsed once, never given a generic plan. Not behind a pooling proxy, whose
-                # server connections other clients share: nothing is prepared there anyway.
+                # server connections other clients share, and whose next transaction may not
+                # have the setting.
                 try:
                     db.execute("SET plan_cache_mode = force_custom_plan")
                 except BaseException:
                     db.close()
                     raise
+                db.plans_each_run = True
             self._db = db
         return self._db
 

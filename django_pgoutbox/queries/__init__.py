@@ -307,22 +307,29 @@ class Dispatched(NamedTuple):
     #: (estimated at one) as the outer side of a nested loop and read the whole array again for
     #: each row (docs/benchmarks.md, "What profiling found", item 17). A lane's connection that
     #: prepares statements plans each run of them anew (``plan_cache_mode``:
-    #: ``db.DispatcherConnection``), so those that carry outcomes are prepared too, which spares
-    #: them their parsing at each run (item 30); the others are False, sent once in a while.
+    #: ``db.LaneConnection``), so those that carry outcomes are prepared there too, which spares
+    #: them their parsing at each run (item 30: ``custom_plans_only``); the others are False,
+    #: sent once in a while.
     prepare: bool | None
+    #: Prepared only on a connection that plans every run anew (``LaneConnection.plans_each_run``):
+    #: elsewhere (behind a pooling proxy, whose sessions a setting cannot be trusted to stay
+    #: on) sent unprepared, as if ``prepare`` were False.
+    custom_plans_only: bool = False
 
 
-def _dispatched(name: str, *, prepare: bool | None) -> Dispatched:
-    return Dispatched(binary(globals()[name]), prepare)
+def _dispatched(name: str, *, prepare: bool | None, custom_plans_only: bool = False) -> Dispatched:
+    return Dispatched(binary(globals()[name]), prepare, custom_plans_only)
 
 
 #: The statements of a queue's lanes, by name.
 DISPATCHED: dict[str, Dispatched] = {
     "CLAIM_JOBS": _dispatched("CLAIM_JOBS", prepare=None),
-    "RECORD_AND_CLAIM": _dispatched("RECORD_AND_CLAIM", prepare=None),
+    "RECORD_AND_CLAIM": _dispatched("RECORD_AND_CLAIM", prepare=None, custom_plans_only=True),
     "SEEK_CLAIM_JOBS": _dispatched("SEEK_CLAIM_JOBS", prepare=None),
-    "RECORD_AND_SEEK_CLAIM": _dispatched("RECORD_AND_SEEK_CLAIM", prepare=None),
-    "RECORD_OUTCOMES": _dispatched("RECORD_OUTCOMES", prepare=None),
+    "RECORD_AND_SEEK_CLAIM": _dispatched(
+        "RECORD_AND_SEEK_CLAIM", prepare=None, custom_plans_only=True
+    ),
+    "RECORD_OUTCOMES": _dispatched("RECORD_OUTCOMES", prepare=None, custom_plans_only=True),
     "RENEW_LEASES": _dispatched("RENEW_LEASES", prepare=False),
     "UNCLAIM_JOBS": _dispatched("UNCLAIM_JOBS", prepare=False),
     "RELEASE_JOBS": _dispatched("RELEASE_JOBS", prepare=False),
@@ -333,4 +340,7 @@ DISPATCHED: dict[str, Dispatched] = {
 def send(cursor: Any, name: str, params: Sequence[Any] | Mapping[str, Any]) -> None:
     """Run the dispatched statement ``name`` on a lane's psycopg ``cursor``."""
     statement = DISPATCHED[name]
-    cursor.execute(statement.sql, params, prepare=statement.prepare)
+    prepare = statement.prepare
+    if statement.custom_plans_only and not getattr(cursor.connection, "plans_each_run", False):
+        prepare = False
+    cursor.execute(statement.sql, params, prepare=prepare)

@@ -19,7 +19,7 @@ import psycopg
 
 from django_pgoutbox import queries
 from django_pgoutbox.conf import QueueSettings
-from django_pgoutbox.db import ErrorKind, classify_error
+from django_pgoutbox.db import RECONNECT, ErrorKind, classify_error
 from django_pgoutbox.queue_controls import Control
 from django_pgoutbox.retry import summarize
 
@@ -54,7 +54,7 @@ class ReadControl:
                 cursor.execute(queries.READ_QUEUE_CONTROL, [self.queue])
                 row = cursor.fetchone()
         except psycopg.Error as error:
-            if classify_error(error) in (ErrorKind.CONNECTION, ErrorKind.CONFLICT):
+            if classify_error(error) in (*RECONNECT, ErrorKind.CONFLICT):
                 raise
             problem = f"queue_controls could not be read ({summarize(error)})"
             lasting = getattr(error, "sqlstate", None) in LASTING_FAILURES

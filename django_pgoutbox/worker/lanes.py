@@ -19,7 +19,13 @@ from typing import Any, Protocol
 
 import psycopg
 
-from django_pgoutbox.db import ERROR_BACKOFF, DispatcherConnection, ErrorKind, classify_error
+from django_pgoutbox.db import (
+    ERROR_BACKOFF,
+    RECONNECT,
+    DispatcherConnection,
+    ErrorKind,
+    classify_error,
+)
 from django_pgoutbox.retry import summarize
 from django_pgoutbox.worker.mailbox import REPLY, Mailbox
 
@@ -127,7 +133,7 @@ class Lane:
                     result = request.run(connection.get())
                 except BaseException as failure:
                     error = failure
-                    if classify_error(failure) is ErrorKind.CONNECTION:
+                    if classify_error(failure) in RECONNECT:
                         connection.close()
                 if fired and (stopped or self._stopped(later)):
                     request.starts = False  # the coordinator gives its jobs back
@@ -141,19 +147,27 @@ class Lane:
             connection.close()
 
 
+_WAITED_OUT = {
+    ErrorKind.CONNECTION: "database unavailable",
+    ErrorKind.CONFLICT: "conflict",
+    ErrorKind.UNSUPPORTED: "a prepared statement no longer fits the schema (a migration?)",
+}
+
+
 def waited_out(queue: str, index: int, error: BaseException, pause: float) -> ErrorKind:
-    """Lane ``index``'s statement failed. A lost connection or a conflict is waited out on that
-    lane (``pause`` seconds), its work kept for later: logged, and its kind returned. Anything
-    else is a bug or a schema the worker does not expect: raised, so that the loop stops, and
-    the worker with it, rather than send it forever. (A DATA error in an outcome write never
-    gets here: ``outcomes`` writes those one by one.)"""
+    """Lane ``index``'s statement failed. A lost connection, a conflict or a stale prepared
+    statement (``RECONNECT``) is waited out on that lane (``pause`` seconds), its work kept for
+    later: logged, and its kind returned. Anything else is a bug or a schema the worker does
+    not expect: raised, so that the loop stops, and the worker with it, rather than send it
+    forever. (A DATA error in an outcome write never gets here: ``outcomes`` writes those one
+    by one.)"""
     kind = classify_error(error)
-    if kind not in (ErrorKind.CONNECTION, ErrorKind.CONFLICT):
+    if kind not in _WAITED_OUT:
         raise error
     logger.warning(
         "queue %s: %s on connection %d (%s); retrying in %.1fs",
         queue,
-        "database unavailable" if kind is ErrorKind.CONNECTION else "conflict",
+        _WAITED_OUT[kind],
         index + 1,
         summarize(error),
         pause,

@@ -79,3 +79,34 @@ def test_conflicts_and_the_rest() -> None:
     assert classify_error(psycopg.errors.UndefinedTable()) is ErrorKind.OTHER
     assert classify_error(DataError("bad")) is ErrorKind.DATA
     assert classify_error(ValueError("x")) is ErrorKind.OTHER
+
+
+@pytest.mark.django_db(transaction=True)  # the lane's connection sees the ALTER's commit
+def test_a_prepared_statement_a_migration_made_stale_is_unsupported(
+    raw_connection_params: dict[str, Any],
+) -> None:
+    """'cached plan must not change result type' (0A000): it fails at every run until the
+    connection goes, so a worker's lane reconnects on it (``db.RECONNECT``)."""
+    from django_pgoutbox.db import RECONNECT
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE stale_plan (id int, priority smallint)")
+        cursor.execute("INSERT INTO stale_plan VALUES (1, 1)")
+    try:
+        query = "SELECT id, priority FROM stale_plan WHERE id = %s"
+        params = {**raw_connection_params, "prepare_threshold": 5}  # Django's turns them off
+        with psycopg.connect(**params, autocommit=True) as lane:
+            lane.execute(query, [1], prepare=True).fetchall()
+            with connection.cursor() as cursor:
+                cursor.execute("ALTER TABLE stale_plan ALTER COLUMN priority TYPE bigint")
+            errors = []
+            for _ in range(2):  # at every run
+                with pytest.raises(psycopg.Error) as raised:
+                    lane.execute(query, [1], prepare=True)
+                errors.append(raised.value)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE stale_plan")
+    assert [error.sqlstate for error in errors] == ["0A000", "0A000"]
+    assert classify_error(errors[0]) is ErrorKind.UNSUPPORTED
+    assert ErrorKind.UNSUPPORTED in RECONNECT

@@ -693,6 +693,18 @@ def test_statements_joining_arrays_to_leased_rows_are_planned_each_time(fast: An
     assert not plans("RENEW_LEASES")
     ((generic, custom),) = plans("RECORD_OUTCOMES")
     assert (generic, custom) == (0, 4)  # prepared at its third run, then planned at each
+    # A connection that prepares but was not told to plan each run (behind a pooling proxy,
+    # OPTIONS asking for prepared statements) sends the outcomes unprepared, as before.
+    import psycopg
+
+    from django_pgoutbox.db import dispatcher_connection_params
+
+    params = {**dispatcher_connection_params("default"), "prepare_threshold": 2}
+    with psycopg.connect(**params, autocommit=True) as pooled, pooled.cursor() as cursor:
+        for _ in range(6):
+            queries.send(cursor, "RECORD_OUTCOMES", outcomes.params([], "w"))
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        assert not any(texts["RECORD_OUTCOMES"].strip() in row[0] for row in cursor.fetchall())
 
 
 class TestConnections:
