@@ -212,16 +212,28 @@ def test_a_handler_thread_that_dies_is_replaced_and_its_attempt_expires(
 # -- 5: an outcome PostgreSQL refuses is that job's dead letter, not its batch's -----------------
 
 
-def test_an_outcome_jsonb_refuses_is_dead_and_the_rest_of_its_batch_is_written() -> None:
+@pytest.mark.parametrize("prepared", [False, True], ids=["first-run", "prepared"])
+def test_an_outcome_jsonb_refuses_is_dead_and_the_rest_of_its_batch_is_written(
+    prepared: bool,
+) -> None:
     """One statement carries four outcomes and a claim; one result overflows jsonb's numeric
     (22003). The outcomes go again one by one: the three innocents' are written, the poison's
-    becomes ``unwritable_outcome`` (result dropped), and the claim runs once."""
+    becomes ``unwritable_outcome`` (result dropped), and the claim runs once. ``prepared``: the
+    lane's outcome statements have run often enough to be prepared (a lane's connection
+    prepares them), so that the poison fails a prepared statement, and the one by one runs
+    prepared statements on the connection that just failed."""
+    from django_pgoutbox.worker import outcomes
+
     batch = enqueue_many([{"job_type": "tests.behave", "payload": {"record": False}}] * 4)
     waiting = enqueue_many([{"job_type": "tests.behave", "payload": {"record": False}}] * 2)
     settings = get_settings().queues["default"]
     connection = DispatcherConnection("default")
+    nothing = {"queue": "default", "limit": 0, "worker_id": "w-poison", "lease": 60.0}
     try:
         with connection.get().cursor() as cursor:
+            for _ in range(3 if prepared else 0):
+                queries.send(cursor, "RECORD_AND_CLAIM", outcomes.params([], "w") | nothing)
+                queries.send(cursor, "RECORD_OUTCOMES", outcomes.params([], "w"))
             queries.send(
                 cursor,
                 "CLAIM_JOBS",
@@ -235,8 +247,15 @@ def test_an_outcome_jsonb_refuses_is_dead_and_the_rest_of_its_batch_is_written()
             result = '{"n": 1' + "0" * 140_000 + "}" if entry is poison else '{"ok": true}'
             sent.append(Outcome.completed(entry.job(), result))
         request = RecordAndClaim(settings, "w-poison", sent, 6).run(connection.get())
+        with connection.get().cursor() as cursor:
+            cursor.execute(  # the statement the poison failed: outcomes and a claim
+                "SELECT count(*) FROM pg_prepared_statements"
+                " WHERE statement LIKE '%%recorded AS%%' AND statement LIKE '%%candidates AS%%'"
+            )
+            (failed_prepared,) = cursor.fetchone() or (0,)
     finally:
         connection.close()
+    assert failed_prepared == (1 if prepared else 0)
     requested, started = request.limit, request.rows
     assert requested > 0
     assert {entry.id for entry in started} == {job.pk for job in waiting}  # claimed once
