@@ -157,34 +157,32 @@ class Controls:
         flight."""
         return None if self.reading else self.read()
 
-    def failed(self, covers: int | None = None) -> None:
-        """The read sent when ``covers`` notifications were taken (None: the last sent) failed
-        (the lane backs off): read again as soon as a lane is ready, unless a later read is in
-        flight."""
-        self.reading = max(0, self.reading - 1)
-        if covers is None or covers >= self._reading_covers:
+    def failed(self, covers: int) -> None:
+        """The read sent when ``covers`` notifications were taken failed (the lane backs off):
+        read again as soon as a lane is ready, unless a later read is in flight."""
+        self.reading -= 1
+        if covers >= self._reading_covers:
             self.asked = True
 
     def preset(self, control: Control) -> tuple[QueueSettings, int]:
         """The row as read before the coordinator started: the settings and the concurrency
         to start with."""
-        self.answered(control, self.base, self.base_concurrency)
+        self._apply(control, self.base, self.base_concurrency, self.notices)
         self.asked = False
         return control.settings(self.base), control.concurrency(self.base_concurrency)
 
     def answered(
-        self,
-        control: Control,
-        settings: QueueSettings,
-        concurrency: int,
-        covers: int | None = None,
+        self, control: Control, settings: QueueSettings, concurrency: int, covers: int
     ) -> Change:
-        """A read, sent when ``covers`` notifications were taken (None: the last sent), came
+        """A read, sent when ``covers`` notifications were taken (``ReadControl.covers``), came
         back with ``control``; the coordinator runs with ``settings`` and ``concurrency``
         threads now. Returns what to change."""
-        self.reading = max(0, self.reading - 1)
-        if covers is None:
-            covers = self._reading_covers
+        self.reading -= 1
+        return self._apply(control, settings, concurrency, covers)
+
+    def _apply(
+        self, control: Control, settings: QueueSettings, concurrency: int, covers: int
+    ) -> Change:
         if covers < self._applied:
             return Change()  # sent before the answer applied last: what it read is older
         queue = self.base.name

@@ -490,9 +490,9 @@ class QueueRunner:
                 state.hold(attempt, HELD)
                 self._suspects.held, self._suspects.held_since = attempt, now
 
-    def _read_control(self, control: Control | None, now: float, covers: int | None = None) -> None:
+    def _read_control(self, control: Control | None, now: float, covers: int) -> None:
         """The queue's row was read (``controls``; None: the read failed) by the read sent when
-        ``covers`` notifications were taken (None: the last sent): pause, resume, resize."""
+        ``covers`` notifications were taken: pause, resume, resize."""
         if control is None:
             self._controls.failed(covers)
             return

@@ -13,8 +13,7 @@ LASTING = Control(problems=("queue_controls could not be read (UndefinedTable)",
 
 
 def _answer(controls: Controls, control: Control) -> None:
-    controls.read()
-    controls.answered(control, SETTINGS, 2)
+    controls.answered(control, SETTINGS, 2, controls.read().covers)
 
 
 def test_a_read_that_may_pass_neither_resumes_nor_starts_a_queue() -> None:
@@ -43,7 +42,7 @@ def test_no_claim_while_a_notified_change_waits_for_its_read() -> None:
     assert stale is not None
     controls.notified(0.0)
     assert not controls.may_claim(0.0)
-    controls.answered(Control(), SETTINGS, 2)  # its answer may predate the change
+    controls.answered(Control(), SETTINGS, 2, stale.covers)  # its answer may predate the change
     assert not controls.may_claim(0.1)
     assert controls.due()
     _answer(controls, Control(paused=True))
@@ -61,15 +60,15 @@ def test_notifications_that_never_stop_hold_the_claims_back_no_longer_than_a_mom
     now = 0.0
     controls.notified(now)
     while now < 3 * NOTICE_HOLD:  # each read answered after the next notification came
-        controls.read()
+        sent = controls.read()
         now += 0.01
         controls.notified(now)
-        controls.answered(Control(), SETTINGS, 2)
+        controls.answered(Control(), SETTINGS, 2, sent.covers)
         if now >= NOTICE_HOLD:
             assert controls.may_claim(now)
-    controls.read()
+    sent = controls.read()
     controls.notified(now)
-    controls.answered(Control(paused=True), SETTINGS, 2)
+    controls.answered(Control(paused=True), SETTINGS, 2, sent.covers)
     assert not controls.may_claim(now)  # a pause read meanwhile applies at once
 
 

@@ -72,7 +72,8 @@ def test_a_pause_gives_back_what_no_thread_started_and_claims_nothing_more() -> 
 def test_a_claim_that_lands_after_the_pause_starts_none_of_its_jobs() -> None:
     harness = Harness()
     harness.start_up()  # its claim in flight
-    harness.runner._read_control(PAUSED, harness.clock.now)  # as if read on another lane
+    sent = harness.runner._controls.read()  # as if read on another lane
+    harness.runner._read_control(PAUSED, harness.clock.now, sent.covers)
     row = claim_row()
     assert harness.claim([row]) == []
     (give_back,) = harness.sent(GiveBack)
