@@ -231,3 +231,10 @@ def other_backends(where: str, count: str = "*") -> int:
             "AND datname = current_database() AND pid <> pg_backend_pid()"
         )
         return int(cursor.fetchone()[0])
+
+
+def completed_jobs() -> int:
+    """How many jobs of the test database are completed."""
+    from django_pgoutbox.models import Job, JobStatus
+
+    return Job.objects.filter(status=JobStatus.COMPLETED).count()

@@ -12,17 +12,13 @@ from django.db import connection
 from django_pgoutbox import enqueue_many
 from django_pgoutbox.conf import CONTROL_CHANNEL
 from django_pgoutbox.models import Job, JobStatus
-from tests.processes import holds_for, wait_for
+from tests.processes import completed_jobs, holds_for, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _jobs(count: int, **payload: Any) -> list[dict[str, Any]]:
     return [{"job_type": "tests.behave", "payload": {"record": False, **payload}}] * count
-
-
-def _completed() -> int:
-    return Job.objects.filter(status=JobStatus.COMPLETED).count()
 
 
 def _write_by_hand(overrides: str, queue: str = "default") -> None:
@@ -47,14 +43,14 @@ def test_a_row_python_cannot_decode_stops_no_worker(start_worker: Any, overrides
     worker = start_worker("--concurrency", "2", POLL_INTERVAL=0.5)
     wait_for(worker.listening, timeout=30)
     enqueue_many(_jobs(2))
-    wait_for(lambda: _completed() == 2, timeout=30)
+    wait_for(lambda: completed_jobs() == 2, timeout=30)
     _write_by_hand(overrides)
     time.sleep(1.5)  # the notification and a periodic read (with the lease recovery)
     enqueue_many(_jobs(2))
 
     def alive_and_running() -> bool:
         """the worker lives on and runs the new jobs"""
-        return worker.process.poll() is None and _completed() == 4
+        return worker.process.poll() is None and completed_jobs() == 4
 
     wait_for(alive_and_running, timeout=30)
     holds_for(lambda: worker.process.poll() is None, 1.5)
@@ -85,7 +81,7 @@ def test_a_job_enqueued_after_the_pause_commits_is_not_run_by_an_idle_worker(
     worker = start_worker("--concurrency", "2", "--queues", "default", POLL_INTERVAL=60.0)
     wait_for(worker.listening, timeout=30)
     enqueue_many(_jobs(1))
-    wait_for(lambda: _completed() == 1, timeout=30)
+    wait_for(lambda: completed_jobs() == 1, timeout=30)
     time.sleep(0.5)  # idle again: the standby claim is armed
     with transaction.atomic():
         pause_queue("default")
@@ -282,7 +278,7 @@ def test_resizing_up_to_a_thousand_and_down_to_one_leaves_one_thread_per_worker(
     wait_for(lambda: not Job.objects.exclude(status=JobStatus.COMPLETED).exists(), timeout=60)
     holds_for(lambda: _threads(worker.pid) <= base, 1)
     enqueue_many(_jobs(3))
-    wait_for(lambda: _completed() == 1203, timeout=30)
+    wait_for(lambda: completed_jobs() == 1203, timeout=30)
     assert worker.process.poll() is None
 
 
@@ -317,12 +313,12 @@ def test_a_shrink_while_handlers_hang_past_their_timeout_ends_at_the_new_size(
     wait_for(lambda: _threads(worker.pid) >= base + 4, timeout=30)
     resize_queue("default", concurrency=1)
     enqueue_many(_jobs(20, sleep=0.05))
-    wait_for(lambda: _completed() == 20, timeout=30)
+    wait_for(lambda: completed_jobs() == 20, timeout=30)
     # Once the hung handlers return: one handler thread, as the resize said.
     time.sleep(4)
     assert _settled_threads(worker.pid) == base - 3
     enqueue_many(_jobs(5))
-    wait_for(lambda: _completed() == 25, timeout=30)
+    wait_for(lambda: completed_jobs() == 25, timeout=30)
     assert worker.process.poll() is None
 
 
@@ -334,7 +330,7 @@ def test_a_table_gone_while_workers_run_stops_none_and_is_said_once(start_worker
     try:
         time.sleep(2)  # ten periodic reads
         enqueue_many(_jobs(5))
-        wait_for(lambda: _completed() == 5, timeout=30)
+        wait_for(lambda: completed_jobs() == 5, timeout=30)
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_notify(%s, 'default')", [CONTROL_CHANNEL])
         time.sleep(0.5)
@@ -366,7 +362,7 @@ def test_a_change_made_while_the_worker_is_cut_off_applies_once_it_is_back(
         wait_for(worker.listening, timeout=30)
         holds_for(lambda: not Job.objects.filter(attempts__gt=0).exists(), 2)
     else:
-        wait_for(lambda: _completed() == 5, timeout=30)
+        wait_for(lambda: completed_jobs() == 5, timeout=30)
     assert worker.process.poll() is None
 
 
@@ -383,11 +379,11 @@ def test_a_lock_held_on_queue_controls_does_not_stall_the_queue(start_worker: An
         holder.execute("LOCK TABLE queue_controls IN ACCESS EXCLUSIVE MODE")
         time.sleep(1)  # the periodic read waits on the lock
         enqueue_many(_jobs(5))
-        wait_for(lambda: _completed() == 5, timeout=3)
+        wait_for(lambda: completed_jobs() == 5, timeout=3)
         with connection.cursor() as cursor:  # a change notified: its read waits on the lock too
             cursor.execute("SELECT pg_notify(%s, 'default')", [CONTROL_CHANNEL])
         time.sleep(0.5)
         enqueue_many(_jobs(5))
-        wait_for(lambda: _completed() == 10, timeout=3)
+        wait_for(lambda: completed_jobs() == 10, timeout=3)
         holder.rollback()
     assert worker.process.poll() is None

@@ -11,14 +11,9 @@ import pytest
 from django.db import connection
 
 from django_pgoutbox import enqueue_many
-from django_pgoutbox.models import Job, JobStatus
-from tests.processes import holds_for, wait_for
+from tests.processes import completed_jobs, holds_for, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the worker sees the test's commits
-
-
-def _completed() -> int:
-    return Job.objects.filter(status=JobStatus.COMPLETED).count()
 
 
 def _enqueue(count: int) -> None:
@@ -31,7 +26,7 @@ def test_a_column_type_changed_under_a_draining_worker(start_worker: Any) -> Non
     for round_ in range(1, 16):  # each statement runs often enough to be prepared
         _enqueue(2)
         expected = 2 * round_
-        wait_for(lambda: _completed() == expected, timeout=30)  # noqa: B023 (called at once)
+        wait_for(lambda: completed_jobs() == expected, timeout=30)  # noqa: B023 (called at once)
     try:
         with connection.cursor() as cursor:
             cursor.execute("ALTER TABLE jobs ALTER COLUMN priority TYPE bigint")
@@ -39,7 +34,7 @@ def test_a_column_type_changed_under_a_draining_worker(start_worker: Any) -> Non
 
         def alive_and_done() -> bool:
             """the worker lives on and runs the jobs enqueued after the migration"""
-            return worker.process.poll() is None and _completed() == 36
+            return worker.process.poll() is None and completed_jobs() == 36
 
         wait_for(alive_and_done, timeout=30)
         holds_for(lambda: worker.process.poll() is None, 1.0)
