@@ -76,11 +76,15 @@ def shot(driver: Any, name: str, element: Any = None) -> Path:
 
 
 def click_through(browser: Any, element: Any) -> None:
-    """Click ``element`` and wait for the page it loads: until then, what the next look finds
-    may be the old page's (its message list, say) and vanish under it."""
+    """Click ``element`` and wait for the page it loads, whole: until then, what the next look
+    finds may be the old page's (its message list, say) and vanish under it, or an element of
+    the new page still being parsed, which a POST's redirect then replaces ("Node with given id
+    does not belong to the document")."""
     page = browser.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page))
+    wait = WebDriverWait(browser, 10)
+    wait.until(expected_conditions.staleness_of(page))
+    wait.until(lambda b: b.execute_script("return document.readyState") == "complete")
 
 
 def log_in(browser: Any, live_server: Any, next_url: str) -> None:
