@@ -49,6 +49,8 @@ from django_pgoutbox.queries.claims import (
     CLAIM_RETURNING,
     RECORD_AND_CLAIM,
     RECORD_AND_SEEK_CLAIM,
+    RECORD_HANDOFF_AND_CLAIM,
+    RECORD_HANDOFF_AND_SEEK_CLAIM,
     RECORD_OUTCOMES,
     SEEK_CLAIM_JOBS,
     ClaimRow,
@@ -253,6 +255,8 @@ __all__ = [
     "RECORD_AND_CLAIM",
     "RECORD_AND_SEEK_CLAIM",
     "RECORD_DELIVERY_FAILURES",
+    "RECORD_HANDOFF_AND_CLAIM",
+    "RECORD_HANDOFF_AND_SEEK_CLAIM",
     "RECORD_OUTCOMES",
     "RECOVER_EXPIRED_LEASES",
     "REDRIVE_DEAD_DELIVERIES",
@@ -328,6 +332,12 @@ DISPATCHED: dict[str, Dispatched] = {
     "SEEK_CLAIM_JOBS": _dispatched("SEEK_CLAIM_JOBS", prepare=None),
     "RECORD_AND_SEEK_CLAIM": _dispatched(
         "RECORD_AND_SEEK_CLAIM", prepare=None, custom_plans_only=True
+    ),
+    "RECORD_HANDOFF_AND_CLAIM": _dispatched(
+        "RECORD_HANDOFF_AND_CLAIM", prepare=None, custom_plans_only=True
+    ),
+    "RECORD_HANDOFF_AND_SEEK_CLAIM": _dispatched(
+        "RECORD_HANDOFF_AND_SEEK_CLAIM", prepare=None, custom_plans_only=True
     ),
     "RECORD_OUTCOMES": _dispatched("RECORD_OUTCOMES", prepare=None, custom_plans_only=True),
     "RENEW_LEASES": _dispatched("RENEW_LEASES", prepare=False),

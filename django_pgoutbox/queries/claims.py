@@ -39,6 +39,8 @@ CLAIM_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # infinite run_at (written by hand) has no Python value: such a row reads as 1970, a mark
     # lower than its place, which only makes the next seek start earlier than it could.
     ("run_at", "greatest(j.run_at, '1970-01-01 00:00:00+00'::timestamptz)", "timestamptz"),
+    # jobs wait for it (workflows): its completion may hand them over (RECORD_HANDOFF_AND_CLAIM)
+    ("dependants", "j.has_dependants IS TRUE", "boolean"),
 )
 
 
@@ -58,7 +60,10 @@ class ClaimRow(NamedTuple):
     waited: float  # seconds from run_at to the claim, by the database clock
     worker_ids: str  # JSON text: the worker of each attempt, this one last
     suspect: bool
-    run_at: datetime | None = None  # the seek claim's mark is the last row's key
+    #: The seek claim's mark is the last row's key. None for a job that its parents' outcomes
+    #: handed over (RECORD_HANDOFF_AND_CLAIM): it was not read from the claim index.
+    run_at: datetime | None = None
+    dependants: bool = False  # jobs wait for it
 
 
 def _claim_position(name: str, offset: int = 0) -> int:
@@ -353,3 +358,93 @@ SEEK_CLAIM_JOBS = _claim_jobs(_SEEK_CANDIDATES)
 
 #: RECORD_AND_CLAIM with the seek claim. Named parameters: RECORD_AND_CLAIM's and the mark's.
 RECORD_AND_SEEK_CLAIM = _record_and_claim(_SEEK_CANDIDATES)
+
+# -- the handoff (issue 24) --------------------------------------------------------------------
+#
+# A workflow's step becomes claimable when its last parent completes (migration 0016's statement
+# trigger, ``pgoutbox_settle``): one more write of its row, and of its entries in the claim
+# indexes, before a claim writes it again. When the worker that completes the parents claims in
+# the same statement, the steps they release in its own queue go to it at once: ``handed``
+# leases them from 'waiting', as the claim would, in one write. Only what the claim could take
+# then: a step of this queue, due, not being cancelled, every parent it waits for completed by
+# this statement, and of a priority no lower than the highest of the jobs due in the queue
+# (past the mark, for the seek claim): jobs of a higher priority come first, as in the claim;
+# among equals, a workflow's next steps go before jobs not yet started. At most ``limit`` jobs
+# in all: the claim takes from the index what the handoff left of the limit, and locks no more.
+# The statement trigger settles the rest as before (a step handed over no longer waits: it
+# passes it by). Sent only for a batch that completes a job with dependants
+# (``ClaimRow.dependants``): a batch of plain jobs keeps the plain statement and its plan.
+
+# The handed rows' columns: the claim's, with no mark (run_at NULL: not read from the index).
+_HANDED_RETURNING = ",\n          ".join(
+    "NULL::timestamptz" if name == "run_at" else expression for name, expression, _ in CLAIM_COLUMNS
+)
+_HANDED = f"""
+handoff AS MATERIALIZED (
+    -- the children of the jobs this statement completed, with how many of their parents it
+    -- completed; the first ``limit`` by id, the order in which ``handed`` locks them (as
+    -- pgoutbox_settle does)
+    SELECT d.child_id AS id, count(*)::integer AS n
+    FROM job_dependencies AS d
+    WHERE d.parent_id = ANY(ARRAY(
+        SELECT id FROM recorded WHERE status = 'completed' AND has_dependants))
+    GROUP BY d.child_id
+    ORDER BY d.child_id
+    LIMIT %(limit)s
+),
+handed AS (
+    UPDATE jobs AS j
+    SET status = 'leased',
+        waiting_for = 0,
+        run_at = greatest(j.run_at, now()),
+        locked_at = now(),
+        locked_by = w.id,
+        lease_expires_at = now() + make_interval(secs => w.lease),
+        attempts = least(j.attempts, 2147483646) + 1,
+        worker_ids = j.worker_ids || jsonb_build_array(w.id),
+        alone_attempt = NULL
+    FROM handoff AS h, (SELECT %(worker_id)s::text AS id, %(lease)s::float8 AS lease) AS w
+    WHERE j.id = ANY(ARRAY(SELECT id FROM handoff))  -- by primary key, in id order
+      AND j.id = h.id
+      AND (j.status = 'waiting') IS TRUE  -- not jobs_waiting_idx: by primary key, as above
+      AND j.waiting_for <= h.n
+      AND j.queue = %(queue)s
+      AND j.run_at <= now()
+      AND j.cancel_requested_at IS NULL
+      AND j.priority >= coalesce(
+          (SELECT f.priority FROM jobs AS f WHERE f.id = ({{first_due}})), -2147483648)
+    RETURNING {_HANDED_RETURNING}
+)"""
+
+
+def _record_handoff_and_claim(candidates: str) -> str:
+    # the first job due in claim order, unlocked: its priority is the highest due
+    first_due = candidates.replace("FOR UPDATE SKIP LOCKED", "").replace(
+        "LIMIT %(limit)s", "LIMIT 1"
+    )
+    # the claim from the index: what the handoff left of the limit
+    rest = candidates.replace(
+        "LIMIT %(limit)s", "LIMIT greatest(%(limit)s - (SELECT count(*) FROM handed), 0)"
+    )
+    return f"""
+WITH {_RECORD_OUTCOMES_CTES},
+{_HANDED.format(first_due=first_due)},
+candidates AS MATERIALIZED ({rest}),
+claimed AS ({_CLAIM_UPDATE})
+SELECT false, id, {_CLAIM_NULLS}
+FROM recorded
+WHERE (SELECT n FROM written) >= 0
+UNION ALL
+SELECT true, * FROM handed
+UNION ALL
+SELECT true, * FROM claimed
+ORDER BY 1, {_claim_order(offset=1)}
+"""
+
+
+#: RECORD_AND_CLAIM, and the steps its completions release in this queue handed over (see
+#: above). Named parameters: RECORD_AND_CLAIM's.
+RECORD_HANDOFF_AND_CLAIM = _record_handoff_and_claim(_CLAIM_CANDIDATES)
+
+#: RECORD_AND_SEEK_CLAIM with the handoff. Named parameters: RECORD_AND_SEEK_CLAIM's.
+RECORD_HANDOFF_AND_SEEK_CLAIM = _record_handoff_and_claim(_SEEK_CANDIDATES)

@@ -106,10 +106,14 @@ class RecordAndClaim:
         rows: list[tuple[Any, ...]] = []
         with connection.cursor() as cursor:
             if batch and limit > 0 and not special:
+                # The steps that completions release may be handed over with the claim
+                # (queries.RECORD_HANDOFF_AND_CLAIM): only a batch that completes a job with
+                # dependants sends that statement.
+                handoff = "HANDOFF_AND_" if self.hands_off() else "AND_"
                 try:
                     queries.send(
                         cursor,
-                        "RECORD_AND_SEEK_CLAIM" if seek else "RECORD_AND_CLAIM",
+                        f"RECORD_{handoff}SEEK_CLAIM" if seek else f"RECORD_{handoff}CLAIM",
                         outcomes.params(batch, self.worker_id) | claim_params,
                     )
                 except outcomes.STATEMENT_ERRORS as error:
@@ -140,11 +144,32 @@ class RecordAndClaim:
                     queries.send(cursor, claim_name, claim_params)
                     rows = cursor.fetchall()
         self.rows = [ClaimRow._make(row) for row in rows]
+        handed = self.handed()
+        if handed:  # the claim asked the index for what the handoff left of the limit
+            self.asked = limit - handed
         elapsed = self.seconds = time.perf_counter() - started
         metrics.BATCH_DB_DURATION.observe(elapsed, role="jobs")
         if limit > 0:
             metrics.CLAIM_DURATION.observe(elapsed, queue=conf.name)
         return self
+
+    def hands_off(self) -> bool:
+        """Whether the batch completes a job that others wait for (a workflow's step): the
+        statement that writes it may then hand them over (RECORD_HANDOFF_AND_CLAIM)."""
+        return any(
+            outcome.status == JobStatus.COMPLETED and attempt.row.dependants
+            for outcome, attempt in zip(self.batch, self.attempts, strict=False)
+        )
+
+    def handed(self) -> int:
+        """How many of the rows were handed over by the outcomes rather than claimed from the
+        index (``ClaimRow.run_at`` None)."""
+        return sum(1 for row in self.rows if row.run_at is None)
+
+    def indexed(self) -> list[ClaimRow]:
+        """The rows claimed from the index: the seek's mark is the last of them."""
+        rows = self.rows
+        return [row for row in rows if row.run_at is not None] if self.handed() else rows
 
 
 def claim(conf: QueueSettings, limit: int, worker_id: str) -> dict[str, Any]:
@@ -413,9 +438,10 @@ class Claims:
     def recorded(self, request: RecordAndClaim, now: float, *, overtaken: bool = False) -> None:
         """``request`` went through (``overtaken``: seeks went beside it, see ``answered``)."""
         asked = request.limit if request.asked is None else request.asked
+        indexed = request.indexed()
         if asked and self.seek is not None:  # (a limit that let nothing be claimed ran no claim)
             self.seek.claimed(
-                request.rows,
+                indexed,
                 asked,
                 full=request.mark is None,
                 seconds=request.seconds,
@@ -425,7 +451,7 @@ class Claims:
         if request.limit:
             self.backlog = len(request.rows) == request.limit
             self.next_poll = now + min(self.settings.poll_interval, request.retry_in)
-            short_seek = request.mark is not None and len(request.rows) < asked
+            short_seek = request.mark is not None and len(indexed) < asked
             if short_seek and self._full is not None:
                 self._short_beside, short_seek = True, False  # (taken up once it is back)
             elif overtaken and self._short_beside:

@@ -94,3 +94,42 @@ def test_a_groups_callback_runs_once_with_its_members_outcomes(start_worker: Any
         "members": sorted(str(job.pk) for job in members),
     }
     assert SideEffect.objects.filter(job_id=done.pk).count() == 0  # group_done records nothing
+
+
+def test_steps_handed_over_together_poison_and_innocent(start_worker: Any) -> None:
+    """A root whose completion hands its children to the worker in the statement that writes it
+    (RECORD_HANDOFF_AND_CLAIM): poison steps (an unprintable exception, a value JSON cannot
+    hold, a hang past the timeout) and innocent ones, handed over together, each ending on its
+    own: the innocent complete, each poison step with its named outcome, the process keeps on.
+    Handed over, not released for a claim: a step's lease is taken in the statement that
+    completed its parent (``locked_at``, its ``run_at`` too, is that statement's time)."""
+    flow = workflow("handed")
+    root = flow.add("tests.step", {"name": "root"}, name="root")
+    innocent = [
+        flow.add("tests.step", {"name": f"ok-{i}"}, name=f"ok-{i}", after=[root]) for i in range(4)
+    ]
+    flow.add("tests.poison_raise", {"kind": "unprintable"}, name="unprintable", after=[root])
+    flow.add("tests.bad_result", {}, name="bad-result", after=[root])
+    flow.add("tests.poison_hang", {"seconds": 3}, name="hang", after=[root])
+    after = flow.add("tests.step", {"name": "after"}, name="after", after=innocent)
+    written = flow.enqueue()
+    start_worker("--queues", "default", "--concurrency", "8", **SLOW_POLL)
+
+    def settled() -> bool:
+        """every step ran (a retry waits for its time: the poll is a minute away)"""
+        return not Job.objects.filter(
+            workflow_id=written.id, status__in=["waiting", "pending", "leased"]
+        ).exists()
+
+    wait_for(settled, timeout=45)
+    steps = steps_of(written.id)
+    for name in [s.name for s in innocent] + [after.name]:
+        job = steps[name]
+        assert (job.status, job.attempts) == ("completed", 1), name
+        assert job.locked_at == job.run_at, f"{name} was released, not handed over"
+    assert steps["unprintable"].status == "retrying"
+    assert steps["unprintable"].last_error_code == "_UnprintableError"
+    assert steps["bad-result"].status == "dead"
+    assert steps["hang"].status == "dead"
+    assert steps["hang"].last_error_code == "timeout"
+    assert steps["root"].locked_at != steps["ok-0"].locked_at

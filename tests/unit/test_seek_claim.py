@@ -253,3 +253,48 @@ def test_while_a_full_claim_is_in_flight_the_next_claim_seeks() -> None:
     h.step()
     [second] = claims_on(h, 1)
     assert second.mark is not None
+
+
+def handed() -> ClaimRow:
+    """A row its parents' outcomes handed over (RECORD_HANDOFF_AND_CLAIM): no mark."""
+    return claim_row()._replace(id=uuid.uuid4(), run_at=None)
+
+
+def test_a_handed_row_never_becomes_the_mark() -> None:
+    """The steps a completion hands over were not read from the claim index: the mark stays
+    the last row the claim read there, and a claim that got only handed rows keeps it."""
+    h = Harness()
+    h.start_up()
+    first, _ = h.claim([row(0), row(1)])
+    policy = h.runner._claims.seek
+    assert policy is not None
+    assert policy.mark is not None
+    assert policy.mark[1] == T0 + timedelta(seconds=1)
+    h.threads.finish(first)
+    h.step()
+    [seek] = claims(h)
+    assert seek.mark is not None
+    # every row of the limit handed over: the claim asked the index for none
+    h.answer(RecordAndClaim, rows=[handed() for _ in range(seek.limit)], asked=0)
+    h.step()
+    assert policy.mark[1] == T0 + timedelta(seconds=1)
+
+
+def test_a_seek_that_the_handoff_filled_is_not_short() -> None:
+    """A seek asked the index for what the handoff left of its limit: it is short only if the
+    index gave fewer than that. One that got all of it brings no full claim forward."""
+    h = Harness()
+    h.start_up()
+    first, _ = h.claim([row(0), row(1)])
+    h.threads.finish(first)
+    h.step()
+    [seek] = claims(h)
+    assert seek.mark is not None
+    rows = [handed()] + [row(2 + n) for n in range(seek.limit - 1)]
+    h.answer(RecordAndClaim, rows=rows, asked=seek.limit - 1)
+    h.step()
+    policy = h.runner._claims.seek
+    assert policy is not None
+    assert policy.mark is not None
+    assert policy.mark[1] == T0 + timedelta(seconds=seek.limit)
+    assert h.runner._claims.next_poll > h.clock.now + FULL_CLAIM_INTERVAL / 2
