@@ -290,16 +290,28 @@ _CLAIM_NULLS = ", ".join(f"NULL::{kind}" for _, _, kind in CLAIM_COLUMNS[1:])
 #: disjoint rows (outcomes go to 'leased' rows, claims take 'pending' and 'retrying' ones), as
 #: one statement must; the claim's snapshot predates the outcomes, so a job retried by this
 #: very statement waits for the next claim, as its future ``run_at`` demands anyway.
-def _record_and_claim(candidates: str) -> str:
+def _record_and_claim(candidates: str, *, handoff: bool = False) -> str:
+    handed = handed_rows = ""
+    if handoff:  # (see "the handoff" below)
+        # the first job due in claim order, unlocked: its priority is the highest due
+        first_due = candidates.replace("FOR UPDATE SKIP LOCKED", "").replace(
+            "LIMIT %(limit)s", "LIMIT 1"
+        )
+        # the claim from the index: what the handoff left of the limit
+        candidates = candidates.replace(
+            "LIMIT %(limit)s", "LIMIT greatest(%(limit)s - (SELECT count(*) FROM handed), 0)"
+        )
+        handed = _HANDED.format(first_due=first_due) + ",\n"
+        handed_rows = "SELECT true, * FROM handed\nUNION ALL\n"
     return f"""
 WITH {_RECORD_OUTCOMES_CTES},
-candidates AS MATERIALIZED ({candidates}),
+{handed}candidates AS MATERIALIZED ({candidates}),
 claimed AS ({_CLAIM_UPDATE})
 SELECT false, id, {_CLAIM_NULLS}
 FROM recorded
 WHERE (SELECT n FROM written) >= 0
 UNION ALL
-SELECT true, * FROM claimed
+{handed_rows}SELECT true, * FROM claimed
 ORDER BY 1, {_claim_order(offset=1)}  -- the outcomes' ids, then the claimed jobs as CLAIM_JOBS
 """
 
@@ -417,34 +429,9 @@ handed AS (
 )"""
 
 
-def _record_handoff_and_claim(candidates: str) -> str:
-    # the first job due in claim order, unlocked: its priority is the highest due
-    first_due = candidates.replace("FOR UPDATE SKIP LOCKED", "").replace(
-        "LIMIT %(limit)s", "LIMIT 1"
-    )
-    # the claim from the index: what the handoff left of the limit
-    rest = candidates.replace(
-        "LIMIT %(limit)s", "LIMIT greatest(%(limit)s - (SELECT count(*) FROM handed), 0)"
-    )
-    return f"""
-WITH {_RECORD_OUTCOMES_CTES},
-{_HANDED.format(first_due=first_due)},
-candidates AS MATERIALIZED ({rest}),
-claimed AS ({_CLAIM_UPDATE})
-SELECT false, id, {_CLAIM_NULLS}
-FROM recorded
-WHERE (SELECT n FROM written) >= 0
-UNION ALL
-SELECT true, * FROM handed
-UNION ALL
-SELECT true, * FROM claimed
-ORDER BY 1, {_claim_order(offset=1)}
-"""
-
-
 #: RECORD_AND_CLAIM, and the steps its completions release in this queue handed over (see
 #: above). Named parameters: RECORD_AND_CLAIM's.
-RECORD_HANDOFF_AND_CLAIM = _record_handoff_and_claim(_CLAIM_CANDIDATES)
+RECORD_HANDOFF_AND_CLAIM = _record_and_claim(_CLAIM_CANDIDATES, handoff=True)
 
 #: RECORD_AND_SEEK_CLAIM with the handoff. Named parameters: RECORD_AND_SEEK_CLAIM's.
-RECORD_HANDOFF_AND_SEEK_CLAIM = _record_handoff_and_claim(_SEEK_CANDIDATES)
+RECORD_HANDOFF_AND_SEEK_CLAIM = _record_and_claim(_SEEK_CANDIDATES, handoff=True)

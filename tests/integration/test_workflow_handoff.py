@@ -95,6 +95,15 @@ def parent_and_child(**child: Any) -> EnqueuedWorkflow:
     return flow.enqueue()
 
 
+def fan_in(parents_queue: str | None = None) -> EnqueuedWorkflow:
+    """``left`` and ``right``, then ``merge`` after both."""
+    flow = workflow("fan-in")
+    flow.add("tests.step", {}, name="left", queue=parents_queue)
+    flow.add("tests.step", {}, name="right", queue=parents_queue)
+    flow.add("tests.step", {}, name="merge", after=["left", "right"])
+    return flow.enqueue()
+
+
 class TestWhatIsHandedOver:
     def test_a_completed_parent_hands_its_child_over_and_the_claim_takes_the_rest(
         self, conn: psycopg.Connection[Any]
@@ -126,11 +135,7 @@ class TestWhatIsHandedOver:
     def test_a_child_still_waiting_for_another_parent_is_counted_down_not_handed(
         self, conn: psycopg.Connection[Any]
     ) -> None:
-        flow = workflow("fan-in")
-        flow.add("tests.step", {}, name="left", queue="reports")  # not this claim's
-        flow.add("tests.step", {}, name="right", queue="reports")
-        flow.add("tests.step", {}, name="merge", after=["left", "right"])
-        steps = flow.enqueue()
+        steps = fan_in(parents_queue="reports")  # the parents are not this claim's
         _, rows = hand_off(conn, outcomes(steps["left"]))
         assert rows == []
         assert state(steps["merge"]) == ("waiting", 1)
@@ -141,11 +146,7 @@ class TestWhatIsHandedOver:
     def test_two_parents_completed_by_one_statement_hand_their_child_over(
         self, conn: psycopg.Connection[Any]
     ) -> None:
-        flow = workflow("fan-in")
-        flow.add("tests.step", {}, name="left")
-        flow.add("tests.step", {}, name="right")
-        flow.add("tests.step", {}, name="merge", after=["left", "right"])
-        steps = flow.enqueue()
+        steps = fan_in()
         _, rows = hand_off(conn, outcomes(steps["left"], steps["right"]))
         assert handed(rows) == {steps["merge"].pk}
         assert leased_to_the_worker(steps["merge"])
@@ -262,11 +263,7 @@ class TestTwoWorkers:
     def test_the_second_to_commit_waits_and_releases_the_step(
         self, raw_connection_params: Params, conn: psycopg.Connection[Any]
     ) -> None:
-        flow = workflow("fan-in")
-        flow.add("tests.step", {}, name="left")
-        flow.add("tests.step", {}, name="right")
-        flow.add("tests.step", {}, name="merge", after=["left", "right"])
-        steps = flow.enqueue()
+        steps = fan_in()
         left, right = outcomes(steps["left"]), outcomes(steps["right"])
         with psycopg.connect(**raw_connection_params) as first:
             hand_off(first, left)  # not committed: it holds the step's row
@@ -282,11 +279,7 @@ class TestTwoWorkers:
     def test_after_the_first_commits_the_second_hands_the_step_over(
         self, raw_connection_params: Params, conn: psycopg.Connection[Any]
     ) -> None:
-        flow = workflow("fan-in")
-        flow.add("tests.step", {}, name="left")
-        flow.add("tests.step", {}, name="right")
-        flow.add("tests.step", {}, name="merge", after=["left", "right"])
-        steps = flow.enqueue()
+        steps = fan_in()
         left, right = outcomes(steps["left"]), outcomes(steps["right"])
         with psycopg.connect(**raw_connection_params, autocommit=True) as first:
             assert hand_off(first, left)[1] == []
