@@ -252,7 +252,7 @@ recorded AS (
       AND j.attempts = u.attempt
       AND j.locked_by = %(worker_id)s
       AND (j.status = 'leased') IS TRUE  -- not jobs_leased_idx: see above
-    RETURNING j.id, j.status, j.has_dependants
+    RETURNING j.id, j.status, j.has_dependants, j.priority, j.run_at
 ),
 -- What follows the outcomes (migration 0016's pgoutbox_outcomes_written): the notifications of
 -- the finished jobs someone waits for, and the note of those with dependants. One function
@@ -378,31 +378,53 @@ RECORD_AND_SEEK_CLAIM = _record_and_claim(_SEEK_CANDIDATES)
 # indexes, before a claim writes it again. When the worker that completes the parents claims in
 # the same statement, the steps they release in its own queue go to it at once: ``handed``
 # leases them from 'waiting', as the claim would, in one write. Only what the claim could take
-# then: a step of this queue, due, not being cancelled, every parent it waits for completed by
-# this statement, and of a priority no lower than the highest of the jobs due in the queue
-# (past the mark, for the seek claim): jobs of a higher priority come first, as in the claim;
-# among equals, a workflow's next steps go before jobs not yet started. At most ``limit`` jobs
-# in all: the claim takes from the index what the handoff left of the limit, and locks no more.
-# The statement trigger settles the rest as before (a step handed over no longer waits: it
+# then:
+#
+# - a step of this queue, due, not being cancelled, every parent it waits for completed by this
+#   statement;
+# - of a priority no lower than the highest of the jobs due in the queue (past the mark, for the
+#   seek claim, which has the same window for a job of a higher priority due behind it) and of
+#   those this statement retries at once: jobs of a higher priority come first, as in the
+#   claim. Among equals, a workflow's next steps go before jobs not yet started;
+# - at most ``limit`` of them, the first in claim order (priority, then age); the claim takes
+#   from the index what the handoff left of the limit, and locks no more.
+#
+# First, every child still waiting of the parents completed here is locked, in id order
+# (``waiting``): the trigger that then settles those not handed over waits for no row, and this
+# statement takes its locks in id order as every other writer of jobs does (migration 0016).
+# Handing over before locking the others held a step while waiting for one of a lower id, which
+# ``cancel_workflow()`` locking both in id order could hold: a deadlock. No handoff in a
+# statement that also ends a job with dependants dead or cancelled: the trigger's cascade locks
+# level by level. The trigger settles the rest as before (a step handed over no longer waits: it
 # passes it by). Sent only for a batch that completes a job with dependants
 # (``ClaimRow.dependants``): a batch of plain jobs keeps the plain statement and its plan.
 
 # The handed rows' columns: the claim's, with no mark (run_at NULL: not read from the index).
 _HANDED_RETURNING = ",\n          ".join(
-    "NULL::timestamptz" if name == "run_at" else expression for name, expression, _ in CLAIM_COLUMNS
+    "NULL::timestamptz" if name == "run_at" else expression
+    for name, expression, _ in CLAIM_COLUMNS
 )
 _HANDED = f"""
-handoff AS MATERIALIZED (
+edges AS MATERIALIZED (
     -- the children of the jobs this statement completed, with how many of their parents it
-    -- completed; the first ``limit`` by id, the order in which ``handed`` locks them (as
-    -- pgoutbox_settle does)
+    -- completed
     SELECT d.child_id AS id, count(*)::integer AS n
     FROM job_dependencies AS d
     WHERE d.parent_id = ANY(ARRAY(
         SELECT id FROM recorded WHERE status = 'completed' AND has_dependants))
+      AND NOT EXISTS (
+          SELECT 1 FROM recorded WHERE has_dependants AND status IN ('dead', 'cancelled'))
     GROUP BY d.child_id
-    ORDER BY d.child_id
-    LIMIT %(limit)s
+),
+waiting AS MATERIALIZED (
+    SELECT j.id, j.priority, j.created_at,
+           j.waiting_for <= e.n AND j.queue = %(queue)s AND j.run_at <= now()
+               AND j.cancel_requested_at IS NULL AS due
+    FROM jobs AS j JOIN edges AS e ON e.id = j.id
+    WHERE j.id = ANY(ARRAY(SELECT id FROM edges))  -- by primary key
+      AND (j.status = 'waiting') IS TRUE  -- not jobs_waiting_idx: by primary key, as above
+    ORDER BY j.id
+    FOR NO KEY UPDATE OF j
 ),
 handed AS (
     UPDATE jobs AS j
@@ -415,16 +437,17 @@ handed AS (
         attempts = least(j.attempts, 2147483646) + 1,
         worker_ids = j.worker_ids || jsonb_build_array(w.id),
         alone_attempt = NULL
-    FROM handoff AS h, (SELECT %(worker_id)s::text AS id, %(lease)s::float8 AS lease) AS w
-    WHERE j.id = ANY(ARRAY(SELECT id FROM handoff))  -- by primary key, in id order
-      AND j.id = h.id
-      AND (j.status = 'waiting') IS TRUE  -- not jobs_waiting_idx: by primary key, as above
-      AND j.waiting_for <= h.n
-      AND j.queue = %(queue)s
-      AND j.run_at <= now()
-      AND j.cancel_requested_at IS NULL
-      AND j.priority >= coalesce(
-          (SELECT f.priority FROM jobs AS f WHERE f.id = ({{first_due}})), -2147483648)
+    FROM (SELECT %(worker_id)s::text AS id, %(lease)s::float8 AS lease) AS w
+    WHERE j.id = ANY(ARRAY(
+        SELECT c.id FROM waiting AS c
+        WHERE c.due
+          AND c.priority >= coalesce(greatest(
+              (SELECT f.priority FROM jobs AS f WHERE f.id = ({{first_due}})),
+              (SELECT max(r.priority) FROM recorded AS r
+               WHERE r.status = 'retrying' AND r.run_at <= now())
+          ), -2147483648)
+        ORDER BY c.priority DESC, c.created_at, c.id
+        LIMIT %(limit)s))
     RETURNING {_HANDED_RETURNING}
 )"""
 

@@ -258,9 +258,9 @@ class TestWhatIsNotHandedOver:
 
 class TestTwoWorkers:
     """The two parents of one step completed by two workers' handoff statements at once: the
-    step is handed to one of them or released, never both, never left waiting."""
+    step is handed to one of them, never both, never left waiting."""
 
-    def test_the_second_to_commit_waits_and_releases_the_step(
+    def test_the_second_to_commit_waits_and_hands_the_step_over(
         self, raw_connection_params: Params, conn: psycopg.Connection[Any]
     ) -> None:
         steps = fan_in()
@@ -273,8 +273,9 @@ class TestTwoWorkers:
             blocked(pid)
             first.commit()
             assert background.join() is None
-        assert second == [[]]  # its snapshot saw the step wait for two: the trigger released it
-        assert state(steps["merge"]) == ("pending", 0)
+        # it waited for the step's row, then read it as the first left it: waiting for one
+        assert [handed(rows) for rows in second] == [{steps["merge"].pk}]
+        assert leased_to_the_worker(steps["merge"])
 
     def test_after_the_first_commits_the_second_hands_the_step_over(
         self, raw_connection_params: Params, conn: psycopg.Connection[Any]

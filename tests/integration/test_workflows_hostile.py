@@ -98,7 +98,7 @@ def blocked(pid: int, timeout: float = 10.0) -> None:
 class Background:
     """Run ``work`` in a thread; ``join()`` returns what it raised (None: nothing)."""
 
-    def __init__(self, work: Callable[[], None]) -> None:
+    def __init__(self, work: Callable[[], object]) -> None:
         self.error: BaseException | None = None
 
         def run() -> None:
