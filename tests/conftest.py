@@ -52,6 +52,13 @@ def raw_connection_params() -> dict[str, Any]:
 
 
 @pytest.fixture
+def lane_conn(raw_connection_params: dict[str, Any]) -> Iterator[psycopg.Connection[Any]]:
+    """An autocommit connection of its own, as a worker's lane sends its statements on."""
+    with psycopg.connect(**raw_connection_params, autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture
 def listener(raw_connection_params: dict[str, Any]) -> Iterator[psycopg.Connection[Any]]:
     """An autocommit connection listening on the jobs channel."""
     with psycopg.connect(**raw_connection_params, autocommit=True) as conn:

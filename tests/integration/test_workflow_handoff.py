@@ -11,7 +11,7 @@ the rows say afterwards: handed (leased to the worker, returned without a mark),
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -33,12 +33,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Params = dict[str, Any]
 
 
-@pytest.fixture
-def conn(raw_connection_params: Params) -> Iterator[psycopg.Connection[Any]]:
-    with psycopg.connect(**raw_connection_params, autocommit=True) as opened:
-        yield opened
-
-
 def outcomes(*jobs: Job, status: str = "completed") -> Params:
     """RECORD_OUTCOMES's parameters for ``jobs``, each leased to WORKER first."""
     written = []
@@ -53,7 +47,7 @@ def outcomes(*jobs: Job, status: str = "completed") -> Params:
 
 
 def hand_off(
-    conn: psycopg.Connection[Any],
+    lane_conn: psycopg.Connection[Any],
     values: Params,
     *,
     limit: int = 10,
@@ -64,7 +58,7 @@ def hand_off(
     returned to run."""
     claim = {"worker_id": WORKER, "queue": queue, "limit": limit, "lease": 60.0}
     name = "RECORD_HANDOFF_AND_SEEK_CLAIM" if mark else "RECORD_HANDOFF_AND_CLAIM"
-    rows = conn.execute(getattr(queries, name), values | claim | (mark or {})).fetchall()
+    rows = lane_conn.execute(getattr(queries, name), values | claim | (mark or {})).fetchall()
     written = [row[1] for row in rows if not row[0]]
     return written, [ClaimRow._make(row[1:]) for row in rows if row[0]]
 
@@ -106,12 +100,12 @@ def fan_in(parents_queue: str | None = None) -> EnqueuedWorkflow:
 
 class TestWhatIsHandedOver:
     def test_a_completed_parent_hands_its_child_over_and_the_claim_takes_the_rest(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = parent_and_child()
         plain = [enqueue("tests.step", {}) for _ in range(12)]
         values = outcomes(steps["parent"])
-        written, rows = hand_off(conn, values, limit=5)
+        written, rows = hand_off(lane_conn, values, limit=5)
         assert written == [steps["parent"].pk]
         assert handed(rows) == {steps["child"].pk}
         child = next(row for row in rows if row.id == steps["child"].pk)
@@ -123,36 +117,38 @@ class TestWhatIsHandedOver:
         assert leased_to_the_worker(steps["child"])
         assert Job.objects.filter(status=JobStatus.PENDING).count() == 8
 
-    def test_a_step_with_dependants_of_its_own_says_so(self, conn: psycopg.Connection[Any]) -> None:
+    def test_a_step_with_dependants_of_its_own_says_so(
+        self, lane_conn: psycopg.Connection[Any]
+    ) -> None:
         flow = workflow("three")
         flow.add("tests.step", {}, name="a")
         flow.add("tests.step", {}, name="b", after=["a"])
         flow.add("tests.step", {}, name="c", after=["b"])
         steps = flow.enqueue()
-        _, rows = hand_off(conn, outcomes(steps["a"]))
+        _, rows = hand_off(lane_conn, outcomes(steps["a"]))
         assert [(row.id, row.dependants) for row in rows] == [(steps["b"].pk, True)]
 
     def test_a_child_still_waiting_for_another_parent_is_counted_down_not_handed(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = fan_in(parents_queue="reports")  # the parents are not this claim's
-        _, rows = hand_off(conn, outcomes(steps["left"]))
+        _, rows = hand_off(lane_conn, outcomes(steps["left"]))
         assert rows == []
         assert state(steps["merge"]) == ("waiting", 1)
-        _, rows = hand_off(conn, outcomes(steps["right"]))
+        _, rows = hand_off(lane_conn, outcomes(steps["right"]))
         assert handed(rows) == {steps["merge"].pk}
         assert leased_to_the_worker(steps["merge"])
 
     def test_two_parents_completed_by_one_statement_hand_their_child_over(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = fan_in()
-        _, rows = hand_off(conn, outcomes(steps["left"], steps["right"]))
+        _, rows = hand_off(lane_conn, outcomes(steps["left"], steps["right"]))
         assert handed(rows) == {steps["merge"].pk}
         assert leased_to_the_worker(steps["merge"])
 
     def test_the_limit_bounds_the_handoff_and_the_trigger_releases_the_rest(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         flow = workflow("fan-out")
         flow.add("tests.step", {}, name="root")
@@ -161,7 +157,7 @@ class TestWhatIsHandedOver:
         steps = flow.enqueue()
         leaves = sorted(steps[f"leaf-{index}"].pk for index in range(5))
         plain = enqueue("tests.step", {})
-        _, rows = hand_off(conn, outcomes(steps["root"]), limit=3)
+        _, rows = hand_off(lane_conn, outcomes(steps["root"]), limit=3)
         assert handed(rows) == set(leaves[:3])  # the first by id, the order they are locked in
         assert from_the_index(rows) == set()
         for pk in leaves[3:]:
@@ -173,73 +169,73 @@ class TestWhatIsNotHandedOver:
     """Each step the claim itself could not take now goes the usual way."""
 
     def test_a_child_of_another_queue_is_released_for_its_own_workers(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = parent_and_child(queue="reports")
-        _, rows = hand_off(conn, outcomes(steps["parent"]))
+        _, rows = hand_off(lane_conn, outcomes(steps["parent"]))
         assert rows == []
         assert state(steps["child"]) == ("pending", 0)
 
     def test_a_child_scheduled_later_is_released_to_wait_for_its_time(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = parent_and_child(run_at=timedelta(hours=1))
-        _, rows = hand_off(conn, outcomes(steps["parent"]))
+        _, rows = hand_off(lane_conn, outcomes(steps["parent"]))
         assert rows == []
         child = Job.objects.get(pk=steps["child"].pk)
         assert child.status == JobStatus.PENDING
         assert child.run_at > timezone.now()
 
     def test_a_child_whose_cancellation_was_requested_is_not_run(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = parent_and_child()
         Job.objects.filter(pk=steps["child"].pk).update(cancel_requested_at=timezone.now())
-        _, rows = hand_off(conn, outcomes(steps["parent"]))
+        _, rows = hand_off(lane_conn, outcomes(steps["parent"]))
         assert rows == []
         assert Job.objects.get(pk=steps["child"].pk).status != JobStatus.LEASED
 
     def test_a_child_below_the_priority_of_a_due_job_waits_its_turn(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = parent_and_child(priority=0)
         urgent = enqueue("tests.step", {}, priority=5)
-        _, rows = hand_off(conn, outcomes(steps["parent"]), limit=1)
+        _, rows = hand_off(lane_conn, outcomes(steps["parent"]), limit=1)
         assert handed(rows) == set()
         assert from_the_index(rows) == {urgent.pk}
         assert state(steps["child"]) == ("pending", 0)
 
     def test_a_child_of_the_highest_due_priority_goes_first(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = parent_and_child(priority=5)
         older = enqueue("tests.step", {}, priority=5)
-        _, rows = hand_off(conn, outcomes(steps["parent"]), limit=1)
+        _, rows = hand_off(lane_conn, outcomes(steps["parent"]), limit=1)
         assert handed(rows) == {steps["child"].pk}
         assert from_the_index(rows) == set()
         assert state(older.pk)[0] == "pending"
 
     @pytest.mark.parametrize("status", ["dead", "retrying"])
     def test_a_parent_that_did_not_complete_hands_nothing_over(
-        self, conn: psycopg.Connection[Any], status: str
+        self, lane_conn: psycopg.Connection[Any], status: str
     ) -> None:
         steps = parent_and_child()
-        _, rows = hand_off(conn, outcomes(steps["parent"], status=status))
+        _, rows = hand_off(lane_conn, outcomes(steps["parent"], status=status))
         assert rows == []
         assert state(steps["child"])[0] == ("cancelled" if status == "dead" else "waiting")
 
     def test_a_parent_cancelled_while_it_ran_hands_nothing_over(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = parent_and_child()
         values = outcomes(steps["parent"])
         Job.objects.filter(pk=steps["parent"].pk).update(cancel_requested_at=timezone.now())
-        _, rows = hand_off(conn, values)
+        _, rows = hand_off(lane_conn, values)
         assert rows == []
         assert state(steps["child"])[0] == "cancelled"
 
     def test_the_seek_claim_hands_over_below_nothing_due_past_its_mark(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = parent_and_child(priority=0)
         behind = enqueue("tests.step", {}, priority=0)
@@ -250,7 +246,7 @@ class TestWhatIsNotHandedOver:
             "mark_created_at": row.created_at,
             "mark_id": row.pk,
         }
-        _, rows = hand_off(conn, outcomes(steps["parent"]), limit=5, mark=mark)
+        _, rows = hand_off(lane_conn, outcomes(steps["parent"]), limit=5, mark=mark)
         # past the mark nothing is due: the child goes; the job at the mark is the full claim's
         assert handed(rows) == {steps["child"].pk}
         assert from_the_index(rows) == set()
@@ -261,15 +257,15 @@ class TestTwoWorkers:
     step is handed to one of them, never both, never left waiting."""
 
     def test_the_second_to_commit_waits_and_hands_the_step_over(
-        self, raw_connection_params: Params, conn: psycopg.Connection[Any]
+        self, raw_connection_params: Params, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = fan_in()
         left, right = outcomes(steps["left"]), outcomes(steps["right"])
         with psycopg.connect(**raw_connection_params) as first:
             hand_off(first, left)  # not committed: it holds the step's row
-            pid = conn.info.backend_pid
+            pid = lane_conn.info.backend_pid
             second: list[list[ClaimRow]] = []
-            background = Background(lambda: second.append(hand_off(conn, right)[1]))
+            background = Background(lambda: second.append(hand_off(lane_conn, right)[1]))
             blocked(pid)
             first.commit()
             assert background.join() is None
@@ -278,13 +274,13 @@ class TestTwoWorkers:
         assert leased_to_the_worker(steps["merge"])
 
     def test_after_the_first_commits_the_second_hands_the_step_over(
-        self, raw_connection_params: Params, conn: psycopg.Connection[Any]
+        self, raw_connection_params: Params, lane_conn: psycopg.Connection[Any]
     ) -> None:
         steps = fan_in()
         left, right = outcomes(steps["left"]), outcomes(steps["right"])
         with psycopg.connect(**raw_connection_params, autocommit=True) as first:
             assert hand_off(first, left)[1] == []
-        _, rows = hand_off(conn, right)
+        _, rows = hand_off(lane_conn, right)
         assert handed(rows) == {steps["merge"].pk}
         assert leased_to_the_worker(steps["merge"])
 
@@ -330,8 +326,8 @@ def test_a_lane_sends_the_handoff_for_a_completion_with_dependants(
     )  # fmt: skip
     settings = get_settings().queues["default"]
     request = RecordAndClaim(settings, WORKER, [Outcome.completed(claimed)], 4, [Attempt(row)])
-    with psycopg.connect(**raw_connection_params, autocommit=True) as conn:
-        request.run(conn)
+    with psycopg.connect(**raw_connection_params, autocommit=True) as lane_conn:
+        request.run(lane_conn)
     assert request.applied == [steps["parent"].pk]
     assert request.handed() == 1
     assert request.asked == 3

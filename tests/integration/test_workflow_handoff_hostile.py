@@ -8,7 +8,6 @@ between connections are forced with row locks and observed in ``pg_stat_activity
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -30,13 +29,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Params = dict[str, Any]
 
 
-@pytest.fixture
-def conn(raw_connection_params: Params) -> Iterator[psycopg.Connection[Any]]:
-    """A lane's connection: autocommit, as the handoff statement runs there."""
-    with psycopg.connect(**raw_connection_params, autocommit=True) as opened:
-        yield opened
-
-
 class TestLockOrder:
     """Migration 0016 and CANCEL_JOBS lock the rows they change in id order, "as every writer
     of jobs locks them", so that writers wait for each other rather than deadlock. The handoff
@@ -44,7 +36,7 @@ class TestLockOrder:
     holds a step while it waits for one of a lower id."""
 
     def test_cancel_workflow_beside_a_handoff_does_not_deadlock(
-        self, raw_connection_params: Params, conn: psycopg.Connection[Any]
+        self, raw_connection_params: Params, lane_conn: psycopg.Connection[Any]
     ) -> None:
         parent = enqueue("tests.step", {})  # enqueued before the workflow: an external parent
         # another job after the parent, of another queue: the lowest child id, held below
@@ -69,8 +61,8 @@ class TestLockOrder:
             # a row lock on the first child (any transaction touching it: an admin page, a
             # cancel, another worker's trigger) makes the worker wait there
             holder.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", [first.pk])
-            worker = Background(lambda: hand_off(conn, values))
-            blocked(conn.info.backend_pid)
+            worker = Background(lambda: hand_off(lane_conn, values))
+            blocked(lane_conn.info.backend_pid)
             # the worker holds no step yet: the cancel, which locks 'other' then 'mine', goes
             # through (handed over before the others were locked, 'mine' was held: the cancel
             # waited for it while the worker would wait for 'other', a deadlock)
@@ -82,7 +74,7 @@ class TestLockOrder:
         assert state(first) == ("pending", 0)
 
     def test_control_the_plain_statement_in_the_same_interleaving_does_not_deadlock(
-        self, raw_connection_params: Params, conn: psycopg.Connection[Any]
+        self, raw_connection_params: Params, lane_conn: psycopg.Connection[Any]
     ) -> None:
         """Before the change (RECORD_AND_CLAIM) the trigger locked 'other' and 'mine' in id
         order, as cancel_jobs does: the cancel goes through (this test passes)."""
@@ -96,8 +88,8 @@ class TestLockOrder:
         claim = {"worker_id": WORKER, "queue": "default", "limit": 10, "lease": 60.0}
         with psycopg.connect(**raw_connection_params) as holder:
             holder.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", [first.pk])
-            worker = Background(lambda: conn.execute(queries.RECORD_AND_CLAIM, values | claim))
-            blocked(conn.info.backend_pid)
+            worker = Background(lambda: lane_conn.execute(queries.RECORD_AND_CLAIM, values | claim))
+            blocked(lane_conn.info.backend_pid)
             assert cancel_workflow(steps.id) == {"cancelled": 2, "cancelling": 0}
             holder.rollback()
             assert worker.join() is None
@@ -109,20 +101,20 @@ class TestPriority:
     highest of the jobs due in the queue, so jobs of a higher priority still come first"."""
 
     def test_a_lower_priority_sibling_is_not_handed_over_before_a_higher_one(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         flow = workflow("fan-out")
         flow.add("tests.step", {}, name="root")
         flow.add("tests.step", {}, name="low", after=["root"], priority=0)  # the lower id
         flow.add("tests.step", {}, name="high", after=["root"], priority=10)
         steps = flow.enqueue()
-        _, rows = hand_off(conn, outcomes(steps["root"]), limit=1)
+        _, rows = hand_off(lane_conn, outcomes(steps["root"]), limit=1)
         # one slot: the worker starts 'high'; 'low' is released behind it
         assert handed(rows) == {steps["high"].pk}
         assert state(steps["low"]) == ("pending", 0)
 
     def test_a_job_retried_now_at_a_higher_priority_is_not_overtaken(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         flow = workflow("parent-and-child")
         flow.add("tests.step", {}, name="parent")
@@ -133,7 +125,7 @@ class TestPriority:
         # the urgent job's attempt fails in the same batch and is due again at once
         values["statuses"][1] = "retrying"
         values["delays"][1] = 0.0
-        _, rows = hand_off(conn, values, limit=1)
+        _, rows = hand_off(lane_conn, values, limit=1)
         assert Job.objects.get(pk=urgent.pk).status == JobStatus.RETRYING
         assert not handed(rows), "a priority-0 step was handed over ahead of a due priority-10 job"
         assert from_the_index(rows) == set()
@@ -180,7 +172,7 @@ class TestHeld:
         assert Job.objects.get(pk=bad.pk).status == JobStatus.DEAD
 
     def test_an_edge_committed_while_the_handoff_holds_the_parent_is_settled(
-        self, raw_connection_params: Params, conn: psycopg.Connection[Any]
+        self, raw_connection_params: Params, lane_conn: psycopg.Connection[Any]
     ) -> None:
         """``enqueue(after=[parent])`` whose commit waits for the parent's row that the
         handoff statement holds: the edge is invisible to its snapshot, and the deferred
@@ -214,7 +206,7 @@ class TestHeld:
         assert state(late[0]) == ("pending", 0)
 
     def test_a_batch_with_the_parents_outcome_twice_hands_the_child_once_within_the_limit(
-        self, conn: psycopg.Connection[Any]
+        self, lane_conn: psycopg.Connection[Any]
     ) -> None:
         from tests.integration.test_workflow_handoff import leased_to_the_worker
 
@@ -229,7 +221,7 @@ class TestHeld:
             key: (value * 2 if isinstance(value, list) and value else value)
             for key, value in values.items()
         }
-        written, rows = hand_off(conn, doubled, limit=2)
+        written, rows = hand_off(lane_conn, doubled, limit=2)
         assert written == [steps["root"].pk]
         assert len(rows) == 2
         assert len(handed(rows)) == 2
