@@ -389,9 +389,11 @@ RECORD_AND_SEEK_CLAIM = _record_and_claim(_SEEK_CANDIDATES)
 # - at most ``limit`` of them, the first in claim order (priority, then age); the claim takes
 #   from the index what the handoff left of the limit, and locks no more.
 #
-# First, every child still waiting of the parents completed here is locked, in id order
-# (``waiting``): the trigger that then settles those not handed over waits for no row, and this
-# statement takes its locks in id order as every other writer of jobs does (migration 0016).
+# First, every child of the parents completed here is locked, in id order (``waiting``), whatever
+# its status in this statement's snapshot: the trigger that then settles those not handed over,
+# in a later snapshot, finds them locked already, and this statement takes its locks in id order
+# as every other writer of jobs does (migration 0016). (A child that an edge committed since
+# the snapshot adds is a job enqueued since: a later UUIDv7, a higher id than the others.)
 # Handing over before locking the others held a step while waiting for one of a lower id, which
 # ``cancel_workflow()`` locking both in id order could hold: a deadlock. No handoff in a
 # statement that also ends a job with dependants dead or cancelled: the trigger's cascade locks
@@ -401,8 +403,7 @@ RECORD_AND_SEEK_CLAIM = _record_and_claim(_SEEK_CANDIDATES)
 
 # The handed rows' columns: the claim's, with no mark (run_at NULL: not read from the index).
 _HANDED_RETURNING = ",\n          ".join(
-    "NULL::timestamptz" if name == "run_at" else expression
-    for name, expression, _ in CLAIM_COLUMNS
+    "NULL::timestamptz" if name == "run_at" else expression for name, expression, _ in CLAIM_COLUMNS
 )
 _HANDED = f"""
 edges AS MATERIALIZED (
@@ -417,12 +418,13 @@ edges AS MATERIALIZED (
     GROUP BY d.child_id
 ),
 waiting AS MATERIALIZED (
+    -- every child, whatever its status: one this snapshot sees cancelled may be waiting again
+    -- once locked (a dead parent of it retried meanwhile), and the trigger settles it then
     SELECT j.id, j.priority, j.created_at,
-           j.waiting_for <= e.n AND j.queue = %(queue)s AND j.run_at <= now()
-               AND j.cancel_requested_at IS NULL AS due
+           j.status = 'waiting' AND j.waiting_for <= e.n AND j.queue = %(queue)s
+               AND j.run_at <= now() AND j.cancel_requested_at IS NULL AS due
     FROM jobs AS j JOIN edges AS e ON e.id = j.id
     WHERE j.id = ANY(ARRAY(SELECT id FROM edges))  -- by primary key
-      AND (j.status = 'waiting') IS TRUE  -- not jobs_waiting_idx: by primary key, as above
     ORDER BY j.id
     FOR NO KEY UPDATE OF j
 ),
