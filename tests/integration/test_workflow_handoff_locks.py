@@ -211,7 +211,8 @@ class TestCancelWorkflowAfterARearm:
                 "RECORD_AND_CLAIM",
                 "",
                 marks=pytest.mark.xfail(
-                    strict=True,
+                    # not strict: which order the plan gives depends on the table's statistics
+                    strict=False,
                     reason="pgoutbox_settle's UPDATE locks in its plan's order (migration 0016)",
                 ),
             ),
