@@ -53,6 +53,8 @@ def next_deadline(
             deadlines.append(overtake)
         if (slow := upkeep.slow_recovery_deadline(now)) is not None:
             deadlines.append(slow)
+        if (slow_read := controls.slow_read_deadline(now)) is not None:
+            deadlines.append(slow_read)
         if (held := controls.hold_deadline(now)) is not None:
             deadlines.append(held)  # claims held back by a notification not yet read
     deadlines += lanes.backing_off(now)

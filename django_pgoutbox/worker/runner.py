@@ -284,9 +284,9 @@ class QueueRunner:
         elif not self._exiting:
             # Not on the lane an overtaken full claim frees: that one is the seeks'.
             if self._controls.due():  # first: nothing is claimed before it is answered
-                self._send_if_free(now, self._controls.read)
+                self._send_if_free(now, lambda: self._controls.read(now))
             if upkeep.recovery_due(now) and not self._claims.overtaking(now):
-                self._send_if_free(now, lambda: upkeep.recover(now, self._controls.periodic()))
+                self._send_if_free(now, lambda: upkeep.recover(now, self._controls.periodic(now)))
             self._record_and_claim(now)
         if not renew_first:
             self._renew_if_due(now)
@@ -339,14 +339,16 @@ class QueueRunner:
 
     def _free_lane(self, now: float) -> int | None:
         """The lane to send on now, if any: the first, else (for a backlog, beside a fair or
-        limited queue's claim waiting on its lock, beside a full claim overtaken, or while the
-        first recovers leases, which a held horizon makes slow) another."""
+        limited queue's claim waiting on its lock, beside a full claim overtaken, while the
+        first recovers leases, which a held horizon makes slow, or reads the queue's row, which
+        a lock on ``queue_controls`` makes slow) another."""
         first, claims = self._lanes.in_flight[0], self._claims
         beyond = (
             claims.backlog
             or (claims.one_at_a_time and isinstance(first, RecordAndClaim))
             or claims.overtaking(now)
             or (isinstance(first, Recover) and self._upkeep.slow_recovery(now))
+            or (isinstance(first, ReadControl) and self._controls.slow_read(now))
         )
         return self._lanes.free(now, beyond_first=beyond)
 
