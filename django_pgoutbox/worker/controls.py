@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 
@@ -28,9 +28,6 @@ logger = logging.getLogger("django_pgoutbox.worker")
 #: The longest that notifications of changes hold a queue's claims back while their reads are
 #: answered (seconds): they are read within a second, as a pause's reach is.
 NOTICE_HOLD = 0.5
-#: A read of the row in flight this long (seconds) is slow: a lock on ``queue_controls`` (a
-#: migration) holds it up, and the claims go on another lane meanwhile (``slow_read``).
-SLOW_READ = 0.3
 
 #: The SQLSTATEs of a read of ``queue_controls`` that will fail again until an operator acts:
 #: no table (a release whose migration 0009 is not applied yet), no column, no privilege; the
@@ -47,6 +44,9 @@ class ReadControl:
     lasts (the table gone, a permission taken away) runs the queue as its settings say, one that
     may pass (a lock timeout) keeps what was last read (``Controls``), and each says why."""
 
+    #: A lock on ``queue_controls`` (a migration) can hold it up: then the other lanes do not
+    #: wait for it (``lanes.SLOW_FIRST``).
+    held_by_locks: ClassVar[bool] = True
     queue: str
     #: The notifications taken when it was sent (``Controls.notices``): those its answer covers.
     covers: int = 0
@@ -102,7 +102,6 @@ class Controls:
         #: A lane lost its connection (``doubted``): no claim until the answer to a read sent
         #: after the notice it counts as.
         self._doubt = 0
-        self._read_sent = 0.0  # when the last read was sent (monotonic)
         self._said: set[str] = set()
 
     @property
@@ -150,27 +149,16 @@ class Controls:
         claims wait for the doubt to be lifted."""
         return self.asked and (not self.reading or self._reading_covers < self._doubt)
 
-    def read(self, now: float) -> ReadControl:
+    def read(self) -> ReadControl:
         self.reading += 1
         self.asked = False
-        self._read_sent = now
         self._reading_covers = self.notices
         return ReadControl(self.base.name, self.notices)
 
-    def periodic(self, now: float) -> ReadControl | None:
+    def periodic(self) -> ReadControl | None:
         """The read to send with a lease recovery (once per poll interval), unless one is in
         flight."""
-        return None if self.reading else self.read(now)
-
-    def slow_read(self, now: float) -> bool:
-        """Whether a read in flight is slow (``SLOW_READ``): its lane is not waited for. The
-        claims do not wait for it either, past a notification's hold (``may_claim``)."""
-        return self.reading > 0 and now >= self._read_sent + SLOW_READ
-
-    def slow_read_deadline(self, now: float) -> float | None:
-        """When the read in flight becomes slow, if that is still to come."""
-        at = self._read_sent + SLOW_READ
-        return at if self.reading and now < at else None
+        return None if self.reading else self.read()
 
     def failed(self, covers: int) -> None:
         """The read sent when ``covers`` notifications were taken failed (the lane backs off):

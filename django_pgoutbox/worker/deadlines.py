@@ -51,10 +51,8 @@ def next_deadline(
         # What frees a second lane, though none is free until then.
         if (overtake := claims.overtake_deadline(now)) is not None:
             deadlines.append(overtake)
-        if (slow := upkeep.slow_recovery_deadline(now)) is not None:
-            deadlines.append(slow)
-        if (slow_read := controls.slow_read_deadline(now)) is not None:
-            deadlines.append(slow_read)
+        if (held_up := lanes.first_held_up_at()) is not None and now < held_up:
+            deadlines.append(held_up)
         if (held := controls.hold_deadline(now)) is not None:
             deadlines.append(held)  # claims held back by a notification not yet read
     deadlines += lanes.backing_off(now)

@@ -176,6 +176,12 @@ def waited_out(queue: str, index: int, error: BaseException, pause: float) -> Er
     return kind
 
 
+#: A statement that a lock on the server can hold up (``held_by_locks``: a lease recovery behind
+#: a held xmin horizon, a read of ``queue_controls`` behind a migration's lock) in flight on the
+#: first lane for longer than this (seconds) is slow: the other lanes send without waiting for it.
+SLOW_FIRST = 0.3
+
+
 class Lanes:
     """A queue's lanes as its coordinator sees them (the coordinator's own): the request each
     has in flight, the statements it sent, whether its connection is open, its back-off."""
@@ -187,6 +193,7 @@ class Lanes:
         self.turns = [0] * count
         self.open = [False] * count
         self.ready_at = [now] * count
+        self.sent_at = [now] * count  # when each lane's request in flight was sent
         self._pause = [ERROR_BACKOFF[0]] * count
 
     def add(self, lane: Any, now: float) -> None:
@@ -197,6 +204,7 @@ class Lanes:
         self.turns.append(0)
         self.open.append(False)
         self.ready_at.append(now)
+        self.sent_at.append(now)
         self._pause.append(ERROR_BACKOFF[0])
         lane.start()
 
@@ -212,10 +220,24 @@ class Lanes:
                     return index
         return None
 
-    def send(self, index: int, request: Request) -> None:
+    def send(self, index: int, request: Request, now: float) -> None:
         self.in_flight[index] = request
         self.turns[index] += 1
+        self.sent_at[index] = now
         self.lanes[index].send(request)
+
+    def first_held_up(self, now: float) -> bool:
+        """Whether the first lane waits on a statement that a lock holds up (``SLOW_FIRST``)."""
+        at = self.first_held_up_at()
+        return at is not None and now >= at
+
+    def first_held_up_at(self) -> float | None:
+        """When the first lane's statement in flight counts as held up, if it is one a lock can
+        hold up (the coordinator must wake for it: no reply comes)."""
+        first = self.in_flight[0]
+        if first is None or not getattr(first, "held_by_locks", False):
+            return None
+        return self.sent_at[0] + SLOW_FIRST
 
     def busy(self) -> bool:
         return any(request is not None for request in self.in_flight)

@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 
@@ -29,8 +29,6 @@ RENEW_FRACTION = 1 / 3
 #: A queue's next lease recovery comes no sooner than this many times the last one's duration
 #: after it (and no sooner than its poll interval).
 RECOVERY_SPACING = 10.0
-#: A recovery in flight longer than this (seconds) is slow: claims no longer wait for its lane.
-SLOW_RECOVERY = 0.3
 
 
 @dataclass(eq=False)
@@ -75,6 +73,9 @@ class Recover:
     reading the queue's row of ``queue_controls`` (``control``) if asked: the once per poll
     interval read that finds a change whose notification was lost."""
 
+    #: A held xmin horizon can make it slow: then the other lanes do not wait for it
+    #: (``lanes.SLOW_FIRST``).
+    held_by_locks: ClassVar[bool] = True
     queue: str
     control: ReadControl | None = None
     #: What ``control`` read, filled in on the lane.
@@ -236,16 +237,6 @@ class Upkeep:
         self.recovery_sent = now
         self.next_recovery = now + self.settings.poll_interval
         return Recover(self.settings.name, control)
-
-    def slow_recovery(self, now: float) -> bool:
-        """Whether the recovery in flight is slow (``SLOW_RECOVERY``): its lane is not waited
-        for."""
-        return self.recovering and now >= self.recovery_sent + SLOW_RECOVERY
-
-    def slow_recovery_deadline(self, now: float) -> float | None:
-        """When the recovery in flight becomes slow, if that is still to come."""
-        at = self.recovery_sent + SLOW_RECOVERY
-        return at if self.recovering and now < at else None
 
     def deadlines(self, running: bool, *, recovering: bool) -> list[float]:
         """When to look again, while a lane is free (``recovering``: recovery may be sent)."""

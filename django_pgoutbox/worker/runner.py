@@ -284,9 +284,9 @@ class QueueRunner:
         elif not self._exiting:
             # Not on the lane an overtaken full claim frees: that one is the seeks'.
             if self._controls.due():  # first: nothing is claimed before it is answered
-                self._send_if_free(now, lambda: self._controls.read(now))
+                self._send_if_free(now, self._controls.read)
             if upkeep.recovery_due(now) and not self._claims.overtaking(now):
-                self._send_if_free(now, lambda: upkeep.recover(now, self._controls.periodic(now)))
+                self._send_if_free(now, lambda: upkeep.recover(now, self._controls.periodic()))
             self._record_and_claim(now)
         if not renew_first:
             self._renew_if_due(now)
@@ -314,7 +314,7 @@ class QueueRunner:
         if index is None:
             self._standby.disarm()
         elif (request := self._reporting.take(now)) is not None:
-            self._lanes.send(index, request)
+            self._lanes.send(index, request, now)
 
     def _next_deadline(self) -> float:
         """When to look again if no message comes first (``deadlines``)."""
@@ -347,8 +347,7 @@ class QueueRunner:
             claims.backlog
             or (claims.one_at_a_time and isinstance(first, RecordAndClaim))
             or claims.overtaking(now)
-            or (isinstance(first, Recover) and self._upkeep.slow_recovery(now))
-            or (isinstance(first, ReadControl) and self._controls.slow_read(now))
+            or self._lanes.first_held_up(now)
         )
         return self._lanes.free(now, beyond_first=beyond)
 
@@ -358,7 +357,7 @@ class QueueRunner:
         if index is None:
             self._standby.disarm()
             return False
-        self._lanes.send(index, make())
+        self._lanes.send(index, make(), now)
         return True
 
     def _on_reply(self, message: Message, now: float) -> None:
@@ -447,7 +446,7 @@ class QueueRunner:
             if index is None or (index and not limit and len(outcomes) < FLUSH_SIZE):
                 return  # a second lane only to claim: these outcomes go with the first's turn
             idle = not state.attempts
-            self._lanes.send(index, claims.take(state, limit, now))
+            self._lanes.send(index, claims.take(state, limit, now), now)
             hand_off(idle)
 
     def _on_recorded(
@@ -540,7 +539,7 @@ class QueueRunner:
         if reason != "grace":
             state.to_unclaim = []
         keys = [attempt.key for attempt in given]
-        self._lanes.send(index, GiveBack(statement, keys, self.worker_id, reason))
+        self._lanes.send(index, GiveBack(statement, keys, self.worker_id, reason), now)
 
     # -- stopping ------------------------------------------------------------------------------
 
@@ -562,7 +561,7 @@ class QueueRunner:
         if state.to_unclaim:
             self._give_back(now, "UNCLAIM_JOBS", "shutdown")
         if state.outcomes and (index := self._free_lane(now)) is not None:
-            self._lanes.send(index, self._claims.take(state, 0, now))
+            self._lanes.send(index, self._claims.take(state, 0, now), now)
         if now >= self._stop_deadline and not self._released:
             before = len(state.attempts)
             self._give_back(now, "RELEASE_JOBS", "grace")

@@ -142,7 +142,7 @@ class StandbyLane:
             claim = claims.standby(now, state)
             self.armed = Standby(claim, self._own, claims.low_water, self._submit)
             self._asked = False
-            self._lanes.send(0, self.armed)
+            self._lanes.send(0, self.armed, now)
 
     def fire(self) -> None:
         """The coordinator wants a claim (its poll interval passed): send the one held."""

@@ -13,7 +13,7 @@ LASTING = Control(problems=("queue_controls could not be read (UndefinedTable)",
 
 
 def _answer(controls: Controls, control: Control) -> None:
-    controls.answered(control, SETTINGS, 2, controls.read(0.0).covers)
+    controls.answered(control, SETTINGS, 2, controls.read().covers)
 
 
 def test_a_read_that_may_pass_neither_resumes_nor_starts_a_queue() -> None:
@@ -38,7 +38,7 @@ def test_no_claim_while_a_notified_change_waits_for_its_read() -> None:
     controls = Controls(SETTINGS, 2)
     _answer(controls, Control())
     assert controls.may_claim(0.0)
-    stale = controls.read(0.0)  # a periodic read, sent before the notification
+    stale = controls.read()  # a periodic read, sent before the notification
     assert stale is not None
     controls.notified(0.0)
     assert not controls.may_claim(0.0)
@@ -60,13 +60,13 @@ def test_notifications_that_never_stop_hold_the_claims_back_no_longer_than_a_mom
     now = 0.0
     controls.notified(now)
     while now < 3 * NOTICE_HOLD:  # each read answered after the next notification came
-        sent = controls.read(0.0)
+        sent = controls.read()
         now += 0.01
         controls.notified(now)
         controls.answered(Control(), SETTINGS, 2, sent.covers)
         if now >= NOTICE_HOLD:
             assert controls.may_claim(now)
-    sent = controls.read(0.0)
+    sent = controls.read()
     controls.notified(now)
     controls.answered(Control(paused=True), SETTINGS, 2, sent.covers)
     assert not controls.may_claim(now)  # a pause read meanwhile applies at once
@@ -111,7 +111,8 @@ def test_a_read_of_the_row_waiting_on_a_lock_does_not_hold_the_claims() -> None:
     listener's connect) waits on the first lane. Once it is slow and the notification's hold
     is over, the jobs enqueued meanwhile are claimed on another lane, not after the lock."""
     from django_pgoutbox.worker.claims import RecordAndClaim
-    from django_pgoutbox.worker.controls import NOTICE_HOLD, SLOW_READ
+    from django_pgoutbox.worker.controls import NOTICE_HOLD
+    from django_pgoutbox.worker.lanes import SLOW_FIRST
     from tests.unit.fakes import Harness
 
     harness = Harness()
@@ -123,7 +124,7 @@ def test_a_read_of_the_row_waiting_on_a_lock_does_not_hold_the_claims() -> None:
     assert isinstance(harness.lanes[0].sent[-1], ReadControl)  # it waits: never answered
     harness.runner.wake()  # jobs enqueued
     harness.step()
-    assert harness.runner._next_deadline() <= harness.clock.now + max(SLOW_READ, NOTICE_HOLD)
-    harness.step(max(SLOW_READ, NOTICE_HOLD))
+    assert harness.runner._next_deadline() <= harness.clock.now + max(SLOW_FIRST, NOTICE_HOLD)
+    harness.step(max(SLOW_FIRST, NOTICE_HOLD))
     claims = [r for r in harness.lanes[1].sent if isinstance(r, RecordAndClaim) and r.limit]
     assert claims, "the claims waited for the read of the queue's row"

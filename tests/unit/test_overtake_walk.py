@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from django_pgoutbox.worker.claims import OVERTAKE_AFTER, RecordAndClaim
-from django_pgoutbox.worker.leases import SLOW_RECOVERY, Recover
+from django_pgoutbox.worker.lanes import SLOW_FIRST
+from django_pgoutbox.worker.leases import Recover
 from tests.unit.fakes import claim_row
 from tests.unit.test_hostile_core2 import SETTINGS, Walk, lost
 
@@ -44,7 +45,7 @@ class SlowWalk(Walk):
         request = lane.sent[0]
         sent = getattr(request, "walk_sent", h.clock.now)  # when first seen in flight
         if isinstance(request, Recover):
-            request.seconds = rng.choice([0.001, 0.05, SLOW_RECOVERY * 2, 3.0])
+            request.seconds = rng.choice([0.001, 0.05, SLOW_FIRST * 2, 3.0])
             self.recovery_failed = rng.random() < 0.2
             if self.recovery_failed:
                 lane.reply(error=lost())
@@ -86,7 +87,7 @@ class SlowWalk(Walk):
             # The coordinator's loop sleeps until its own deadline when no message comes.
             h.clock.now = max(h.clock.now, h.runner._next_deadline())
         elif choice < 0.2:
-            h.clock.now += rng.choice([OVERTAKE_AFTER / 2, OVERTAKE_AFTER, SLOW_RECOVERY * 1.5])
+            h.clock.now += rng.choice([OVERTAKE_AFTER / 2, OVERTAKE_AFTER, SLOW_FIRST * 1.5])
         else:
             super().act()
 

@@ -72,7 +72,7 @@ def test_a_pause_gives_back_what_no_thread_started_and_claims_nothing_more() -> 
 def test_a_claim_that_lands_after_the_pause_starts_none_of_its_jobs() -> None:
     harness = Harness()
     harness.start_up()  # its claim in flight
-    sent = harness.runner._controls.read(0.0)  # as if read on another lane
+    sent = harness.runner._controls.read()  # as if read on another lane
     harness.runner._read_control(PAUSED, harness.clock.now, sent.covers)
     row = claim_row()
     assert harness.claim([row]) == []
@@ -119,7 +119,8 @@ def test_a_notification_holds_the_claims_no_longer_than_the_hold() -> None:
     """A notification holds the claims until its read is answered, at most ``NOTICE_HOLD``:
     the coordinator wakes for the hold's end itself (it slept until the poll, 100 s here), and
     a wake-up that came meanwhile is claimed for once a lane is free."""
-    from django_pgoutbox.worker.controls import NOTICE_HOLD, SLOW_READ
+    from django_pgoutbox.worker.controls import NOTICE_HOLD
+    from django_pgoutbox.worker.lanes import SLOW_FIRST
 
     harness = Harness()
     harness.start_up()
@@ -130,11 +131,11 @@ def test_a_notification_holds_the_claims_no_longer_than_the_hold() -> None:
     harness.runner.wake()  # a job's notification: held back
     harness.step()
     assert not claims(harness)
-    # (first, when the read becomes slow: SLOW_READ, shorter than the hold)
-    assert harness.runner._next_deadline() == harness.clock.now + min(SLOW_READ, NOTICE_HOLD)
-    harness.step(SLOW_READ)
-    assert harness.runner._next_deadline() == harness.clock.now + NOTICE_HOLD - SLOW_READ
-    harness.step(NOTICE_HOLD - SLOW_READ)
+    # (first, when the read becomes slow: SLOW_FIRST, shorter than the hold)
+    assert harness.runner._next_deadline() == harness.clock.now + min(SLOW_FIRST, NOTICE_HOLD)
+    harness.step(SLOW_FIRST)
+    assert harness.runner._next_deadline() == harness.clock.now + NOTICE_HOLD - SLOW_FIRST
+    harness.step(NOTICE_HOLD - SLOW_FIRST)
     # the hold is over, the read slow: the claim goes on the other lane, without waiting for it
     assert len(claims(harness, lane=1)) == 1
     harness.answer(ReadControl, Control())
@@ -174,14 +175,14 @@ def test_a_lost_connection_beside_a_slow_recovery_reads_the_row_without_waiting_
     would be claimed). The recovery's read, answered last, changes nothing: it is older."""
     import psycopg
 
-    from django_pgoutbox.worker.leases import SLOW_RECOVERY
+    from django_pgoutbox.worker.lanes import SLOW_FIRST
 
     lost = psycopg.OperationalError("server closed the connection unexpectedly")
     harness = Harness()
     harness.step()
     (recover,) = harness.sent(Recover)
     assert recover.control is not None  # the poll's read, with the recovery
-    harness.step(SLOW_RECOVERY)
+    harness.step(SLOW_FIRST)
     assert len(claims(harness, lane=1)) == 1  # beside the slow recovery
     harness.lanes[1].reply(error=lost)
     harness.step()

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from django_pgoutbox.worker.claims import RecordAndClaim
-from django_pgoutbox.worker.leases import RECOVERY_SPACING, SLOW_RECOVERY, Recover
+from django_pgoutbox.worker.lanes import SLOW_FIRST
+from django_pgoutbox.worker.leases import RECOVERY_SPACING, Recover
 from tests.unit.fakes import Harness
 
 
@@ -32,8 +33,8 @@ def test_claims_go_beside_a_slow_recovery() -> None:
     [_] = h.sent(Recover, 0)
     assert not claims_on(h, 1)  # a recovery is quick, normally: the claim waits for its lane
     # No message will come: the coordinator wakes for the moment the recovery becomes slow.
-    assert h.runner._next_deadline() == pytest.approx(h.clock.now + SLOW_RECOVERY)
-    h.step(SLOW_RECOVERY)
+    assert h.runner._next_deadline() == pytest.approx(h.clock.now + SLOW_FIRST)
+    h.step(SLOW_FIRST)
     [claim] = claims_on(h, 1)
     assert claim.limit == h.runner.concurrency
 
