@@ -293,6 +293,10 @@ _CLAIM_NULLS = ", ".join(f"NULL::{kind}" for _, _, kind in CLAIM_COLUMNS[1:])
 def _record_and_claim(candidates: str, *, handoff: bool = False) -> str:
     handed = handed_rows = ""
     if handoff:  # (see "the handoff" below)
+        # both made from the candidates' text: a change there that these no longer match
+        # fails here, at import, not as a claim that locks or takes too many
+        assert "FOR UPDATE SKIP LOCKED" in candidates, candidates
+        assert "LIMIT %(limit)s" in candidates, candidates
         # the first job due in claim order, unlocked: its priority is the highest due
         first_due = candidates.replace("FOR UPDATE SKIP LOCKED", "").replace(
             "LIMIT %(limit)s", "LIMIT 1"

@@ -168,8 +168,7 @@ class RecordAndClaim:
 
     def indexed(self) -> list[ClaimRow]:
         """The rows claimed from the index: the seek's mark is the last of them."""
-        rows = self.rows
-        return [row for row in rows if row.run_at is not None] if self.handed() else rows
+        return [row for row in self.rows if row.run_at is not None]
 
 
 def claim(conf: QueueSettings, limit: int, worker_id: str) -> dict[str, Any]:
