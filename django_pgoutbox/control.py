@@ -106,7 +106,10 @@ def _update(sql: str, ids: list[Any], using: str | None) -> int:
 
 
 def retry_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
-    """Put dead jobs back in their queue, due now, with a fresh attempt budget."""
+    """Put dead jobs back in their queue, due now, with a fresh attempt budget; return how many.
+
+    A unique job whose key another job holds now stays dead (docs/uniqueness.md, the traps).
+    """
     return _update(queries.RETRY_DEAD_JOBS, ids, using)
 
 

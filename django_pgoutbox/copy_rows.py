@@ -29,7 +29,9 @@ COPY_CHUNK_SIZE = 2000
 
 
 def copyable(rows: Sequence[JobRow]) -> bool:
-    return len(rows) >= COPY_MIN_ROWS and all(row.idempotency_key is None for row in rows)
+    return len(rows) >= COPY_MIN_ROWS and all(
+        row.idempotency_key is None and row.unique is None for row in rows
+    )
 
 
 def copy_unkeyed(alias: str, rows: Iterable[JobRow], notify: bool) -> tuple[datetime, list[JobRow]]:

@@ -34,7 +34,8 @@ from django_pgoutbox.job_rows import (
     validate_job,
 )
 from django_pgoutbox.models import Job
-from django_pgoutbox.registry import Payload
+from django_pgoutbox.registry import Payload, unique_job_types
+from django_pgoutbox.uniqueness import Unique
 from django_pgoutbox.workflows import UpstreamFailure, enqueue_after
 
 
@@ -50,6 +51,10 @@ def enqueue(
     using: str | None = None,
     after: Iterable[Job | uuid.UUID | str] | None = None,
     on_upstream_failure: UpstreamFailure = "cancel",
+    unique: Unique | bool | None = None,
+    on_conflict: str | None = None,
+    debounce: timedelta | float | None = None,
+    throttle: timedelta | float | None = None,
 ) -> Job:
     """Enqueue one job in the caller's transaction and return it.
 
@@ -68,6 +73,10 @@ def enqueue(
     cancelled (``upstream_failed``), unless ``on_upstream_failure="run"``: then it runs once
     all of them finished, whatever their outcome. An unknown job refuses the enqueue. See
     :mod:`django_pgoutbox.workflows` for graphs of new jobs.
+
+    ``unique``, ``on_conflict``, ``debounce`` and ``throttle``: a unique job, written unless
+    another job holds its key (docs/uniqueness.md); they default to the job type's ``@job``.
+    ``job.created`` says whether this call wrote the job or returned the one holding the key.
     """
     prepared = prepare_job(
         job_type,
@@ -78,9 +87,17 @@ def enqueue(
         run_at=run_at,
         queue=queue,
         using=using,
+        unique=unique,
+        on_conflict=on_conflict,
+        debounce=debounce,
+        throttle=throttle,
     )
     if after is None or after == [] or after == ():  # waits for nothing: a plain job
         return enqueue_prepared(prepared)
+    if prepared._row.unique is not None:
+        raise EnqueueError(
+            "after", "a unique job cannot wait for others (docs/uniqueness.md); pass unique=False"
+        )
     return enqueue_after(prepared._row, after, on_upstream_failure, prepared.using)
 
 
@@ -91,6 +108,7 @@ def enqueue_prepared(prepared: PreparedJob) -> Job:
         collector is not None
         and collector.using == prepared.using
         and prepared._row.idempotency_key is None
+        and prepared._row.unique is None
     ):
         return collector.add(prepared._row)
     return prepared.insert()
@@ -233,6 +251,10 @@ def prepare_job(
     queue: str | None = None,
     using: str | None = None,
     declared: bool = False,
+    unique: Unique | bool | None = None,
+    on_conflict: str | None = None,
+    debounce: timedelta | float | None = None,
+    throttle: timedelta | float | None = None,
 ) -> PreparedJob:
     """Validate a job as :func:`enqueue` does and fix its id, to insert it later.
 
@@ -251,6 +273,10 @@ def prepare_job(
         queue=queue,
         prefix="",
         declared=declared,
+        unique=unique,
+        on_conflict=on_conflict,
+        debounce=debounce,
+        throttle=throttle,
     )
     # The event whose subscriber is running, if one is: the job came from it, even if it is
     # written later (on commit).
@@ -307,15 +333,22 @@ def _from_event(rows: Iterator[JobRow], event_id: uuid.UUID) -> Iterator[JobRow]
 
 
 def _any_key(items: Sequence[Any]) -> bool:
-    """Whether any item may have an idempotency key (a malformed item counts as one, so that
-    the batch is checked whole before anything is written, and the error names it)."""
+    """Whether any item may have an idempotency key or be unique (a malformed item counts as
+    one, so that the batch is checked whole before anything is written, and the error names it):
+    ``COPY`` has no ``ON CONFLICT``."""
     try:
-        return any(map(_GET_KEY, items))
+        if any(map(_GET_KEY, items)):
+            return True
+        unique_types = unique_job_types()
+        if unique_types and any(item.get("job_type") in unique_types for item in items):
+            return True
+        return any(len(item) > 2 and not _UNIQUE_ITEM_KEYS.isdisjoint(item) for item in items)
     except (AttributeError, TypeError):
         return True
 
 
 _GET_KEY = operator.methodcaller("get", "idempotency_key")
+_UNIQUE_ITEM_KEYS = frozenset({"unique", "on_conflict", "debounce", "throttle"})
 
 
 def _write(alias: str, rows: Sequence[JobRow], notify: bool) -> Sequence[Job]:

@@ -44,6 +44,8 @@ def chunk_bounds(rows: Sequence[JobRow]) -> Iterator[tuple[int, int]]:
 def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:
     """Insert ``rows`` (at most one chunk); return their jobs, existing ones for repeated keys."""
     conf = get_settings()
+    if any(row.unique is not None for row in rows):
+        return _with_unique(alias, rows, conf.notify)
     if len(rows) == 1:
         return [_insert_one(alias, rows[0], conf.notify)]
     if all(row.idempotency_key is None for row in rows):
@@ -74,6 +76,18 @@ def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:
         "idempotency_key",
         f"{pending[0].idempotency_key!r} conflicts with a job that keeps disappearing; try again",
     )
+
+
+def _with_unique(alias: str, rows: Sequence[JobRow], notify: bool) -> list[Job]:
+    """Insert ``rows``, some unique: those one by one, in order (a later one may meet the key of
+    an earlier one), the others together."""
+    from django_pgoutbox.unique_rows import insert_unique
+
+    others = [row for row in rows if row.unique is None]
+    written = iter(insert_rows(alias, others) if others else [])
+    return [
+        next(written) if row.unique is None else insert_unique(alias, row, notify) for row in rows
+    ]
 
 
 def row_params(rows: Sequence[JobRow], notify: bool) -> dict[str, Any]:
@@ -178,6 +192,7 @@ def _existing_jobs(
             organization_id=organization_id, job_type=job_type, idempotency_key__in=keys
         )
         for existing in matches:
+            existing.created = False
             found[(existing.organization_id, existing.job_type, existing.idempotency_key)] = (
                 existing
             )

@@ -19,6 +19,7 @@ from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.ids import uuid7, uuid7_many
 from django_pgoutbox.models import Job, JobStatus, empty_row, instance_from_row
 from django_pgoutbox.registry import Payload, check_undeclared_job_type, get_job
+from django_pgoutbox.uniqueness import Unique, UniquePolicy, resolve
 from django_pgoutbox.validation import (
     MAX_IDEMPOTENCY_KEY_BYTES,
     check_text,
@@ -52,6 +53,9 @@ class JobRow:
     max_attempts: int
     #: The outbox event whose subscriber enqueues the job (``enqueueing.for_event``).
     event_id: uuid.UUID | None = None
+    #: A unique job's policy and key (without its window): ``uniqueness``.
+    unique: UniquePolicy | None = None
+    unique_key: str | None = None
 
 
 def job_database(using: str | None) -> str:
@@ -73,6 +77,10 @@ def validate_job(
     job_id: uuid.UUID | None = None,
     declared: bool = False,
     undeclared_seen: set[str] | None = None,
+    unique: Unique | bool | None = None,
+    on_conflict: str | None = None,
+    debounce: timedelta | float | None = None,
+    throttle: timedelta | float | None = None,
 ) -> JobRow:
     """One job's arguments checked and resolved against its ``@job`` declaration and settings.
 
@@ -149,7 +157,7 @@ def validate_job(
         )
 
     max_attempts = definition.max_attempts if definition else None
-    return JobRow(
+    row = JobRow(
         id=job_id or uuid7(),
         organization_id=organization_id,
         queue=queue,
@@ -162,11 +170,43 @@ def validate_job(
         delay=delay,
         max_attempts=max_attempts or conf.max_attempts,
     )
+    declared_unique = definition.unique if definition else None
+    if (
+        declared_unique is not None
+        or unique is not None
+        or on_conflict is not None
+        or debounce is not None
+        or throttle is not None
+    ):
+        policy = resolve(
+            declared_unique,
+            unique,
+            on_conflict,
+            debounce,
+            throttle,
+            lambda field, message: EnqueueError(f"{prefix}{field}", message),
+        )
+        if policy is not None:
+            row.unique = policy
+            row.unique_key = policy.row_key(job_type, organization_id, queue, payload)
+    return row
 
 
 #: Keys an ``enqueue_many`` item may have.
 _ITEM_KEYS = frozenset(
-    {"job_type", "payload", "idempotency_key", "organization_id", "priority", "run_at", "queue"}
+    {
+        "job_type",
+        "payload",
+        "idempotency_key",
+        "organization_id",
+        "priority",
+        "run_at",
+        "queue",
+        "unique",
+        "on_conflict",
+        "debounce",
+        "throttle",
+    }
 )
 
 
@@ -225,8 +265,12 @@ def validate_items(items: Sequence[Mapping[str, Any]], conf: PgOutboxSettings) -
             conf=conf,
             job_id=ids[index],
             undeclared_seen=undeclared,
+            unique=item.get("unique"),
+            on_conflict=item.get("on_conflict"),
+            debounce=item.get("debounce"),
+            throttle=item.get("throttle"),
         )
-        if len(item) == 2:
+        if len(item) == 2 and row.unique is None:
             plain[row.job_type] = (row.queue, row.priority, row.max_attempts)
         yield row
 
@@ -256,6 +300,7 @@ def jobs_from_rows(
         "attempts": 0,
         "lost_attempts": 0,
         "created_at": created_at,
+        "created": True,  # Job.created: this call wrote it
     }
     jobs: list[Job] = []
     for row in rows:

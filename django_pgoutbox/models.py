@@ -250,6 +250,17 @@ class Job(models.Model):
     # (``ctx.set_progress``) and its metadata (``ctx.set_meta``), written at most once a second.
     progress = models.JSONField(null=True, blank=True, editable=False)
     meta = models.JSONField(null=True, blank=True, editable=False)
+    # Added (migration 0017), for unique jobs (docs/uniqueness.md): the job's key, a hash of what
+    # its ``Unique`` compares (with the window of its run_at if it has a period), and the states
+    # in which it holds it, a bit per state (``uniqueness.STATE_BITS``). ``jobs_unique_uq``
+    # refuses a second row with the key among the rows in their states.
+    unique_key = models.TextField(null=True, blank=True, editable=False)
+    unique_states = models.IntegerField(null=True, blank=True, editable=False)
+
+    #: Not a column: whether the call that returned this job wrote it (True), or found it
+    #: already there (False: a repeated idempotency key, or a unique job's key held, see
+    #: docs/uniqueness.md); None for a job read from the database.
+    created: bool | None = None
 
     class Meta:
         db_table = "jobs"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, overload
 from django_pgoutbox.conf import MAX_DELAY_CEILING, MAX_INT32, QUEUE_NAME_RE, PgOutboxSettings
 from django_pgoutbox.context import JobContext
 from django_pgoutbox.errors import EnqueueError, JobRegistrationError, UnknownJobTypeWarning
+from django_pgoutbox.uniqueness import Declared, Unique, policy
 from django_pgoutbox.validation import MAX_NAME_BYTES, check_text, short_repr
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ class JobDefinition:
         priority: int,
         timeout: float | None = None,
         isolation: str = "thread",
+        unique: Declared | None = None,
     ) -> None:
         self.func = func
         self.name = name
@@ -50,6 +52,9 @@ class JobDefinition:
         #: "thread" (the worker's handler threads) or "process" (a child process per attempt,
         #: killed at the timeout or on cancellation).
         self.isolation = isolation
+        #: What ``@job`` said of uniqueness (``unique``, ``on_conflict``, ``debounce``,
+        #: ``throttle``), checked; each enqueue of the type applies it unless it overrides it.
+        self.unique = unique
         #: Optional ``error -> (code, summary)`` replacing the class name and message that the
         #: retry policy records (the django.tasks backend stores a class path and a traceback).
         self.error_details: Callable[[BaseException], tuple[str, str]] | None = None
@@ -79,6 +84,10 @@ class JobDefinition:
         run_at: datetime | timedelta | None = None,
         queue: str | None = None,
         using: str | None = None,
+        unique: Unique | bool | None = None,
+        on_conflict: str | None = None,
+        debounce: timedelta | float | None = None,
+        throttle: timedelta | float | None = None,
     ) -> Job:
         """Enqueue this job type; see :func:`~django_pgoutbox.enqueue`."""
         # Imported here: enqueueing looks job types up in this registry, which is the lower layer.
@@ -93,6 +102,10 @@ class JobDefinition:
             run_at=run_at,
             queue=queue,
             using=using,
+            unique=unique,
+            on_conflict=on_conflict,
+            debounce=debounce,
+            throttle=throttle,
         )
 
 
@@ -125,6 +138,17 @@ def check_undeclared_job_type(name: str, field: str, conf: PgOutboxSettings) -> 
     if conf.strict_job_types:
         raise EnqueueError(field, message)
     warnings.warn(f"{field}: {message}", UnknownJobTypeWarning, stacklevel=_caller_stacklevel())
+
+
+def unique_job_types() -> frozenset[str]:
+    """The job types whose ``@job`` makes them unique: ``enqueue_many`` writes their jobs one by
+    one, never with ``COPY``."""
+    return _unique_types(_generation)
+
+
+@functools.lru_cache(maxsize=4)
+def _unique_types(generation: int) -> frozenset[str]:
+    return frozenset(name for name, d in _registry.items() if d.unique is not None)
 
 
 #: Bumped at each change of ``_registry``: the key that makes ``_close_name`` look again.
@@ -178,6 +202,10 @@ def job(
     priority: int = 0,
     timeout: float | timedelta | None = None,
     isolation: str = "thread",
+    unique: Unique | bool | None = None,
+    on_conflict: str | None = None,
+    debounce: timedelta | float | None = None,
+    throttle: timedelta | float | None = None,
 ) -> Callable[[Handler], JobDefinition]: ...
 
 
@@ -189,6 +217,10 @@ def job(
     priority: int = 0,
     timeout: float | timedelta | None = None,
     isolation: str = "thread",
+    unique: Unique | bool | None = None,
+    on_conflict: str | None = None,
+    debounce: timedelta | float | None = None,
+    throttle: timedelta | float | None = None,
 ) -> JobDefinition | Callable[[Handler], JobDefinition]:
     """Register ``handler(payload: dict, ctx: JobContext)`` as a job type.
 
@@ -199,8 +231,18 @@ def job(
     ``timeout`` (seconds or a timedelta) fails an attempt that runs longer with code ``timeout``,
     retried by the policy. ``isolation="process"`` runs each attempt in a child process that is
     killed at the timeout or on cancellation (see docs/jobs.md, "Timeouts").
+
+    ``unique``, ``on_conflict``, ``debounce`` and ``throttle`` make every job of the type unique
+    (docs/uniqueness.md); ``enqueue()`` may override each.
     """
-    options = _Options(queue, max_attempts, priority, timeout, isolation)
+    options = _Options(
+        queue,
+        max_attempts,
+        priority,
+        timeout,
+        isolation,
+        Declared(unique, on_conflict, debounce, throttle),
+    )
     if callable(name):
         return _register(name, None, options)
     if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -219,6 +261,7 @@ class _Options:
     priority: int
     timeout: float | timedelta | None
     isolation: str
+    unique: Declared
 
 
 ISOLATION_MODES = ("thread", "process")
@@ -274,6 +317,18 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
         raise JobRegistrationError(
             f"@job {job_name!r}: isolation must be 'thread' or 'process', not {options.isolation!r}"
         )
+    given = options.unique
+    declared: Declared | None = None
+    if given != Declared(None, None, None, None):
+        try:
+            checked = policy(
+                *(given.unique, given.on_conflict, given.debounce, given.throttle),
+                lambda field, message: EnqueueError(field, message),
+            )
+        except EnqueueError as problem:
+            raise JobRegistrationError(f"@job {job_name!r}: {problem}") from None
+        if checked is not None:
+            declared = given
     _check_signature(job_name, func)
     existing = _registry.get(job_name)
     if existing is not None and _qualified(existing.func) != _qualified(func):
@@ -289,6 +344,7 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
         priority=priority,
         timeout=None if timeout is None else float(timeout),
         isolation=options.isolation,
+        unique=declared,
     )
     _registry[job_name] = definition
     _registry_changed()

@@ -349,7 +349,7 @@ def _step_row(
     undeclared: set[str],
 ) -> JobRow:
     options = dict(spec.options)
-    return validate_job(
+    row = validate_job(
         spec.job_type,
         spec.payload,
         idempotency_key=None,
@@ -361,6 +361,13 @@ def _step_row(
         conf=conf,
         undeclared_seen=undeclared,
     )
+    if row.unique is not None:
+        raise EnqueueError(
+            f"{where}.job_type",
+            f"{row.job_type!r} is unique (its @job): a workflow step cannot be "
+            "(docs/uniqueness.md)",
+        )
+    return row
 
 
 def _parent_ids(

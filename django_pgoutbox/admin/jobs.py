@@ -53,6 +53,7 @@ from django_pgoutbox.models import (
 from django_pgoutbox.publishers import PUBLISH_JOB
 from django_pgoutbox.registry import registered_jobs
 from django_pgoutbox.schedules import BUILTIN_SCHEDULES, load_schedules
+from django_pgoutbox.uniqueness import states_named
 from django_pgoutbox.validation import short_repr
 
 #: A key search that finds no job of no organization and of a known job type looks among this
@@ -111,6 +112,7 @@ class _JobPage(ButtonsAdmin):
 
     readonly_fields: ClassVar[tuple[str, ...]] = (
         "event",
+        "unique",
         "workflow",
         "parents",
         "children",
@@ -145,6 +147,7 @@ class _JobPage(ButtonsAdmin):
                 )
             },
         ),
+        ("Uniqueness", {"fields": ("unique",)}),
         ("Workflow", {"fields": ("workflow", "parents", "children")}),
         (
             "Attempts",
@@ -184,10 +187,20 @@ class _JobPage(ButtonsAdmin):
         first, *rest = self.fieldsets
         if not (isinstance(obj, Job) and is_step(obj)):
             rest = [(name, options) for name, options in rest if name != "Workflow"]
+        if not (isinstance(obj, Job) and obj.unique_key is not None):
+            rest = [(name, options) for name, options in rest if name != "Uniqueness"]
         if isinstance(obj, Job) and (obj.event_id is not None or obj.job_type == PUBLISH_JOB):
             return (first, *rest)
         fields = tuple(name for name in first[1]["fields"] if name != "event")
         return ((first[0], {**first[1], "fields": fields}), *rest)
+
+    @admin.display(description="unique key")
+    def unique(self, obj: Job) -> str:
+        """The key of a unique job, and the states in which it holds it (docs/uniqueness.md)."""
+        if obj.unique_key is None:
+            return "-"
+        held = ", ".join(states_named(obj.unique_states)) or "none"
+        return f"{obj.unique_key} (held while {held})"
 
     @admin.display(description="workflow")
     def workflow(self, obj: Job) -> str:
@@ -320,7 +333,7 @@ class DeadLetterAdmin(_JobPage):
         return Bulk(
             noun=("dead letter", "dead letters"),
             left_out=("is not dead", "are not dead"),
-            gone=("was no longer dead", "were no longer dead"),
+            gone=fields.pop("gone", ("was no longer dead", "were no longer dead")),
             since="finished_at",
             **fields,
         )
@@ -337,6 +350,11 @@ class DeadLetterAdmin(_JobPage):
             verb="Retried",
             infinitive="retry",
             perform=lambda ids: control.retry_dead_jobs(ids, using=alias),
+            # a unique job stays dead while another job holds its key
+            gone=(
+                "was no longer dead or its unique key was held by another job",
+                "were no longer dead or their unique keys were held by other jobs",
+            ),
         )
 
     def _cancel_plan(

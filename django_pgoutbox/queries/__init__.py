@@ -1,6 +1,7 @@
 """Every SQL statement of the package, named and commented, in one package, by area.
 
 - ``enqueue``: writing jobs (one row, many rows, binary COPY) and waking their queues;
+- ``unique``: unique jobs: the insert that yields to the job holding the key, its update, its read;
 - ``claims``: the claim's columns (``ClaimRow``), the claim and the outcomes of attempts;
 - ``attempts``: the entry the end of an attempt appends to its job's ``attempt_log``, which the
   statements of ``claims`` and ``leases`` share;
@@ -160,6 +161,11 @@ from django_pgoutbox.queries.params import binary
 from django_pgoutbox.queries.progress import WRITE_PROGRESS
 from django_pgoutbox.queries.publish import PUBLISH_AHEAD
 from django_pgoutbox.queries.results import PRUNE_WAITERS, REGISTER_WAITERS, UNREGISTER_WAITER
+from django_pgoutbox.queries.unique import (
+    ENQUEUE_UNIQUE_JOB,
+    FIND_UNIQUE_JOB,
+    UPDATE_WAITING_UNIQUE_JOB,
+)
 from django_pgoutbox.queries.workflow_pages import (
     JOB_CHILDREN,
     JOB_PARENTS,
@@ -210,6 +216,7 @@ __all__ = [
     "ENQUEUE_JOBS_UNKEYED",
     "ENQUEUE_JOBS_UNKEYED_FROM_EVENT",
     "ENQUEUE_JOB_UNKEYED",
+    "ENQUEUE_UNIQUE_JOB",
     "ESTIMATE_OUTBOX_PENDING",
     "ESTIMATE_QUEUE_JOBS",
     "ESTIMATE_UNREGISTERED_JOBS",
@@ -218,6 +225,7 @@ __all__ = [
     "FAIR_CLAIM_TEMPLATE",
     "FAIR_PLAN",
     "FILL_DEAD_CAUSES",
+    "FIND_UNIQUE_JOB",
     "GAUGES_PLAN",
     "HEARTBEAT",
     "HORIZON_HOLDER",
@@ -281,6 +289,7 @@ __all__ = [
     "UNCLAIM_JOBS",
     "UNFINISHED_STEPS",
     "UNREGISTER_WAITER",
+    "UPDATE_WAITING_UNIQUE_JOB",
     "WAKE_QUEUES",
     "WORKER_HEARTBEATS",
     "WORKFLOW_EDGES",

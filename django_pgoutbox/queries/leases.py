@@ -111,6 +111,11 @@ RETURNING id
 """
 
 _RELEASED_SUMMARY = "'released by ' || j.locked_by || ' at shutdown'"
+# A unique job whose key is held while pending only (debounce, states=("pending",)) goes back to
+# pending from outside its states: it drops its key, which a newer job may hold by now
+# (docs/uniqueness.md, the traps). Any other keeps it: leased is in its states.
+_UNIQUE_KEY_KEPT = """unique_key = CASE WHEN pgoutbox_unique_state(j.unique_states, 'leased')
+                                 THEN j.unique_key END"""
 _RELEASED_LOGGED = append_attempt(
     row="j.", outcome="'released'", code="'worker_shutdown'", summary=_RELEASED_SUMMARY
 )
@@ -139,7 +144,8 @@ SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
     dead_cause = CASE WHEN j.cancel_requested_at IS NULL AND j.attempts >= j.max_attempts
                       THEN pgoutbox_error_fingerprint(j.job_type, 'worker_shutdown',
                                                       {_RELEASED_SUMMARY})
-                 END
+                 END,
+    {_UNIQUE_KEY_KEPT}
 FROM unnest(%s::uuid[], %s::integer[]) AS u(id, attempt)
 WHERE j.id = u.id
   AND j.attempts = u.attempt
@@ -154,14 +160,15 @@ RETURNING j.id
 #:
 #: Fenced like RELEASE_JOBS. Unlike it, the claim is undone: ``attempts`` goes back down and the
 #: claim's entry leaves ``worker_ids``, since the attempt never began.
-UNCLAIM_JOBS = """
+UNCLAIM_JOBS = f"""
 UPDATE jobs AS j
 SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'pending' END,
     finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END,
     attempts = j.attempts - 1,
     worker_ids = j.worker_ids - (-1),
     run_at = now(),
-    lease_expires_at = NULL
+    lease_expires_at = NULL,
+    {_UNIQUE_KEY_KEPT}
 FROM unnest(%s::uuid[], %s::integer[]) AS u(id, attempt)
 WHERE j.id = u.id
   AND j.attempts = u.attempt

@@ -111,11 +111,21 @@ WHERE processed_at IS NULL
 # never retry a job that a worker is running or cancel one that completed.
 
 #: Put dead jobs back in their queue, due now, with a fresh attempt budget.
+#:
+#: A unique job whose key another job holds now stays dead (docs/uniqueness.md, the traps): back
+#: in its states, it would hold the key twice, which ``jobs_unique_uq`` refuses, and the whole
+#: statement with it. (One whose states include ``dead`` holds its key already.)
 RETRY_DEAD_JOBS = """
 UPDATE jobs
 SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
     lease_expires_at = NULL, dead_cause = NULL
 WHERE id = ANY(%s::uuid[]) AND status = 'dead'
+  AND (unique_key IS NULL
+       OR pgoutbox_unique_state(unique_states, 'dead')
+       OR NOT EXISTS (SELECT FROM jobs AS holder
+                      WHERE holder.unique_key = jobs.unique_key
+                        AND holder.unique_key IS NOT NULL
+                        AND pgoutbox_unique_state(holder.unique_states, holder.status)))
 """
 
 #: Give up on dead jobs for good: they become 'cancelled' (and are pruned later).

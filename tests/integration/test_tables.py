@@ -103,8 +103,12 @@ def test_added_columns() -> None:
         "on_upstream_failure",
         "progress",
         "meta",
+        "unique_key",
+        "unique_states",
     }
     assert columns("jobs")["workflow_id"] == ("uuid", "YES", None)
+    assert columns("jobs")["unique_key"] == ("text", "YES", None)
+    assert columns("jobs")["unique_states"] == ("integer", "YES", None)
     assert columns("jobs")["waiting_for"] == ("integer", "YES", None)
     assert columns("jobs")["has_dependants"] == ("boolean", "YES", None)
     assert columns("jobs")["progress"] == ("jsonb", "YES", None)
