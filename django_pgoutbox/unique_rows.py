@@ -28,11 +28,16 @@ def insert_unique(alias: str, row: JobRow, notify: bool) -> Job:
     assert policy is not None
     params = _params(row, notify)
     windows = (False, True) if policy.throttle else (False,)
+    insert = (
+        queries.ENQUEUE_UNIQUE_JOB
+        if row.idempotency_key is None
+        else queries.ENQUEUE_UNIQUE_KEYED_JOB
+    )
     for _ in range(ROUNDS):
         for next_window in windows:
             params["next_window"] = next_window
             with server_side_cursor(alias) as cursor:
-                cursor.execute(queries.ENQUEUE_UNIQUE_JOB, params)
+                cursor.execute(insert, params)
                 written = cursor.fetchone()
             if written is not None:
                 job = job_from_row(alias, row, written[0], written[1])

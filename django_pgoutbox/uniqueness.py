@@ -18,6 +18,7 @@ operator's retry of a dead letter (skipped while another job holds its key).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -142,7 +143,31 @@ def resolve(
             debounce = declared.debounce
         if throttle is None:
             throttle = declared.throttle
-    return policy(unique, on_conflict, debounce, throttle, fail)
+    try:  # the same arguments make the same policy: an enqueue checks them once per process
+        return _checked(unique, on_conflict, debounce, throttle)
+    except TypeError:  # unhashable (a Unique with lists)
+        return policy(unique, on_conflict, debounce, throttle, fail)
+    except _Refused as refused:
+        raise fail(refused.field, refused.message) from None
+
+
+class _Refused(Exception):
+    def __init__(self, field: str, message: str) -> None:
+        self.field, self.message = field, message
+
+
+def _refused(field: str, message: str) -> Exception:
+    return _Refused(field, message)
+
+
+@functools.lru_cache(maxsize=256, typed=True)  # typed: 1 is not True
+def _checked(
+    unique: Unique | bool | None,
+    on_conflict: str | None,
+    debounce: timedelta | float | None,
+    throttle: timedelta | float | None,
+) -> UniquePolicy | None:
+    return policy(unique, on_conflict, debounce, throttle, _refused)
 
 
 def policy(

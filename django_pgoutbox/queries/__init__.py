@@ -163,6 +163,7 @@ from django_pgoutbox.queries.publish import PUBLISH_AHEAD
 from django_pgoutbox.queries.results import PRUNE_WAITERS, REGISTER_WAITERS, UNREGISTER_WAITER
 from django_pgoutbox.queries.unique import (
     ENQUEUE_UNIQUE_JOB,
+    ENQUEUE_UNIQUE_KEYED_JOB,
     FIND_UNIQUE_JOB,
     UPDATE_WAITING_UNIQUE_JOB,
 )
@@ -217,6 +218,7 @@ __all__ = [
     "ENQUEUE_JOBS_UNKEYED_FROM_EVENT",
     "ENQUEUE_JOB_UNKEYED",
     "ENQUEUE_UNIQUE_JOB",
+    "ENQUEUE_UNIQUE_KEYED_JOB",
     "ESTIMATE_OUTBOX_PENDING",
     "ESTIMATE_QUEUE_JOBS",
     "ESTIMATE_UNREGISTERED_JOBS",

@@ -18,6 +18,7 @@ _RUN_AT = f"""(CASE WHEN %(next_window)s
 _KEY = f"""(%(unique_key)s::text || CASE WHEN %(period)s::bigint IS NULL THEN ''
     ELSE '@' || floor(extract(epoch FROM {_RUN_AT}) / %(period)s::bigint)::bigint::text END)"""
 
+
 #: One unique job: ENQUEUE_JOB's row, with its key and states.
 #:
 #: Named parameters: ENQUEUE_JOB's (id, organization_id, queue, job_type, payload,
@@ -25,11 +26,11 @@ _KEY = f"""(%(unique_key)s::text || CASE WHEN %(period)s::bigint IS NULL THEN ''
 #: unique_key text (the policy's hash), unique_states int, period bigint (seconds; NULL: none),
 #: next_window boolean. Sent in binary.
 #:
-#: ``ON CONFLICT DO NOTHING`` names no index: a held key (``jobs_unique_uq``) and a repeated
-#: idempotency key both make it a no-op, also against a concurrent transaction inserting either
-#: (the insert waits for it, then skips). A conflict returns no row; the caller then updates or
-#: reads the job that holds the key.
-ENQUEUE_UNIQUE_JOB = binary(f"""
+#: ``ON CONFLICT ... DO NOTHING`` on ``jobs_unique_uq``: a held key makes it a no-op, also against
+#: a concurrent transaction inserting the key (the insert waits for it, then skips). A conflict
+#: returns no row; the caller then updates or reads the job that holds the key.
+def _enqueue_unique_job(conflict: str) -> str:
+    return binary(f"""
 INSERT INTO jobs (
     id, organization_id, queue, job_type, payload, idempotency_key, priority, run_at, max_attempts,
     event_id, unique_key, unique_states
@@ -37,10 +38,20 @@ INSERT INTO jobs (
 VALUES (%(id)s, %(organization_id)s, %(queue)s, %(job_type)s, %(payload)s::jsonb,
         %(idempotency_key)s, %(priority)s, {_RUN_AT}, %(max_attempts)s, %(event_id)s::uuid,
         {_KEY}, %(unique_states)s::integer)
-ON CONFLICT DO NOTHING
+ON CONFLICT {conflict} DO NOTHING
 RETURNING run_at, created_at, unique_key,
     CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue)::text END
 """)
+
+
+ENQUEUE_UNIQUE_JOB = _enqueue_unique_job(
+    "(unique_key) WHERE unique_key IS NOT NULL AND pgoutbox_unique_state(unique_states, status)"
+)
+
+#: ENQUEUE_UNIQUE_JOB for a job with an idempotency key too: every unique index is an arbiter,
+#: so that either key held makes it a no-op. (Naming only ``jobs_unique_uq`` spares the others'
+#: checks when there is no idempotency key, which cannot conflict.)
+ENQUEUE_UNIQUE_KEYED_JOB = _enqueue_unique_job("")
 
 #: The job that waits with the key (pending or retrying), given the new payload
 #: (``on_conflict="replace"``) and run_at (``replace`` or ``debounce``; a throttled job keeps the

@@ -190,3 +190,31 @@ class TestKey:
         key = self.key(Unique(key="k" * 2048))
         assert len(key) == 32
         int(key, 16)
+
+
+class TestResolve:
+    def test_a_cached_policy_still_refuses_one_for_true(self) -> None:
+        from django_pgoutbox.uniqueness import resolve
+
+        assert resolve(None, True, None, None, None, EnqueueError) is not None
+        with pytest.raises(EnqueueError) as caught:
+            resolve(None, 1, None, None, None, EnqueueError)
+        assert caught.value.field == "unique"
+
+    def test_an_unhashable_unique_is_checked_each_time(self) -> None:
+        from django_pgoutbox.uniqueness import resolve
+
+        found = resolve(None, Unique(keys=["a"]), None, None, None, EnqueueError)
+        assert found is not None
+        assert found.keys == ("a",)
+        with pytest.raises(EnqueueError, match="unknown state"):
+            resolve(None, Unique(states=["nope"]), None, None, None, EnqueueError)
+
+    def test_declared_and_given_arguments_combine(self) -> None:
+        from django_pgoutbox.uniqueness import Declared, resolve
+
+        declared = Declared(Unique(keys=("a",)), "replace", None, None)
+        found = resolve(declared, None, None, 5, None, EnqueueError)
+        assert found is not None
+        assert (found.keys, found.on_conflict, found.debounce) == (("a",), "replace", 5.0)
+        assert resolve(declared, False, None, None, None, EnqueueError) is None
