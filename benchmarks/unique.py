@@ -4,12 +4,12 @@
 
 Each round times ``enqueue()`` in autocommit, one transaction per job (with ``--transaction``,
 all of a kind's jobs in one transaction: no commit per job, what the statements cost), ``--jobs``
-times for each kind, in this order: a plain job; a unique job (``unique=True``) whose key is new each time; the
-same with a period (``Unique(period=...)``); a unique job whose key is held (the enqueue returns
-the job that holds it); a debounced job whose key is held (the enqueue pushes it back). Every job
-has a payload of three keys, one of them a counter, so that each new key differs. Prints each
-round and, per kind, the median rate and its ratio to the plain job's. Runs on a fresh database of
-its own (``--database``).
+times for each kind, in this order: a plain job; a unique job (``unique=True``) whose key is new
+each time; the same with a period (``Unique(period=...)``); a unique job whose key is held (the
+enqueue returns the job that holds it); a debounced job whose key is held (the enqueue pushes it
+back). Every job has a payload of three keys, one of them a counter, so that each new key
+differs. Prints each round and, per kind, the median rate and its ratio to the plain job's. Runs
+on a fresh database of its own (``--database``).
 """
 
 from __future__ import annotations
