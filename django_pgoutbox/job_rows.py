@@ -52,6 +52,32 @@ class JobRow:
     max_attempts: int
     #: The outbox event whose subscriber enqueues the job (``enqueueing.for_event``).
     event_id: uuid.UUID | None = None
+    #: The sequence the job runs in (``sequences``), if any.
+    sequence_key: str | None = None
+
+
+#: The longest sequence key, in bytes (UTF-8).
+MAX_SEQUENCE_KEY_BYTES = 200
+
+
+def checked_sequence_key(value: Any, where: str) -> str:
+    """A sequence key as given to ``enqueue(sequence=...)``: a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise EnqueueError(where, f"must be a non-empty string, not {short_repr(value)}")
+    return check_text(value, where, EnqueueError, MAX_SEQUENCE_KEY_BYTES)
+
+
+def sequence_from_payload(payload: Mapping[str, Any], field: str, where: str) -> str:
+    """The key that ``@job(sequence_by=field)`` gives a job: the payload's value at ``field``,
+    a string or an integer (as text)."""
+    if field not in payload:
+        raise EnqueueError(
+            f"{where}.{field}", "is required: the job type's sequence_by names this key"
+        )
+    value = payload[field]
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return checked_sequence_key(value, f"{where}.{field}")
 
 
 def job_database(using: str | None) -> str:
@@ -73,6 +99,7 @@ def validate_job(
     job_id: uuid.UUID | None = None,
     declared: bool = False,
     undeclared_seen: set[str] | None = None,
+    sequence: Any = None,
 ) -> JobRow:
     """One job's arguments checked and resolved against its ``@job`` declaration and settings.
 
@@ -148,6 +175,11 @@ def validate_job(
             f"{', '.join(conf.queues) or 'none'}",
         )
 
+    if sequence is not None:
+        sequence = checked_sequence_key(sequence, f"{prefix}sequence")
+    elif definition is not None and definition.sequence_by is not None:
+        sequence = sequence_from_payload(payload, definition.sequence_by, f"{prefix}payload")
+
     max_attempts = definition.max_attempts if definition else None
     return JobRow(
         id=job_id or uuid7(),
@@ -161,12 +193,22 @@ def validate_job(
         run_at=absolute,
         delay=delay,
         max_attempts=max_attempts or conf.max_attempts,
+        sequence_key=sequence,
     )
 
 
 #: Keys an ``enqueue_many`` item may have.
 _ITEM_KEYS = frozenset(
-    {"job_type", "payload", "idempotency_key", "organization_id", "priority", "run_at", "queue"}
+    {
+        "job_type",
+        "payload",
+        "idempotency_key",
+        "organization_id",
+        "priority",
+        "run_at",
+        "queue",
+        "sequence",
+    }
 )
 
 
@@ -225,8 +267,9 @@ def validate_items(items: Sequence[Mapping[str, Any]], conf: PgOutboxSettings) -
             conf=conf,
             job_id=ids[index],
             undeclared_seen=undeclared,
+            sequence=item.get("sequence"),
         )
-        if len(item) == 2:
+        if len(item) == 2 and row.sequence_key is None:
             plain[row.job_type] = (row.queue, row.priority, row.max_attempts)
         yield row
 

@@ -39,6 +39,7 @@ class JobDefinition:
         priority: int,
         timeout: float | None = None,
         isolation: str = "thread",
+        sequence_by: str | None = None,
     ) -> None:
         self.func = func
         self.name = name
@@ -50,6 +51,9 @@ class JobDefinition:
         #: "thread" (the worker's handler threads) or "process" (a child process per attempt,
         #: killed at the timeout or on cancellation).
         self.isolation = isolation
+        #: The payload key whose value is the sequence key of each job of this type
+        #: (``enqueue(sequence=...)`` given explicitly wins); None: no sequence.
+        self.sequence_by = sequence_by
         #: Optional ``error -> (code, summary)`` replacing the class name and message that the
         #: retry policy records (the django.tasks backend stores a class path and a traceback).
         self.error_details: Callable[[BaseException], tuple[str, str]] | None = None
@@ -79,6 +83,7 @@ class JobDefinition:
         run_at: datetime | timedelta | None = None,
         queue: str | None = None,
         using: str | None = None,
+        sequence: str | None = None,
     ) -> Job:
         """Enqueue this job type; see :func:`~django_pgoutbox.enqueue`."""
         # Imported here: enqueueing looks job types up in this registry, which is the lower layer.
@@ -93,6 +98,7 @@ class JobDefinition:
             run_at=run_at,
             queue=queue,
             using=using,
+            sequence=sequence,
         )
 
 
@@ -102,6 +108,11 @@ _registry: dict[str, JobDefinition] = {}
 def registered_jobs() -> Mapping[str, JobDefinition]:
     """Every registered job type, by name."""
     return dict(_registry)
+
+
+def sequenced_job_types() -> frozenset[str]:
+    """The job types registered with ``sequence_by``."""
+    return frozenset(name for name, definition in _registry.items() if definition.sequence_by)
 
 
 def get_job(name: str) -> JobDefinition | None:
@@ -178,6 +189,7 @@ def job(
     priority: int = 0,
     timeout: float | timedelta | None = None,
     isolation: str = "thread",
+    sequence_by: str | None = None,
 ) -> Callable[[Handler], JobDefinition]: ...
 
 
@@ -189,6 +201,7 @@ def job(
     priority: int = 0,
     timeout: float | timedelta | None = None,
     isolation: str = "thread",
+    sequence_by: str | None = None,
 ) -> JobDefinition | Callable[[Handler], JobDefinition]:
     """Register ``handler(payload: dict, ctx: JobContext)`` as a job type.
 
@@ -199,8 +212,12 @@ def job(
     ``timeout`` (seconds or a timedelta) fails an attempt that runs longer with code ``timeout``,
     retried by the policy. ``isolation="process"`` runs each attempt in a child process that is
     killed at the timeout or on cancellation (see docs/jobs.md, "Timeouts").
+
+    ``sequence_by`` names a payload key: each job of this type runs in the sequence of that
+    key's value (a string, or an integer as text), one at a time and in enqueue order, as
+    ``enqueue(sequence=...)`` does (docs/uniqueness.md, "Sequences").
     """
-    options = _Options(queue, max_attempts, priority, timeout, isolation)
+    options = _Options(queue, max_attempts, priority, timeout, isolation, sequence_by)
     if callable(name):
         return _register(name, None, options)
     if name is not None and (not isinstance(name, str) or not name.strip()):
@@ -219,6 +236,7 @@ class _Options:
     priority: int
     timeout: float | timedelta | None
     isolation: str
+    sequence_by: str | None = None
 
 
 ISOLATION_MODES = ("thread", "process")
@@ -274,6 +292,12 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
         raise JobRegistrationError(
             f"@job {job_name!r}: isolation must be 'thread' or 'process', not {options.isolation!r}"
         )
+    sequence_by = options.sequence_by
+    if sequence_by is not None and (not isinstance(sequence_by, str) or not sequence_by):
+        raise JobRegistrationError(
+            f"@job {job_name!r}: sequence_by must name a payload key (a non-empty string), "
+            f"not {sequence_by!r}"
+        )
     _check_signature(job_name, func)
     existing = _registry.get(job_name)
     if existing is not None and _qualified(existing.func) != _qualified(func):
@@ -289,6 +313,7 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
         priority=priority,
         timeout=None if timeout is None else float(timeout),
         isolation=options.isolation,
+        sequence_by=sequence_by,
     )
     _registry[job_name] = definition
     _registry_changed()

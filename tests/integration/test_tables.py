@@ -103,6 +103,8 @@ def test_added_columns() -> None:
         "on_upstream_failure",
         "progress",
         "meta",
+        "sequence_key",
+        "sequence_position",
     }
     assert columns("jobs")["workflow_id"] == ("uuid", "YES", None)
     assert columns("jobs")["waiting_for"] == ("integer", "YES", None)
