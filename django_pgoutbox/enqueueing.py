@@ -96,7 +96,7 @@ def enqueue(
                 "before it only (enqueue the sequence's jobs after the jobs they need instead)",
             )
         return enqueue_in_sequence(prepared.using, [prepared._row])[0]
-    if not waits:  # a plain job
+    if after is None or not waits:  # a plain job
         return enqueue_prepared(prepared)
     return enqueue_after(prepared._row, after, on_upstream_failure, prepared.using)
 

@@ -477,8 +477,8 @@ def sequence_step(payload: dict[str, Any], ctx: JobContext) -> Any:
         "INSERT INTO testjobs_sideeffect (job_id, attempt, event, pid, worker_thread, at)"
         " VALUES (%s, %s, %s, %s, %s, clock_timestamp())"
     )
-    where = [ctx.job_id, ctx.attempt]
-    who = [os.getpid(), threading.current_thread().name]
+    where: list[Any] = [ctx.job_id, ctx.attempt]
+    who: list[Any] = [os.getpid(), threading.current_thread().name]
     with connection.cursor() as cursor:
         cursor.execute(sql, [*where, "start", *who])
     if payload.get("exit"):

@@ -47,6 +47,9 @@ class TestTheChain:
         assert (a.status, b.status, c.status) == ("pending", "waiting", "waiting")
         assert a.sequence_key == "account:1"
         assert a.on_upstream_failure == "hold"
+        assert a.sequence_position is not None
+        assert b.sequence_position is not None
+        assert c.sequence_position is not None
         assert a.sequence_position < b.sequence_position < c.sequence_position
         edges = set(JobDependency.objects.values_list("parent_id", "child_id"))
         assert edges == {(a.pk, b.pk), (b.pk, c.pk)}
@@ -309,7 +312,7 @@ class TestConcurrentEnqueuers:
         while walk[-1] in children:
             walk.append(children[walk[-1]])
         assert [seen[job_id] for job_id in walk] == list(range(1, 41))
-        positions = dict(Job.objects.values_list("pk", "sequence_position"))
+        positions = {pk: p or 0 for pk, p in Job.objects.values_list("pk", "sequence_position")}
         assert [positions[j] for j in walk] == sorted(positions[j] for j in walk)
 
     def test_two_batches_of_two_keys_in_opposite_orders_do_not_deadlock(self) -> None:

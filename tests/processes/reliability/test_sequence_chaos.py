@@ -4,9 +4,9 @@ key running at once, and each key's jobs completed in the order they were enqueu
 Keys of several jobs each (``tests.sequence_step``, sleeping up to 120 ms so that kills land
 mid-job), enqueued half before the workers start and half while they run, by several
 transactions. Beside them, in the same queue and batches, a poison key whose first job raises
-SystemExit at every attempt: it ends dead and holds its key (the job behind it never starts),
-the workers keep on; skipped, it lets that job run. From 0.3 s on, every 0.5 to 1.5 s, the test SIGKILLs one worker
-and starts another.
+SystemExit at every attempt: it ends dead and holds its key (the job behind it never runs),
+the workers keep on; skipped, it lets that job run. From 0.3 s on, every 0.5 to 1.5 s, the
+test SIGKILLs one worker and starts another.
 
 The check reads the execution log each job writes (``testjobs_sideeffect``: a start and an end
 per attempt, by the database's clock): per key, in enqueue order, every attempt of a job starts
@@ -47,7 +47,7 @@ def _enqueue_keys(rng: random.Random, keys: list[str]) -> None:
     while pending:
         key = rng.choice(list(pending))
         take, pending[key] = pending[key][:3], pending[key][3:]
-        items = [
+        items: list[dict[str, Any]] = [
             {
                 "job_type": "tests.sequence_step",
                 "payload": {"key": key, "n": n, "sleep": rng.uniform(0, 0.12)},
