@@ -118,6 +118,26 @@ def cancel_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
     return _update(queries.CANCEL_DEAD_JOBS, ids, using)
 
 
+def skip_dead_jobs(
+    ids: list[Any], *, reason: str, by: str = "skip_dead_jobs()", using: str | None = None
+) -> int:
+    """End dead jobs as ``cancelled`` (code ``skipped``, with ``reason`` in their last error),
+    which lets the next job of their sequence run; returns how many were dead. Jobs that are not
+    dead are left as they are. Joins the caller's transaction."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("reason", f"must say why (a non-empty string), not {short_repr(reason)}")
+    alias = job_database(using)
+    with tables_required(alias, EnqueueError), connections[alias].cursor() as cursor:
+        cursor.execute(
+            queries.SKIP_DEAD_JOBS,
+            {
+                "ids": [optional_uuid(i, "ids", InvalidInput) for i in ids],
+                "summary": f"skipped by {by}: {reason}"[:1000],
+            },
+        )
+        return len(cursor.fetchall())
+
+
 def redrive_dead_events(ids: list[Any], *, using: str | None = None) -> int:
     """Make dead outbox events claimable again, with a fresh attempt budget."""
     return _update(queries.REDRIVE_DEAD_EVENTS, ids, using)

@@ -34,7 +34,8 @@ from django_pgoutbox.job_rows import (
     validate_job,
 )
 from django_pgoutbox.models import Job
-from django_pgoutbox.registry import Payload, unique_job_types
+from django_pgoutbox.registry import Payload, sequenced_job_types, unique_job_types
+from django_pgoutbox.sequences import enqueue_in_sequence
 from django_pgoutbox.uniqueness import Unique
 from django_pgoutbox.workflows import UpstreamFailure, enqueue_after
 
@@ -55,6 +56,7 @@ def enqueue(
     on_conflict: str | None = None,
     debounce: timedelta | float | None = None,
     throttle: timedelta | float | None = None,
+    sequence: str | None = None,
 ) -> Job:
     """Enqueue one job in the caller's transaction and return it.
 
@@ -77,6 +79,10 @@ def enqueue(
     ``unique``, ``on_conflict``, ``debounce`` and ``throttle``: a unique job, written unless
     another job holds its key (docs/uniqueness.md); they default to the job type's ``@job``.
     ``job.created`` says whether this call wrote the job or returned the one holding the key.
+    ``sequence``: a key (a non-empty string of at most 200 bytes): the jobs of one key run one at
+    a time, in the order their enqueues committed, across every worker (or the job type's
+    ``@job(sequence_by=...)`` gives the key). Written at once, also inside an outbox
+    subscriber; not with ``after`` (``EnqueueError``). See :mod:`django_pgoutbox.sequences`.
     """
     prepared = prepare_job(
         job_type,
@@ -91,8 +97,18 @@ def enqueue(
         on_conflict=on_conflict,
         debounce=debounce,
         throttle=throttle,
+        sequence=sequence,
     )
-    if after is None or after == [] or after == ():  # waits for nothing: a plain job
+    waits = not (after is None or after == [] or after == ())
+    if prepared._row.sequence_key is not None:
+        if waits:
+            raise EnqueueError(
+                "after",
+                "cannot be combined with sequence: a sequence job waits for the job of its key "
+                "before it only (enqueue the sequence's jobs after the jobs they need instead)",
+            )
+        return enqueue_in_sequence(prepared.using, [prepared._row])[0]
+    if after is None or not waits:  # a plain job
         return enqueue_prepared(prepared)
     if prepared._row.unique is not None:
         raise EnqueueError(
@@ -255,6 +271,7 @@ def prepare_job(
     on_conflict: str | None = None,
     debounce: timedelta | float | None = None,
     throttle: timedelta | float | None = None,
+    sequence: str | None = None,
 ) -> PreparedJob:
     """Validate a job as :func:`enqueue` does and fix its id, to insert it later.
 
@@ -277,6 +294,7 @@ def prepare_job(
         on_conflict=on_conflict,
         debounce=debounce,
         throttle=throttle,
+        sequence=sequence,
     )
     # The event whose subscriber is running, if one is: the job came from it, even if it is
     # written later (on commit).
@@ -314,7 +332,7 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None
 def _write_items(
     alias: str, items: Sequence[Any], rows: Iterator[JobRow], notify: bool
 ) -> Sequence[Job]:
-    if len(items) >= COPY_MIN_ROWS and not _any_key(items):
+    if len(items) >= COPY_MIN_ROWS and not _any_key(items) and not _any_sequence(items):
         # The items are checked as the COPY goes, so that the server parses one chunk while the
         # next is checked. A bad item aborts the COPY; the savepoint (or transaction) of this
         # block then rolls back what it wrote, and the caller's transaction goes on unharmed.
@@ -322,8 +340,22 @@ def _write_items(
             now, written = copy_unkeyed(alias, rows, notify)
         return EnqueuedJobs(alias, written, now)
     checked = list(rows)
+    if any(row.sequence_key is not None for row in checked):
+        return _write_with_sequences(alias, checked, notify)
     with transaction.atomic(using=alias, savepoint=False):
         return _write(alias, checked, notify)
+
+
+def _write_with_sequences(alias: str, rows: Sequence[JobRow], notify: bool) -> list[Job]:
+    """The items without a sequence as ``_write`` writes them, then those with one, in item
+    order (every key's lock first, in one fixed order: see ``sequences``)."""
+    plain = [row for row in rows if row.sequence_key is None]
+    with transaction.atomic(using=alias, savepoint=False):
+        written = iter(_write(alias, plain, notify) if plain else [])
+        in_sequence = iter(
+            enqueue_in_sequence(alias, [row for row in rows if row.sequence_key is not None])
+        )
+    return [next(in_sequence if row.sequence_key is not None else written) for row in rows]
 
 
 def _from_event(rows: Iterator[JobRow], event_id: uuid.UUID) -> Iterator[JobRow]:
@@ -349,6 +381,21 @@ def _any_key(items: Sequence[Any]) -> bool:
 
 _GET_KEY = operator.methodcaller("get", "idempotency_key")
 _UNIQUE_ITEM_KEYS = frozenset({"unique", "on_conflict", "debounce", "throttle"})
+_GET_SEQUENCE = operator.methodcaller("get", "sequence")
+_GET_JOB_TYPE = operator.methodcaller("get", "job_type")
+
+
+def _any_sequence(items: Sequence[Any]) -> bool:
+    """Whether any item may go in a sequence: it names one, or its job type's ``@job`` has
+    ``sequence_by`` (looked for only when some job type has it). Such items are written one
+    statement each, not by ``COPY``."""
+    try:
+        if any(map(_GET_SEQUENCE, items)):
+            return True
+        sequenced = sequenced_job_types()
+        return bool(sequenced) and not sequenced.isdisjoint(map(_GET_JOB_TYPE, items))
+    except (AttributeError, TypeError):
+        return True
 
 
 def _write(alias: str, rows: Sequence[JobRow], notify: bool) -> Sequence[Job]:

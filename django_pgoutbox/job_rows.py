@@ -56,6 +56,32 @@ class JobRow:
     #: A unique job's policy and key (without its window): ``uniqueness``.
     unique: UniquePolicy | None = None
     unique_key: str | None = None
+    #: The sequence the job runs in (``sequences``), if any.
+    sequence_key: str | None = None
+
+
+#: The longest sequence key, in bytes (UTF-8).
+MAX_SEQUENCE_KEY_BYTES = 200
+
+
+def checked_sequence_key(value: Any, where: str) -> str:
+    """A sequence key as given to ``enqueue(sequence=...)``: a non-empty string."""
+    if not isinstance(value, str) or not value:
+        raise EnqueueError(where, f"must be a non-empty string, not {short_repr(value)}")
+    return check_text(value, where, EnqueueError, MAX_SEQUENCE_KEY_BYTES)
+
+
+def sequence_from_payload(payload: Mapping[str, Any], field: str, where: str) -> str:
+    """The key that ``@job(sequence_by=field)`` gives a job: the payload's value at ``field``,
+    a string or an integer (as text)."""
+    if field not in payload:
+        raise EnqueueError(
+            f"{where}.{field}", "is required: the job type's sequence_by names this key"
+        )
+    value = payload[field]
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    return checked_sequence_key(value, f"{where}.{field}")
 
 
 def job_database(using: str | None) -> str:
@@ -81,6 +107,7 @@ def validate_job(
     on_conflict: str | None = None,
     debounce: timedelta | float | None = None,
     throttle: timedelta | float | None = None,
+    sequence: Any = None,
 ) -> JobRow:
     """One job's arguments checked and resolved against its ``@job`` declaration and settings.
 
@@ -156,6 +183,11 @@ def validate_job(
             f"{', '.join(conf.queues) or 'none'}",
         )
 
+    if sequence is not None:
+        sequence = checked_sequence_key(sequence, f"{prefix}sequence")
+    elif definition is not None and definition.sequence_by is not None:
+        sequence = sequence_from_payload(payload, definition.sequence_by, f"{prefix}payload")
+
     max_attempts = definition.max_attempts if definition else None
     row = JobRow(
         id=job_id or uuid7(),
@@ -169,6 +201,7 @@ def validate_job(
         run_at=absolute,
         delay=delay,
         max_attempts=max_attempts or conf.max_attempts,
+        sequence_key=sequence,
     )
     declared_unique = definition.unique if definition else None
     if (
@@ -187,6 +220,11 @@ def validate_job(
             lambda field, message: EnqueueError(f"{prefix}{field}", message),
         )
         if policy is not None:
+            if sequence is not None:
+                raise EnqueueError(
+                    f"{prefix}sequence",
+                    "cannot be combined with unique, debounce or throttle (docs/uniqueness.md)",
+                )
             row.unique = policy
             row.unique_key = policy.row_key(job_type, organization_id, queue, payload)
     return row
@@ -206,6 +244,7 @@ _ITEM_KEYS = frozenset(
         "on_conflict",
         "debounce",
         "throttle",
+        "sequence",
     }
 )
 
@@ -269,8 +308,9 @@ def validate_items(items: Sequence[Mapping[str, Any]], conf: PgOutboxSettings) -
             on_conflict=item.get("on_conflict"),
             debounce=item.get("debounce"),
             throttle=item.get("throttle"),
+            sequence=item.get("sequence"),
         )
-        if len(item) == 2 and row.unique is None:
+        if len(item) == 2 and row.unique is None and row.sequence_key is None:
             plain[row.job_type] = (row.queue, row.priority, row.max_attempts)
         yield row
 

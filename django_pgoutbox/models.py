@@ -261,6 +261,12 @@ class Job(models.Model):
     #: already there (False: a repeated idempotency key, or a unique job's key held, see
     #: docs/uniqueness.md); None for a job read from the database.
     created: bool | None = None
+    # Added (migration 0018), for sequences (docs/uniqueness.md, "Sequences"): the key of the
+    # sequence the job runs in, one at a time and in enqueue order, and its place there (from
+    # the database sequence pgoutbox_sequence_positions, drawn under the key's advisory lock,
+    # so increasing in the order the enqueues committed). NULL for every other job.
+    sequence_key = models.TextField(null=True, blank=True, editable=False)
+    sequence_position = models.BigIntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "jobs"
@@ -386,6 +392,16 @@ class Job(models.Model):
                 fields=["queue", "created_at"],
                 name="jobs_waiting_idx",
                 condition=models.Q(status=JobStatus.WAITING),
+            ),
+            # The jobs of a sequence not finished yet (dead ones hold it): an enqueue reads the
+            # newest, its tail, in one descent; the dead letters' filter by sequence reads here
+            # too. Only sequence jobs have entries, and only until they complete or are
+            # cancelled, so plain jobs pay nothing and a long sequence's history no probe.
+            models.Index(
+                fields=["sequence_key", "sequence_position"],
+                name="jobs_sequence_tail_idx",
+                condition=models.Q(sequence_key__isnull=False)
+                & ~models.Q(status__in=[JobStatus.COMPLETED, JobStatus.CANCELLED]),
             ),
         ]
 

@@ -41,6 +41,7 @@ class JobDefinition:
         timeout: float | None = None,
         isolation: str = "thread",
         unique: Declared | None = None,
+        sequence_by: str | None = None,
     ) -> None:
         self.func = func
         self.name = name
@@ -55,6 +56,9 @@ class JobDefinition:
         #: What ``@job`` said of uniqueness (``unique``, ``on_conflict``, ``debounce``,
         #: ``throttle``), checked; each enqueue of the type applies it unless it overrides it.
         self.unique = unique
+        #: The payload key whose value is the sequence key of each job of this type
+        #: (``enqueue(sequence=...)`` given explicitly wins); None: no sequence.
+        self.sequence_by = sequence_by
         #: Optional ``error -> (code, summary)`` replacing the class name and message that the
         #: retry policy records (the django.tasks backend stores a class path and a traceback).
         self.error_details: Callable[[BaseException], tuple[str, str]] | None = None
@@ -88,6 +92,7 @@ class JobDefinition:
         on_conflict: str | None = None,
         debounce: timedelta | float | None = None,
         throttle: timedelta | float | None = None,
+        sequence: str | None = None,
     ) -> Job:
         """Enqueue this job type; see :func:`~django_pgoutbox.enqueue`."""
         # Imported here: enqueueing looks job types up in this registry, which is the lower layer.
@@ -106,6 +111,7 @@ class JobDefinition:
             on_conflict=on_conflict,
             debounce=debounce,
             throttle=throttle,
+            sequence=sequence,
         )
 
 
@@ -115,6 +121,11 @@ _registry: dict[str, JobDefinition] = {}
 def registered_jobs() -> Mapping[str, JobDefinition]:
     """Every registered job type, by name."""
     return dict(_registry)
+
+
+def sequenced_job_types() -> frozenset[str]:
+    """The job types registered with ``sequence_by``."""
+    return frozenset(name for name, definition in _registry.items() if definition.sequence_by)
 
 
 def get_job(name: str) -> JobDefinition | None:
@@ -206,6 +217,7 @@ def job(
     on_conflict: str | None = None,
     debounce: timedelta | float | None = None,
     throttle: timedelta | float | None = None,
+    sequence_by: str | None = None,
 ) -> Callable[[Handler], JobDefinition]: ...
 
 
@@ -221,6 +233,7 @@ def job(
     on_conflict: str | None = None,
     debounce: timedelta | float | None = None,
     throttle: timedelta | float | None = None,
+    sequence_by: str | None = None,
 ) -> JobDefinition | Callable[[Handler], JobDefinition]:
     """Register ``handler(payload: dict, ctx: JobContext)`` as a job type.
 
@@ -234,6 +247,10 @@ def job(
 
     ``unique``, ``on_conflict``, ``debounce`` and ``throttle`` make every job of the type unique
     (docs/uniqueness.md); ``enqueue()`` may override each.
+
+    ``sequence_by`` names a payload key: each job of this type runs in the sequence of that
+    key's value (a string, or an integer as text), one at a time and in enqueue order, as
+    ``enqueue(sequence=...)`` does (docs/uniqueness.md, "Sequences").
     """
     options = _Options(
         queue,
@@ -242,6 +259,7 @@ def job(
         timeout,
         isolation,
         Declared(unique, on_conflict, debounce, throttle),
+        sequence_by,
     )
     if callable(name):
         return _register(name, None, options)
@@ -262,6 +280,7 @@ class _Options:
     timeout: float | timedelta | None
     isolation: str
     unique: Declared
+    sequence_by: str | None = None
 
 
 ISOLATION_MODES = ("thread", "process")
@@ -329,6 +348,12 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
             raise JobRegistrationError(f"@job {job_name!r}: {problem}") from None
         if checked is not None:
             declared = given
+    sequence_by = options.sequence_by
+    if sequence_by is not None and (not isinstance(sequence_by, str) or not sequence_by):
+        raise JobRegistrationError(
+            f"@job {job_name!r}: sequence_by must name a payload key (a non-empty string), "
+            f"not {sequence_by!r}"
+        )
     _check_signature(job_name, func)
     existing = _registry.get(job_name)
     if existing is not None and _qualified(existing.func) != _qualified(func):
@@ -345,6 +370,7 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
         timeout=None if timeout is None else float(timeout),
         isolation=options.isolation,
         unique=declared,
+        sequence_by=sequence_by,
     )
     _registry[job_name] = definition
     _registry_changed()

@@ -11,9 +11,10 @@ states frees its key.
 The states must be such that no worker ever moves a job *into* them from outside: a worker's
 update could then meet the key of a newer job and fail. Hence the two shapes allowed: pending
 alone (``debounce``, or ``states=("pending",)``), or pending, leased and retrying, with any of
-completed, dead and cancelled. Two statements may still put a job back to ``pending`` from
-outside: a shutdown's release of a job whose set lacks ``leased`` (it then drops its key) and an
-operator's retry of a dead letter (skipped while another job holds its key).
+completed, dead and cancelled (cancelled only with dead: an operator cancels dead letters). Two
+statements may still put a job back to ``pending`` from outside: a shutdown's release of a job
+whose set lacks ``leased`` (it then drops its key) and an operator's retry of a dead letter
+(skipped while another job holds its key).
 """
 
 from __future__ import annotations
@@ -294,6 +295,13 @@ def _states(
             "a job between pending, leased and retrying, and would move it back into the set "
             "while another job holds its key. Use ('pending',) alone, or all three with any of "
             "completed, dead, cancelled (docs/uniqueness.md, the traps)",
+        )
+    if "cancelled" in held and "dead" not in held:
+        raise fail(
+            "unique.states",
+            f"{short_repr(list(states))} has 'cancelled' but not 'dead': an operator cancels a "
+            "dead letter, which would move it back into the set while another job holds its key "
+            "(docs/uniqueness.md, the traps)",
         )
     return bits
 

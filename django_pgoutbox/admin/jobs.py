@@ -62,7 +62,8 @@ KEY_WINDOW = 50_000
 
 
 def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any], bool]:
-    """A job id, else an idempotency key.
+    """A job id, ``sequence:KEY`` (the jobs of a sequence not finished yet, from
+    ``jobs_sequence_tail_idx``), else an idempotency key.
 
     ``jobs_idempotency_uq`` leads with the organization and the job type: a key alone is found
     only by reading the whole index (half a second at ten million jobs, for the count and again
@@ -78,6 +79,10 @@ def _job_search(queryset: QuerySet[Any], search_term: str) -> tuple[QuerySet[Any
         return queryset.filter(pk=uuid.UUID(term)), False
     except ValueError:
         pass
+    if term.startswith("sequence:"):
+        return queryset.filter(sequence_key=term.removeprefix("sequence:")).exclude(
+            status__in=[JobStatus.COMPLETED, JobStatus.CANCELLED]
+        ), False
     known = sorted({*registered_jobs(), *(entry["JOB"] for entry in BUILTIN_SCHEDULES.values())})
     likely = queryset.filter(organization_id=None, job_type__in=known, idempotency_key=term)
     if likely.exists():
@@ -149,6 +154,7 @@ class _JobPage(ButtonsAdmin):
         ),
         ("Uniqueness", {"fields": ("unique",)}),
         ("Workflow", {"fields": ("workflow", "parents", "children")}),
+        ("Sequence", {"fields": ("sequence_key", "sequence_position")}),
         (
             "Attempts",
             {
@@ -189,6 +195,8 @@ class _JobPage(ButtonsAdmin):
             rest = [(name, options) for name, options in rest if name != "Workflow"]
         if not (isinstance(obj, Job) and obj.unique_key is not None):
             rest = [(name, options) for name, options in rest if name != "Uniqueness"]
+        if not (isinstance(obj, Job) and obj.sequence_key is not None):
+            rest = [(name, options) for name, options in rest if name != "Sequence"]
         if isinstance(obj, Job) and (obj.event_id is not None or obj.job_type == PUBLISH_JOB):
             return (first, *rest)
         fields = tuple(name for name in first[1]["fields"] if name != "event")
@@ -276,12 +284,12 @@ class DeadLetterAdmin(_JobPage):
     )
     list_filter = (QueueFilter, DeadJobTypeFilter, ErrorCodeFilter, CauseFilter)
     change_list_template = "admin/django_pgoutbox/dead_letter_change_list.html"
-    search_help_text = "A job id, or an idempotency key."
+    search_help_text = "A job id, sequence:KEY (a sequence's jobs), or an idempotency key."
     search_fields = ("idempotency_key",)
     ordering = ("-finished_at",)
     sortable_by = ("finished_at",)
     heavy_fields = ("payload", "result", "worker_ids", "attempt_log", "meta")
-    actions = ("retry_now", "cancel", "delete_selected")
+    actions = ("retry_now", "cancel", "skip", "delete_selected")
     readonly_fields = (*_JobPage.readonly_fields, "cause")
 
     def get_fieldsets(self, request: HttpRequest, obj: Model | None = None) -> Any:
@@ -371,7 +379,29 @@ class DeadLetterAdmin(_JobPage):
             perform=lambda ids: control.cancel_dead_jobs(ids, using=alias),
         )
 
-    buttons = (Button("retry", "Retry now", _retry_plan), Button("cancel", "Cancel", _cancel_plan))
+    def _skip_plan(
+        self, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> tuple[QuerySet[Any], Bulk]:
+        alias = queryset.db
+        who = getattr(request.user, "get_username", lambda: "?")()
+        return queryset, self._dead_letters(
+            name="skip",
+            title="Skip dead letters",
+            explanation="These jobs become cancelled (code skipped) and never run again; the "
+            "next job of each one's sequence then runs. A dead job holds its sequence until "
+            "it is retried or skipped.",
+            verb="Skipped",
+            infinitive="skip",
+            perform=lambda ids: control.skip_dead_jobs(
+                ids, reason="skipped in the admin", by=f"admin user {who}", using=alias
+            ),
+        )
+
+    buttons = (
+        Button("retry", "Retry now", _retry_plan),
+        Button("cancel", "Cancel", _cancel_plan),
+        Button("skip", "Skip", _skip_plan),
+    )
 
     @admin.action(description="Retry now (fresh attempt budget)", permissions=["change"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
@@ -380,6 +410,10 @@ class DeadLetterAdmin(_JobPage):
     @admin.action(description="Cancel (never run again)", permissions=["change"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
         return bulk_action(self, request, *self._cancel_plan(request, queryset))
+
+    @admin.action(description="Skip (let its sequence go on)", permissions=["change"])
+    def skip(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        return bulk_action(self, request, *self._skip_plan(request, queryset))
 
     def after_pressing(self, request: HttpRequest, pk: Any) -> str:
         """A dead letter retried or cancelled is a job that is no longer dead: its job's page."""

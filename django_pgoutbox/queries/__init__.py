@@ -161,6 +161,7 @@ from django_pgoutbox.queries.params import binary
 from django_pgoutbox.queries.progress import WRITE_PROGRESS
 from django_pgoutbox.queries.publish import PUBLISH_AHEAD
 from django_pgoutbox.queries.results import PRUNE_WAITERS, REGISTER_WAITERS, UNREGISTER_WAITER
+from django_pgoutbox.queries.sequences import ENQUEUE_IN_SEQUENCE, LOCK_SEQUENCES, SKIP_DEAD_JOBS
 from django_pgoutbox.queries.unique import (
     ENQUEUE_UNIQUE_JOB,
     ENQUEUE_UNIQUE_KEYED_JOB,
@@ -211,6 +212,7 @@ __all__ = [
     "DISCARD_DEAD_DELIVERIES",
     "DISCARD_DEAD_EVENTS",
     "DISPATCHED",
+    "ENQUEUE_IN_SEQUENCE",
     "ENQUEUE_JOB",
     "ENQUEUE_JOBS",
     "ENQUEUE_JOBS_FROM_EVENT",
@@ -240,6 +242,7 @@ __all__ = [
     "JOB_PARENTS",
     "LOCK_CLAIMED_DELIVERIES",
     "LOCK_CLAIMED_EVENTS",
+    "LOCK_SEQUENCES",
     "LOCK_WORKER_ID",
     "MARK_ALONE",
     "MARK_DELIVERED",
@@ -285,6 +288,7 @@ __all__ = [
     "SEEK_CLAIM_EVENTS",
     "SEEK_CLAIM_JOBS",
     "SET_STUCK_QUEUE",
+    "SKIP_DEAD_JOBS",
     "START_SCHEDULE_CURSOR",
     "TAKE_TOKENS",
     "TAKE_WORKER_ID",

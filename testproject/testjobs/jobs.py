@@ -466,3 +466,24 @@ def progress_isolated(payload: dict[str, Any], ctx: JobContext) -> str:
     ctx.set_progress(3, 4, "in a child process")
     ctx.set_meta(pid=os.getpid())
     return "ok"
+
+
+@job("tests.sequence_step", max_attempts=2)
+def sequence_step(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """A job of a sequence: record its start and its end by the database's clock (an
+    execution log that shows two jobs of one key running at once, if they ever do), sleeping
+    between them; ``exit``: raise SystemExit instead (a poison that dies, holding its key)."""
+    sql = (
+        "INSERT INTO testjobs_sideeffect (job_id, attempt, event, pid, worker_thread, at)"
+        " VALUES (%s, %s, %s, %s, %s, clock_timestamp())"
+    )
+    where: list[Any] = [ctx.job_id, ctx.attempt]
+    who: list[Any] = [os.getpid(), threading.current_thread().name]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*where, "start", *who])
+    if payload.get("exit"):
+        raise SystemExit(3)
+    time.sleep(payload.get("sleep", 0.0))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*where, "end", *who])
+    return {"n": payload.get("n")}

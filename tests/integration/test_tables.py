@@ -105,6 +105,8 @@ def test_added_columns() -> None:
         "meta",
         "unique_key",
         "unique_states",
+        "sequence_key",
+        "sequence_position",
     }
     assert columns("jobs")["workflow_id"] == ("uuid", "YES", None)
     assert columns("jobs")["unique_key"] == ("text", "YES", None)

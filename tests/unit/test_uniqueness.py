@@ -108,6 +108,11 @@ class TestRefused:
                 "unique.states",
                 "lacks 'leased', 'retrying'",
             ),
+            (
+                {"unique": Unique(states=("pending", "leased", "retrying", "cancelled"))},
+                "unique.states",
+                "has 'cancelled' but not 'dead'",
+            ),
             ({"unique": Unique(period=timedelta(seconds=1.5))}, "unique.period", "whole number"),
             ({"unique": Unique(period=timedelta(0))}, "unique.period", "whole number"),
             ({"throttle": 0.5}, "throttle", "whole number"),
@@ -198,7 +203,7 @@ class TestResolve:
 
         assert resolve(None, True, None, None, None, EnqueueError) is not None
         with pytest.raises(EnqueueError) as caught:
-            resolve(None, 1, None, None, None, EnqueueError)
+            resolve(None, 1, None, None, None, EnqueueError)  # type: ignore[arg-type]
         assert caught.value.field == "unique"
 
     def test_an_unhashable_unique_is_checked_each_time(self) -> None:

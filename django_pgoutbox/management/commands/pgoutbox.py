@@ -8,6 +8,7 @@ pgoutbox deadletters show ID
 pgoutbox deadletters causes [--limit N]               dead letters grouped by cause, biggest first
 pgoutbox deadletters retry ID... | --all [filters]    back to pending, fresh budget
 pgoutbox deadletters discard ID... | --all [filters]  cancelled: never run again
+pgoutbox deadletters skip ID... --reason TEXT         cancelled (skipped): its sequence goes on
 pgoutbox deadletters retry|discard --cause F [--yes]  every dead letter of one cause
 pgoutbox events list [--state dead|failing|held_back|abandoned|delivering] [--event-type T]
 pgoutbox events redrive ID... | --all [--event-type T] [--dead-for AGE] [--yes]
@@ -221,6 +222,13 @@ class Command(BaseCommand):
         queues.add_parsers(sub)
         show = dead_actions.add_parser("show", help="One dead job in full.")
         show.add_argument("id")
+        skip = dead_actions.add_parser(
+            "skip",
+            help="End dead jobs of a sequence as cancelled (code skipped), with a reason: the "
+            "next job of each one's sequence runs.",
+        )
+        skip.add_argument("ids", nargs="+", metavar="ID")
+        skip.add_argument("--reason", type=arguments.text, required=True, help="Why (kept).")
         causes = dead_actions.add_parser(
             "causes",
             help="Dead jobs grouped by cause (job type, error code, the summary without its "
@@ -402,6 +410,7 @@ class Command(BaseCommand):
                 "queue",
                 "organization_id",
                 "idempotency_key",
+                "sequence_key",
                 "attempts",
                 "max_attempts",
                 "last_error_code",
@@ -418,6 +427,13 @@ class Command(BaseCommand):
             return
         if action == "causes":
             self._causes(using, options["limit"])
+            return
+        if action == "skip":
+            ids = [arguments.identifier(value) for value in options["ids"]]
+            done = control.skip_dead_jobs(
+                ids, reason=options["reason"], by="manage.py pgoutbox", using=using
+            )
+            self.stdout.write(f"Skipped {done} dead job(s).")
             return
         if action != "list" and options["cause"]:
             self._act_on_cause(using, action, options)
