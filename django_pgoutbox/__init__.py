@@ -27,6 +27,7 @@ __all__ = [
     "Revoked",
     "Snooze",
     "TransientError",
+    "Unique",
     "UnknownJobTypeWarning",
     "WaitInTransaction",
     "WaitTimeout",
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from django_pgoutbox.outbox import Event, OutboxModelMixin, publish, subscriber
     from django_pgoutbox.queue_controls import pause_queue, resize_queue, resume_queue
     from django_pgoutbox.registry import job
+    from django_pgoutbox.uniqueness import Unique
     from django_pgoutbox.workflows import chain, group, step, workflow
 
 #: Where each name of the API that is not an exception lives (the exceptions: in errors).
@@ -89,6 +91,7 @@ _LAZY = {
     "enqueue": "enqueueing",
     "enqueue_many": "enqueueing",
     "job": "registry",
+    "Unique": "uniqueness",
     "Event": "outbox",
     "OutboxModelMixin": "outbox",
     "publish": "outbox",
