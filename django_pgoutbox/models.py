@@ -250,6 +250,10 @@ class Job(models.Model):
     # (``ctx.set_progress``) and its metadata (``ctx.set_meta``), written at most once a second.
     progress = models.JSONField(null=True, blank=True, editable=False)
     meta = models.JSONField(null=True, blank=True, editable=False)
+    # Added (migration 0019): the priority the job had before priority aging first raised it
+    # (``QUEUES[...]["PRIORITY_AGING"]``, docs/workers.md); NULL while aging never did. Aging
+    # works its raises out from it and the wait, so that a pass repeated changes nothing.
+    base_priority = models.IntegerField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "jobs"
@@ -629,6 +633,22 @@ class QueueControl(models.Model):
     class Meta:
         db_table = "queue_controls"
         verbose_name = "queue control"
+
+    def __str__(self) -> str:
+        return self.queue
+
+
+class QueueAging(models.Model):
+    """When a pass of priority aging last started on a queue (``aging``): each worker of an
+    aging queue starts one only when the last is a quarter of a step old, so that a queue's
+    passes do not grow with its workers. A queue with no row has not aged yet."""
+
+    queue = models.TextField(primary_key=True)
+    aged_at = models.DateTimeField(db_default=TransactionNow())
+
+    class Meta:
+        db_table = "queue_aging"
+        verbose_name = "queue aging"
 
     def __str__(self) -> str:
         return self.queue

@@ -1,6 +1,7 @@
 """Every SQL statement of the package, named and commented, in one package, by area.
 
 - ``enqueue``: writing jobs (one row, many rows, binary COPY) and waking their queues;
+- ``aging``: priority aging, which raises the priority of the jobs that wait;
 - ``claims``: the claim's columns (``ClaimRow``), the claim and the outcomes of attempts;
 - ``attempts``: the entry the end of an attempt appends to its job's ``attempt_log``, which the
   statements of ``claims`` and ``leases`` share;
@@ -43,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from django_pgoutbox.queries.aging import AGE_PRIORITIES, START_AGING_PASS
 from django_pgoutbox.queries.claims import (
     CLAIM_COLUMNS,
     CLAIM_JOBS,
@@ -181,6 +183,7 @@ __all__ = [
     "ACCEPT_MESSAGE",
     "ADD_QUEUE_OUTCOMES",
     "ADVANCE_SCHEDULE_CURSOR",
+    "AGE_PRIORITIES",
     "AUTOVACUUM_ON",
     "CANCEL_DEAD_JOBS",
     "CANCEL_JOBS",
@@ -275,6 +278,7 @@ __all__ = [
     "SEEK_CLAIM_EVENTS",
     "SEEK_CLAIM_JOBS",
     "SET_STUCK_QUEUE",
+    "START_AGING_PASS",
     "START_SCHEDULE_CURSOR",
     "TAKE_TOKENS",
     "TAKE_WORKER_ID",
