@@ -231,3 +231,13 @@ def test_passes_at_once_on_two_connections_raise_each_job_once(
     # a job read by both (one skipped it locked, or found it raised already) is raised once
     assert sum(raised) == len(ids)
     assert {i: p for i, (p, _) in zip(ids, priorities(ids), strict=True)} == expected
+
+
+def test_the_admin_shows_the_priority_before_aging(admin_client: Any) -> None:
+    raised, plain = jobs((0, 3), (0, 0.5))
+    assert age() == 1
+    page = admin_client.get(f"/admin/pgoutbox/job/{raised}/change/").content.decode()
+    assert "Priority before aging" in page
+    assert "0 (raised to 3 by priority aging)" in page
+    page = admin_client.get(f"/admin/pgoutbox/job/{plain}/change/").content.decode()
+    assert "not raised by priority aging" in page

@@ -103,7 +103,10 @@ def test_added_columns() -> None:
         "on_upstream_failure",
         "progress",
         "meta",
+        "base_priority",
     }
+    assert columns("jobs")["base_priority"] == ("integer", "YES", None)  # no default: no rewrite
+    assert columns("queue_aging") == {"queue": ("text", "NO", None), "aged_at": (TS, "NO", "now()")}
     assert columns("jobs")["workflow_id"] == ("uuid", "YES", None)
     assert columns("jobs")["waiting_for"] == ("integer", "YES", None)
     assert columns("jobs")["has_dependants"] == ("boolean", "YES", None)
