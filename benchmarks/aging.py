@@ -125,9 +125,8 @@ def scenario(args: argparse.Namespace, up_to: int | None) -> dict[str, Any]:
 
 def bound(args: argparse.Namespace, up_to: int) -> float:
     """docs/workers.md's bound, less what is ahead of the job at its new priority."""
-    steps = up_to - 0
-    period = max(args.poll, args.every / 4)
-    return steps * args.every + period
+    every, poll = float(args.every), float(args.poll)
+    return up_to * every + max(poll, every / 4)  # the low jobs' priority is 0
 
 
 def pass_on_backlog(args: argparse.Namespace) -> dict[str, Any]:

@@ -64,11 +64,11 @@ def age_priorities(
             "after_created_at": None,
             "after_id": None,
         }
-        total = 0
+        total: int = 0
         while True:
             cursor.execute(queries.AGE_PRIORITIES, params)
             raised, read, *after = cursor.fetchone()
-            total += raised
+            total += int(raised)
             if read < batch or time.monotonic() > deadline:
                 break
             params.update(

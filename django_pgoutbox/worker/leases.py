@@ -83,7 +83,7 @@ class Recover:
     control: ReadControl | None = None
     #: What ``control`` read, filled in on the lane.
     read: Control | None = None
-    #: How long the statements took (seconds), filled in on the lane.
+    #: How long the recovery took (seconds), filled in on the lane.
     seconds: float = 0.0
     aging: PriorityAging | None = None
     #: How many jobs the pass of aging raised, filled in on the lane.
@@ -95,10 +95,11 @@ class Recover:
         started = time.perf_counter()
         try:
             recover_expired_leases(self.queue, connection=connection)
-            if self.aging is not None:
-                self._age(connection)
         finally:
             self.seconds = time.perf_counter() - started
+        # Not in ``seconds``, which spaces the recoveries: a pass has its own spacing and budget
+        if self.aging is not None:
+            self._age(connection)
 
     def _age(self, connection: psycopg.Connection[Any]) -> None:
         """A pass of aging. Its failure is logged, not the request's: the leases were recovered

@@ -241,3 +241,23 @@ def test_the_admin_shows_the_priority_before_aging(admin_client: Any) -> None:
     assert "0 (raised to 3 by priority aging)" in page
     page = admin_client.get(f"/admin/pgoutbox/job/{plain}/change/").content.decode()
     assert "not raised by priority aging" in page
+
+
+@pytest.mark.django_db(transaction=True)  # the lane's connection must see the job committed
+def test_a_pass_that_fails_is_logged_and_the_recovery_still_answers(
+    lane_conn: psycopg.Connection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pass that fails (here: a step of 0, which no setting allows, divides by zero) leaves
+    the lease recovery it runs with answered, and the lane's connection usable."""
+    from django_pgoutbox.worker.leases import Recover
+
+    jobs((0, 2))
+    recover = Recover("default", aging=PriorityAging(every=0.0, up_to=5))
+    recover.run(lane_conn)
+    assert recover.raised == 0
+    assert "priority aging failed" in caplog.text
+    recover = Recover("default", aging=AGING)
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM queue_aging")
+    recover.run(lane_conn)
+    assert recover.raised == 1
