@@ -256,17 +256,21 @@ class Job(models.Model):
     # refuses a second row with the key among the rows in their states.
     unique_key = models.TextField(null=True, blank=True, editable=False)
     unique_states = models.IntegerField(null=True, blank=True, editable=False)
-
-    #: Not a column: whether the call that returned this job wrote it (True), or found it
-    #: already there (False: a repeated idempotency key, or a unique job's key held, see
-    #: docs/uniqueness.md); None for a job read from the database.
-    created: bool | None = None
     # Added (migration 0018), for sequences (docs/uniqueness.md, "Sequences"): the key of the
     # sequence the job runs in, one at a time and in enqueue order, and its place there (from
     # the database sequence pgoutbox_sequence_positions, drawn under the key's advisory lock,
     # so increasing in the order the enqueues committed). NULL for every other job.
     sequence_key = models.TextField(null=True, blank=True, editable=False)
     sequence_position = models.BigIntegerField(null=True, blank=True, editable=False)
+    # Added (migration 0019): the priority the job had before priority aging first raised it
+    # (``QUEUES[...]["PRIORITY_AGING"]``, docs/workers.md); NULL while aging never did. Aging
+    # works its raises out from it and the wait, so that a pass repeated changes nothing.
+    base_priority = models.IntegerField(null=True, blank=True, editable=False)
+
+    #: Not a column: whether the call that returned this job wrote it (True), or found it
+    #: already there (False: a repeated idempotency key, or a unique job's key held, see
+    #: docs/uniqueness.md); None for a job read from the database.
+    created: bool | None = None
 
     class Meta:
         db_table = "jobs"
@@ -656,6 +660,22 @@ class QueueControl(models.Model):
     class Meta:
         db_table = "queue_controls"
         verbose_name = "queue control"
+
+    def __str__(self) -> str:
+        return self.queue
+
+
+class QueueAging(models.Model):
+    """When a pass of priority aging last started on a queue (``aging``): each worker of an
+    aging queue starts one only when the last is a quarter of a step old, so that a queue's
+    passes do not grow with its workers. A queue with no row has not aged yet."""
+
+    queue = models.TextField(primary_key=True)
+    aged_at = models.DateTimeField(db_default=TransactionNow())
+
+    class Meta:
+        db_table = "queue_aging"
+        verbose_name = "queue aging"
 
     def __str__(self) -> str:
         return self.queue

@@ -126,6 +126,7 @@ class _JobPage(ButtonsAdmin):
         "pretty_result",
         "progress_shown",
         "pretty_meta",
+        "base_priority_shown",
     )
     exclude = (
         "payload",
@@ -149,6 +150,7 @@ class _JobPage(ButtonsAdmin):
                     "organization_id",
                     "idempotency_key",
                     "priority",
+                    "base_priority_shown",
                 )
             },
         ),
@@ -259,6 +261,13 @@ class _JobPage(ButtonsAdmin):
     @admin.display(description="result")
     def pretty_result(self, obj: Job) -> str:
         return json_preview(obj, "result")
+
+    @admin.display(description="priority before aging")
+    def base_priority_shown(self, obj: Job) -> str:
+        """The priority the job was enqueued with, if priority aging raised it since."""
+        if obj.base_priority is None:
+            return "the same: not raised by priority aging"
+        return f"{obj.base_priority} (raised to {obj.priority} by priority aging)"
 
     @admin.display(description="progress")
     def progress_shown(self, obj: Job) -> str:

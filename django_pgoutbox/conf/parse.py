@@ -20,12 +20,15 @@ from django_pgoutbox.conf.values import (
     MAX_INT32,
     MAX_JSONB_BYTES,
     MAX_RETENTION,
+    MIN_AGING_STEP,
     MIN_LEASE_SECONDS,
+    PRIORITY_AGING_KEYS,
     QUEUE_NAME_RE,
     QUEUE_ONLY_DEFAULTS,
     SETTING_NAME,
     OutboxSettings,
     PgOutboxSettings,
+    PriorityAging,
     QueueSettings,
     RetentionSettings,
     RetrySettings,
@@ -438,5 +441,41 @@ def _parse_queues(
             max_running=max_running,
             rate_limit=rate_limit,
             limit_by=limit_by,
+            priority_aging=_parse_aging(
+                parser, merged["PRIORITY_AGING"], f"{queue_key}['PRIORITY_AGING']"
+            ),
         )
     return queues
+
+
+def _parse_aging(parser: Parser, raw: Any, key: str) -> PriorityAging | None:
+    """A queue's ``PRIORITY_AGING``: None (off), or ``{"EVERY": seconds, "UP_TO": priority}``,
+    both keys required (no default would suit every queue's priorities)."""
+    if raw is None:
+        return None
+    options = parser.section(raw, dict.fromkeys(PRIORITY_AGING_KEYS), key)
+    if not isinstance(raw, Mapping):
+        return None
+    missing = [name for name in PRIORITY_AGING_KEYS if raw.get(name) is None]
+    for name in missing:
+        parser.problem(
+            f"{key}[{name!r}]",
+            "is required.",
+            "Give EVERY (the wait, in seconds or a timedelta, that raises a job's priority by "
+            "one) and UP_TO (the highest priority aging gives), or set PRIORITY_AGING to None.",
+        )
+    if missing:
+        return None
+    up_to = options["UP_TO"]
+    if (
+        isinstance(up_to, bool)
+        or not isinstance(up_to, int)
+        or not -MAX_INT32 - 1 <= up_to <= MAX_INT32
+    ):
+        parser.problem(
+            f"{key}['UP_TO']",
+            f"must be a priority: an integer from {-MAX_INT32 - 1} to {MAX_INT32}, not {up_to!r}.",
+        )
+        return None
+    every = parser.seconds(options["EVERY"], f"{key}['EVERY']", minimum=MIN_AGING_STEP)
+    return PriorityAging(every=every, up_to=up_to)

@@ -148,10 +148,26 @@ QUEUE_ONLY_DEFAULTS: dict[str, Any] = {
     "MAX_RUNNING": None,
     "RATE_LIMIT": None,
     "LIMIT_BY": None,
+    "PRIORITY_AGING": None,
 }
+
+#: The keys of a queue's ``PRIORITY_AGING``; both are required.
+PRIORITY_AGING_KEYS = ("EVERY", "UP_TO")
+#: The shortest ``PRIORITY_AGING["EVERY"]`` (seconds): a pass of aging runs at most a few times
+#: a step, and each reads the queue's waiting jobs below the cap.
+MIN_AGING_STEP = 1.0
 
 #: Values of a queue's LIMIT_BY.
 LIMIT_BY_CHOICES = ("organization",)
+
+
+@dataclass(frozen=True)
+class PriorityAging:
+    """A queue's ``PRIORITY_AGING``: a job due and waiting gains one priority per ``every``
+    seconds of its wait, up to ``up_to`` (docs/workers.md, "Priority aging")."""
+
+    every: float
+    up_to: int
 
 
 @dataclass(frozen=True)
@@ -175,6 +191,8 @@ class QueueSettings:
     rate_limit: float | None = None
     #: "organization": MAX_RUNNING and RATE_LIMIT apply to each organization apart.
     limit_by: str | None = None
+    #: Raise the priority of the jobs that wait (see ``PriorityAging``); None: off.
+    priority_aging: PriorityAging | None = None
 
     @property
     def limited(self) -> bool:

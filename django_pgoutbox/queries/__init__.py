@@ -2,6 +2,7 @@
 
 - ``enqueue``: writing jobs (one row, many rows, binary COPY) and waking their queues;
 - ``unique``: unique jobs: the insert that yields to the job holding the key, its update, its read;
+- ``aging``: priority aging, which raises the priority of the jobs that wait;
 - ``claims``: the claim's columns (``ClaimRow``), the claim and the outcomes of attempts;
 - ``attempts``: the entry the end of an attempt appends to its job's ``attempt_log``, which the
   statements of ``claims`` and ``leases`` share;
@@ -44,6 +45,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from django_pgoutbox.queries.aging import AGE_PRIORITIES, START_AGING_PASS
 from django_pgoutbox.queries.claims import (
     CLAIM_COLUMNS,
     CLAIM_JOBS,
@@ -189,6 +191,7 @@ __all__ = [
     "ACCEPT_MESSAGE",
     "ADD_QUEUE_OUTCOMES",
     "ADVANCE_SCHEDULE_CURSOR",
+    "AGE_PRIORITIES",
     "AUTOVACUUM_ON",
     "CANCEL_DEAD_JOBS",
     "CANCEL_JOBS",
@@ -289,6 +292,7 @@ __all__ = [
     "SEEK_CLAIM_JOBS",
     "SET_STUCK_QUEUE",
     "SKIP_DEAD_JOBS",
+    "START_AGING_PASS",
     "START_SCHEDULE_CURSOR",
     "TAKE_TOKENS",
     "TAKE_WORKER_ID",

@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 import psycopg
 
 from django_pgoutbox import health, queries
-from django_pgoutbox.conf import QueueSettings
+from django_pgoutbox.aging import age_priorities
+from django_pgoutbox.conf import PriorityAging, QueueSettings
 from django_pgoutbox.maintenance import recover_expired_leases
 from django_pgoutbox.queue_controls import Control
 from django_pgoutbox.retry import summarize
@@ -71,7 +72,9 @@ class Renew:
 class Recover:
     """Recover this queue's expired leases (``maintenance.recover_expired_leases``), after
     reading the queue's row of ``queue_controls`` (``control``) if asked: the once per poll
-    interval read that finds a change whose notification was lost."""
+    interval read that finds a change whose notification was lost. Then, on a queue with
+    ``PRIORITY_AGING``, a pass of aging if none ran on the queue lately (``aging``): the
+    workers that serve a queue age it, whatever runs the maintenance queue."""
 
     #: A held xmin horizon can make it slow: then the other lanes do not wait for it
     #: (``lanes.SLOW_FIRST``).
@@ -80,8 +83,11 @@ class Recover:
     control: ReadControl | None = None
     #: What ``control`` read, filled in on the lane.
     read: Control | None = None
-    #: How long the statement took (seconds), filled in on the lane.
+    #: How long the recovery took (seconds), filled in on the lane.
     seconds: float = 0.0
+    aging: PriorityAging | None = None
+    #: How many jobs the pass of aging raised, filled in on the lane.
+    raised: int = 0
 
     def run(self, connection: psycopg.Connection[Any]) -> None:
         if self.control is not None:
@@ -91,6 +97,26 @@ class Recover:
             recover_expired_leases(self.queue, connection=connection)
         finally:
             self.seconds = time.perf_counter() - started
+        # Not in ``seconds``, which spaces the recoveries: a pass has its own spacing and budget
+        if self.aging is not None:
+            self._age(connection)
+
+    def _age(self, connection: psycopg.Connection[Any]) -> None:
+        """A pass of aging. Its failure is logged, not the request's: the leases were recovered
+        and the row read, and a pass that fails again (a table missing before ``migrate``)
+        must not hold them back. A lost connection is the lane's to handle."""
+        assert self.aging is not None
+        try:
+            self.raised = age_priorities(self.queue, self.aging, connection=connection)
+        except psycopg.Error as error:
+            if connection.broken or connection.closed:
+                raise
+            logger.warning(
+                "queue %s: priority aging failed (%s); it runs again with the next recovery",
+                self.queue,
+                summarize(error),
+                extra={"queue": self.queue},
+            )
 
 
 @dataclass(eq=False)
@@ -236,7 +262,7 @@ class Upkeep:
         self.recovering = True
         self.recovery_sent = now
         self.next_recovery = now + self.settings.poll_interval
-        return Recover(self.settings.name, control)
+        return Recover(self.settings.name, control, aging=self.settings.priority_aging)
 
     def deadlines(self, running: bool, *, recovering: bool) -> list[float]:
         """When to look again, while a lane is free (``recovering``: recovery may be sent)."""

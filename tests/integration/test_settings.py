@@ -360,3 +360,51 @@ class TestDurationsAndCounts:
 
     def test_max_delay_of_365_days_is_accepted(self) -> None:
         assert problems_of({"RETRY": {"MAX_DELAY": timedelta(days=365)}}) == []
+
+
+class TestPriorityAging:
+    _KEY = "PGOUTBOX['QUEUES']['default']['PRIORITY_AGING']"
+
+    def aging(self, value: Any) -> tuple[Any, list[tuple[str, str, str]]]:
+        parsed, problems = parse_settings({"QUEUES": {"default": {"PRIORITY_AGING": value}}})
+        return parsed.queues["default"].priority_aging, [
+            (p.check_id, p.key, p.message) for p in problems
+        ]
+
+    def test_off_by_default_and_on_with_both_keys(self) -> None:
+        assert parse_settings(None)[0].queues["default"].priority_aging is None
+        aging, problems = self.aging({"EVERY": timedelta(minutes=5), "UP_TO": 10})
+        assert problems == []
+        assert (aging.every, aging.up_to) == (300.0, 10)
+        aging, _ = self.aging({"EVERY": 1, "UP_TO": -(2**31)})
+        assert (aging.every, aging.up_to) == (1.0, -(2**31))
+
+    @pytest.mark.parametrize(
+        ("value", "key", "message"),
+        [
+            (5, "", "must be a dict"),
+            ({"EVERY": 60}, "['UP_TO']", "is required"),
+            ({"UP_TO": 3}, "['EVERY']", "is required"),
+            ({"EVERY": 60, "UP_TO": 3, "MAX": 4}, "['MAX']", "is not a setting"),
+            ({"EVERY": 0.5, "UP_TO": 3}, "['EVERY']", "at least 1 seconds"),
+            ({"EVERY": -1, "UP_TO": 3}, "['EVERY']", "> 0 seconds"),
+            ({"EVERY": float("inf"), "UP_TO": 3}, "['EVERY']", "> 0 seconds"),
+            ({"EVERY": "5m", "UP_TO": 3}, "['EVERY']", "number of seconds"),
+            ({"EVERY": 10**9, "UP_TO": 3}, "['EVERY']", "at most"),
+            ({"EVERY": 60, "UP_TO": 2**31}, "['UP_TO']", "must be a priority"),
+            ({"EVERY": 60, "UP_TO": -(2**31) - 1}, "['UP_TO']", "must be a priority"),
+            ({"EVERY": 60, "UP_TO": 2.5}, "['UP_TO']", "must be a priority"),
+            ({"EVERY": 60, "UP_TO": True}, "['UP_TO']", "must be a priority"),
+        ],
+    )
+    def test_a_bad_value_is_named_and_leaves_aging_off_or_bounded(
+        self, value: Any, key: str, message: str
+    ) -> None:
+        aging, problems = self.aging(value)
+        assert any(k == self._KEY + key and message in m for _, k, m in problems), problems
+        assert aging is None or 1.0 <= aging.every <= 365 * 86400
+
+    def test_a_bad_value_fails_the_checks_by_name(self) -> None:
+        with override_settings(PGOUTBOX={"QUEUES": {"default": {"PRIORITY_AGING": {"EVERY": 5}}}}):
+            messages = checks.check_settings(None)
+        assert any(self._KEY + "['UP_TO']" in m.msg for m in messages), messages

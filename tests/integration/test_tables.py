@@ -107,7 +107,10 @@ def test_added_columns() -> None:
         "unique_states",
         "sequence_key",
         "sequence_position",
+        "base_priority",
     }
+    assert columns("jobs")["base_priority"] == ("integer", "YES", None)  # no default: no rewrite
+    assert columns("queue_aging") == {"queue": ("text", "NO", None), "aged_at": (TS, "NO", "now()")}
     assert columns("jobs")["workflow_id"] == ("uuid", "YES", None)
     assert columns("jobs")["unique_key"] == ("text", "YES", None)
     assert columns("jobs")["unique_states"] == ("integer", "YES", None)
