@@ -55,7 +55,7 @@ class JobRow:
     event_id: uuid.UUID | None = None
     #: A unique job's policy and key (without its window): ``uniqueness``.
     unique: UniquePolicy | None = None
-    unique_key: str | None = None
+    unique_key: uuid.UUID | None = None
     #: The sequence the job runs in (``sequences``), if any.
     sequence_key: str | None = None
 

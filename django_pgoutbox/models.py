@@ -250,11 +250,12 @@ class Job(models.Model):
     # (``ctx.set_progress``) and its metadata (``ctx.set_meta``), written at most once a second.
     progress = models.JSONField(null=True, blank=True, editable=False)
     meta = models.JSONField(null=True, blank=True, editable=False)
-    # Added (migration 0017), for unique jobs (docs/uniqueness.md): the job's key, a hash of what
-    # its ``Unique`` compares (with the window of its run_at if it has a period), and the states
+    # Added (migration 0017), for unique jobs (docs/uniqueness.md): the job's key, a 128-bit hash
+    # of what its ``Unique`` compares (with the window of its run_at if it has a period; a uuid,
+    # compared byte for byte, not text by collation), and the states
     # in which it holds it, a bit per state (``uniqueness.STATE_BITS``). ``jobs_unique_uq``
     # refuses a second row with the key among the rows in their states.
-    unique_key = models.TextField(null=True, blank=True, editable=False)
+    unique_key = models.UUIDField(null=True, blank=True, editable=False)
     unique_states = models.IntegerField(null=True, blank=True, editable=False)
     # Added (migration 0018), for sequences (docs/uniqueness.md, "Sequences"): the key of the
     # sequence the job runs in, one at a time and in enqueue order, and its place there (from

@@ -13,6 +13,7 @@ from django_pgoutbox.db import server_side_cursor
 from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.job_rows import JobRow, job_from_row
 from django_pgoutbox.models import Job
+from django_pgoutbox.uniqueness import UniquePolicy
 
 #: Rounds of insert-then-find before giving up: the job that holds a key can finish (and free
 #: it) or be pruned between the insert that met it and the read that looks for it; the next
@@ -28,14 +29,12 @@ def insert_unique(alias: str, row: JobRow, notify: bool) -> Job:
     assert policy is not None
     params = _params(row, notify)
     windows = (False, True) if policy.throttle else (False,)
-    insert = (
-        queries.ENQUEUE_UNIQUE_JOB
-        if row.idempotency_key is None
-        else queries.ENQUEUE_UNIQUE_KEYED_JOB
-    )
+    statements = _PERIOD if policy.period is not None else _NO_PERIOD
+    insert = statements[0]
     for _ in range(ROUNDS):
         for next_window in windows:
-            params["next_window"] = next_window
+            if policy.period is not None:
+                params["next_window"] = next_window
             with server_side_cursor(alias) as cursor:
                 cursor.execute(insert, params)
                 written = cursor.fetchone()
@@ -43,7 +42,7 @@ def insert_unique(alias: str, row: JobRow, notify: bool) -> Job:
                 job = job_from_row(alias, row, written[0], written[1])
                 job.unique_key, job.unique_states, job.created = written[2], policy.states, True
                 return job
-        found = _update_or_find(alias, params, policy.on_conflict == "replace", policy)
+        found = _update_or_find(alias, params, statements, policy)
         if found is not None:
             return found
         if row.idempotency_key is not None:  # the idempotency key, not the unique one, conflicted
@@ -55,19 +54,36 @@ def insert_unique(alias: str, row: JobRow, notify: bool) -> Job:
     raise EnqueueError("unique", "conflicts with a job that keeps finishing; try again")
 
 
-def _update_or_find(alias: str, params: dict[str, Any], replace: bool, policy: Any) -> Job | None:
+#: The statements of a job without a period and of one with: insert, update the waiting job,
+#: find the holder.
+_NO_PERIOD = (
+    queries.ENQUEUE_UNIQUE_JOB,
+    queries.UPDATE_WAITING_UNIQUE_JOB,
+    queries.FIND_UNIQUE_JOB,
+)
+_PERIOD = (
+    queries.ENQUEUE_UNIQUE_PERIOD_JOB,
+    queries.UPDATE_WAITING_UNIQUE_PERIOD_JOB,
+    queries.FIND_UNIQUE_PERIOD_JOB,
+)
+
+
+def _update_or_find(
+    alias: str, params: dict[str, Any], statements: tuple[str, ...], policy: UniquePolicy
+) -> Job | None:
     """The job that holds the key, updated first if it waits and the policy changes it."""
     job_id = None
+    replace = policy.on_conflict == "replace"
     if replace or policy.debounce is not None:
         params["replace"] = replace
         params["move"] = not policy.throttle  # a throttled job keeps its window's start
         with server_side_cursor(alias) as cursor:
-            cursor.execute(queries.UPDATE_WAITING_UNIQUE_JOB, params)
+            cursor.execute(statements[1], params)
             updated = cursor.fetchone()
         job_id = None if updated is None else updated[0]
     if job_id is None:
         with server_side_cursor(alias) as cursor:
-            cursor.execute(queries.FIND_UNIQUE_JOB, params)
+            cursor.execute(statements[2], params)
             held = cursor.fetchone()
         job_id = None if held is None else held[0]
     if job_id is None:
@@ -98,6 +114,5 @@ def _params(row: JobRow, notify: bool) -> dict[str, Any]:
         "channel": JOBS_CHANNEL,
         "unique_key": row.unique_key,
         "unique_states": policy.states,
-        "period": policy.period,
-        "next_window": False,
+        **({"period": policy.period, "next_window": False} if policy.period is not None else {}),
     }

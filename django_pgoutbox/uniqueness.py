@@ -1,10 +1,10 @@
 """Unique jobs: ``unique=``, ``on_conflict=``, ``debounce=`` and ``throttle=`` of ``@job`` and
 ``enqueue()`` (docs/uniqueness.md).
 
-A unique job carries a key (``jobs.unique_key``, a hash of its job type and of the fields its
-``Unique`` names, with the window of its ``run_at`` when it has a period) and the set of states
-in which the key is held (``jobs.unique_states``, a bit per state). ``jobs_unique_uq`` is a
-unique index on the key over the rows whose state is in their own set (migration 0017), so
+A unique job carries a key (``jobs.unique_key``, a 128-bit hash of its job type and of the fields
+its ``Unique`` names, and of the window of its ``run_at`` when it has a period) and the set of
+states in which the key is held (``jobs.unique_states``, a bit per state). ``jobs_unique_uq`` is
+a unique index on the key over the rows whose state is in their own set (migration 0017), so
 PostgreSQL refuses the second job, whatever the number of enqueuers, and a job that leaves its
 states frees its key.
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -91,7 +92,7 @@ class UniquePolicy:
 
     def row_key(
         self, job_type: str, organization_id: Any, queue: str, payload: Mapping[str, Any]
-    ) -> str:
+    ) -> uuid.UUID:
         """The job's key, without its window: a hash of what the policy compares."""
         parts: list[Any] = [job_type]
         for name in self.by:
@@ -106,7 +107,7 @@ class UniquePolicy:
             else:
                 parts.append({k: payload.get(k, _MISSING) for k in self.keys})
         text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+        return uuid.UUID(bytes=hashlib.blake2b(text.encode(), digest_size=16).digest())
 
 
 _MISSING = "\x00missing"

@@ -1,7 +1,8 @@
 from django.db import migrations, models
 
-# Unique jobs (docs/uniqueness.md): a job's key, and the states in which it holds it, a bit per
-# state (uniqueness.STATE_BITS). jobs_unique_uq holds the key of every row whose state is in its
+# Unique jobs (docs/uniqueness.md): a job's key (a 128-bit hash, as a uuid: its index compares 16
+# bytes, not text by collation), and the states in which it holds it, a bit per state
+# (uniqueness.STATE_BITS). jobs_unique_uq holds the key of every row whose state is in its
 # own set, so that PostgreSQL refuses a second job with the key whatever the number of
 # enqueuers, and a job that leaves its states (completes, dies) frees its key in the same
 # statement. Rows without a key (every other job) have no entry; a worker's update of one
@@ -36,7 +37,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name="job",
             name="unique_key",
-            field=models.TextField(blank=True, editable=False, null=True),
+            field=models.UUIDField(blank=True, editable=False, null=True),
         ),
         migrations.AddField(
             model_name="job",

@@ -112,7 +112,7 @@ def test_added_columns() -> None:
     assert columns("jobs")["base_priority"] == ("integer", "YES", None)  # no default: no rewrite
     assert columns("queue_aging") == {"queue": ("text", "NO", None), "aged_at": (TS, "NO", "now()")}
     assert columns("jobs")["workflow_id"] == ("uuid", "YES", None)
-    assert columns("jobs")["unique_key"] == ("text", "YES", None)
+    assert columns("jobs")["unique_key"] == ("uuid", "YES", None)
     assert columns("jobs")["unique_states"] == ("integer", "YES", None)
     assert columns("jobs")["waiting_for"] == ("integer", "YES", None)
     assert columns("jobs")["has_dependants"] == ("boolean", "YES", None)

@@ -4,6 +4,7 @@ that move a unique job (claims, outcomes, a shutdown's release, a retry of a dea
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 import uuid
@@ -56,6 +57,12 @@ def retrying(claimed: ClaimedJob) -> Outcome:
 
 def unique(payload: dict[str, Any], **options: Any) -> Job:
     return enqueue(TYPE, payload, queue="reports", **options)
+
+
+def checked_policy(spec: Unique) -> Any:
+    from django_pgoutbox.uniqueness import policy
+
+    return policy(spec, None, None, None, EnqueueError)
 
 
 def status(found: Job) -> str:
@@ -154,7 +161,10 @@ class TestPeriod:
             nxt.pk,
         }
         assert first.unique_key is not None
-        assert first.unique_key.endswith(f"@{int(start.timestamp()) // 3600}")
+        policy = checked_policy(spec)
+        base = policy.row_key(TYPE, None, "reports", {"r": 1})
+        window = int(start.timestamp()) // 3600
+        assert first.unique_key == uuid.UUID(hashlib.md5(f"{base}@{window}".encode()).hexdigest())
 
     def test_the_job_of_the_window_holds_it_once_completed(self) -> None:
         spec = Unique(period=timedelta(hours=1))
