@@ -1,0 +1,103 @@
+"""Sequences against the statements that race them: lock orders at the enqueue's commit, the
+retention of cancelled jobs while a chain waits, and the operators' statements.
+
+transaction=True where connections of their own must see each other's commits; each blocking
+step is observed in ``pg_stat_activity`` before the next one is taken, so the interleaving is
+the one named, not a likely one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection, connections, transaction
+
+from django_pgoutbox import enqueue, enqueue_many
+from django_pgoutbox.control import cancel_jobs
+from django_pgoutbox.models import Job
+from tests.processes import wait_for
+
+
+def _waiting_on_a_lock(pid: int) -> bool:
+    with psycopg.connect(**_params(), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid]
+        ).fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+def _params() -> dict[str, Any]:
+    from django_pgoutbox import db
+
+    return db.raw_connection_params("default")
+
+
+class _Thread(threading.Thread):
+    """Runs ``work`` on a Django connection of its own; keeps its error and its backend pid."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.work = work
+        self.error: BaseException | None = None
+        self.pid: int | None = None
+
+    def run(self) -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                self.pid = cursor.fetchone()[0]
+            self.work()
+        except BaseException as error:
+            self.error = error
+        finally:
+            connections.close_all()
+
+
+@pytest.mark.django_db(transaction=True)
+class TestLockOrderAtCommit:
+    def test_a_batch_naming_keys_against_the_id_order_of_their_tails_does_not_deadlock(
+        self,
+    ) -> None:
+        """The heads of keys a and b run (a's has the lower id). A batch names b, then a: at its
+        commit, the trigger of each edge locks the edge's parent. An operator cancels both heads
+        in one statement, which locks them in id order, while a third writer holds a's head a
+        moment (a worker's outcome, say). In item order the batch held b's head while waiting
+        for a's, and the cancel a's while waiting for b's: a deadlock, which failed the one or
+        the other. In parent order, as a workflow's edges are inserted, neither fails."""
+        head_a = enqueue("tests.step", {}, sequence="a")
+        head_b = enqueue("tests.step", {}, sequence="b")
+        assert head_a.pk < head_b.pk
+        with psycopg.connect(**_params()) as holder:
+            holder.execute("SELECT 1 FROM jobs WHERE id = %s FOR NO KEY UPDATE", [head_a.pk])
+
+            def operator() -> None:
+                cancel_jobs([head_a.pk, head_b.pk])
+
+            def batch() -> None:
+                with transaction.atomic():
+                    enqueue_many(
+                        [
+                            {"job_type": "tests.step", "payload": {}, "sequence": "b"},
+                            {"job_type": "tests.step", "payload": {}, "sequence": "a"},
+                        ]
+                    )
+
+            cancelling = _Thread(operator)
+            cancelling.start()
+            wait_for(lambda: cancelling.pid is not None and _waiting_on_a_lock(cancelling.pid))
+            enqueuing = _Thread(batch)
+            enqueuing.start()
+            wait_for(lambda: enqueuing.pid is not None and _waiting_on_a_lock(enqueuing.pid))
+            holder.rollback()
+        for thread in (cancelling, enqueuing):
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+        assert (cancelling.error, enqueuing.error) == (None, None)
+        followers = Job.objects.filter(sequence_key__in=["a", "b"]).exclude(
+            pk__in=[head_a.pk, head_b.pk]
+        )
+        assert sorted(followers.values_list("status", flat=True)) == ["pending", "pending"]
