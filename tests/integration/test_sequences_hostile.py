@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from django.db import connection, connections, transaction
 
-from django_pgoutbox import enqueue, enqueue_many
-from django_pgoutbox.control import cancel_jobs
+from django_pgoutbox import cancel, enqueue, enqueue_many
+from django_pgoutbox.control import cancel_jobs, retry_dead_jobs, skip_dead_jobs
+from django_pgoutbox.maintenance import prune
 from django_pgoutbox.models import Job
+from tests.integration.test_sequences import chain_of, states
+from tests.integration.test_workflows import finish, lease
 from tests.processes import wait_for
 
 
@@ -101,3 +105,49 @@ class TestLockOrderAtCommit:
             pk__in=[head_a.pk, head_b.pk]
         )
         assert sorted(followers.values_list("status", flat=True)) == ["pending", "pending"]
+
+
+@pytest.mark.django_db
+class TestRetention:
+    def test_pruning_a_job_cancelled_before_its_turn_does_not_strand_the_sequence(
+        self, settings: Any
+    ) -> None:
+        """a dies and holds its key for longer than cancelled jobs are kept; b, cancelled while
+        it waited behind a, is pruned with the edge a -> b. Skipping a must still let c run:
+        else c waits for ever for a job that is gone, and every later job of the key behind
+        it."""
+        a, b, c = chain_of("held", 3)
+        finish(a, "dead")
+        assert cancel(b.pk) == "cancelled"
+        assert states([a, b, c]) == ["dead", "cancelled", "waiting"]
+        Job.objects.filter(pk=b.pk).update(finished_at=b.created_at - timedelta(days=30))
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "RETENTION": {"CANCELLED_JOBS": 86400}}
+        prune()
+        assert skip_dead_jobs([a.pk], reason="posted by hand") == 1
+        assert Job.objects.get(pk=c.pk).status == "pending"
+
+    def test_pruning_it_while_the_job_before_it_runs_does_not_strand_the_sequence(
+        self, settings: Any
+    ) -> None:
+        a, b, c = chain_of("long", 3)
+        lease(a)
+        assert cancel(b.pk) == "cancelled"
+        Job.objects.filter(pk=b.pk).update(finished_at=b.created_at - timedelta(days=30))
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "RETENTION": {"CANCELLED_JOBS": 86400}}
+        prune()
+        with connection.cursor() as cursor:  # a's attempt ends
+            cursor.execute(
+                "UPDATE jobs SET status = 'completed', finished_at = now() WHERE id = %s", [a.pk]
+            )
+        assert Job.objects.get(pk=c.pk).status == "pending"
+
+    def test_a_retried_dead_job_still_reaches_past_a_pruned_successor(self, settings: Any) -> None:
+        a, b, c = chain_of("retried", 3)
+        finish(a, "dead")
+        cancel(b.pk)
+        Job.objects.filter(pk=b.pk).update(finished_at=b.created_at - timedelta(days=30))
+        settings.PGOUTBOX = {**settings.PGOUTBOX, "RETENTION": {"CANCELLED_JOBS": 86400}}
+        prune()
+        assert retry_dead_jobs([a.pk]) == 1
+        finish(a)
+        assert Job.objects.get(pk=c.pk).status == "pending"
