@@ -19,8 +19,10 @@ from django.db import connection, connections, transaction
 
 from django_pgoutbox import cancel, enqueue, enqueue_many
 from django_pgoutbox.control import cancel_jobs, retry_dead_jobs, skip_dead_jobs
+from django_pgoutbox.enqueueing import prepare_job
 from django_pgoutbox.maintenance import prune
 from django_pgoutbox.models import Job
+from django_pgoutbox.sequences import enqueue_in_sequence
 from tests.integration.test_sequences import chain_of, states
 from tests.integration.test_workflows import finish, lease
 from tests.processes import wait_for
@@ -151,3 +153,50 @@ class TestRetention:
         assert retry_dead_jobs([a.pk]) == 1
         finish(a)
         assert Job.objects.get(pk=c.pk).status == "pending"
+
+
+@pytest.mark.django_db(transaction=True)
+class TestLockOrderOfTheRelease:
+    def test_a_completion_passing_a_cancelled_job_on_does_not_deadlock_with_a_cancel(
+        self,
+    ) -> None:
+        """An enqueue draws its job's id before it waits for the key's lock: of two enqueuers
+        of one key, the later in the chain may have the lower id. Here a runs, b (cancelled
+        before its turn) is next and c after it, c's id below b's. a's end passes b's turn on
+        to c, a level further, locking b and then c; an operator cancels c and b in one
+        statement, locking c and then b. Every writer of jobs locks in id order: the release
+        too, when its cascade goes past a job cancelled before its turn."""
+        prepared_c = prepare_job("tests.step", {"n": "c"}, sequence="ids")
+        prepared_b = prepare_job("tests.step", {"n": "b"}, sequence="ids")
+        assert prepared_c.id < prepared_b.id
+        a = enqueue("tests.step", {"n": "a"}, sequence="ids")
+        (b,) = enqueue_in_sequence("default", [prepared_b._row])
+        (c,) = enqueue_in_sequence("default", [prepared_c._row])
+        lease(a)
+        assert cancel(b.pk) == "cancelled"
+        assert states([a, b, c]) == ["leased", "cancelled", "waiting"]
+        with psycopg.connect(**_params()) as holder:
+            holder.execute("SELECT 1 FROM jobs WHERE id = %s FOR NO KEY UPDATE", [b.pk])
+
+            def end_of_a() -> None:  # any writer of a's end: the triggers release what follows
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "UPDATE jobs SET status = 'completed', finished_at = now() WHERE id = %s",
+                        [a.pk],
+                    )
+
+            def operator() -> None:
+                cancel_jobs([c.pk, b.pk])
+
+            ending = _Thread(end_of_a)
+            ending.start()
+            wait_for(lambda: ending.pid is not None and _waiting_on_a_lock(ending.pid))
+            cancelling = _Thread(operator)
+            cancelling.start()
+            wait_for(lambda: cancelling.pid is not None and _waiting_on_a_lock(cancelling.pid))
+            holder.rollback()
+        for thread in (ending, cancelling):
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+        assert (ending.error, cancelling.error) == (None, None)
+        assert states([a, b, c]) == ["completed", "cancelled", "cancelled"]
