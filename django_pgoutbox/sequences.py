@@ -15,6 +15,7 @@ ends (workers never take it).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 
 from django.db import transaction
@@ -47,7 +48,21 @@ def enqueue_in_sequence(alias: str, rows: Sequence[JobRow]) -> list[Job]:
             assert locked is not None
             isolation = locked[1]
         if isolation == "read committed":
-            jobs = [_write(alias, row, notify) for row in rows]
+            edges: list[tuple[uuid.UUID, uuid.UUID]] = []
+            for row in rows:
+                job, parent = _write(alias, row, notify)
+                jobs.append(job)
+                if parent is not None:
+                    edges.append((parent, job.pk))
+            if edges:
+                # In parent order, as a workflow's (workflow_rows.write_steps): the commit's
+                # trigger of each edge locks its parent, as a worker and a cancel lock them.
+                edges.sort()
+                with server_side_cursor(alias) as cursor:
+                    cursor.execute(
+                        queries.INSERT_EDGES,
+                        [[p for p, _ in edges], [c for _, c in edges], [True] * len(edges)],
+                    )
     if isolation != "read committed":
         # Raised out of the block, which wrote nothing: the caller's transaction stays usable.
         raise EnqueueError(
@@ -58,7 +73,9 @@ def enqueue_in_sequence(alias: str, rows: Sequence[JobRow]) -> list[Job]:
     return jobs
 
 
-def _write(alias: str, row: JobRow, notify: bool) -> Job:
+def _write(alias: str, row: JobRow, notify: bool) -> tuple[Job, uuid.UUID | None]:
+    """Write ``row`` at the end of its sequence: the job, and the tail it waits for (the edge
+    is the caller's to insert)."""
     with server_side_cursor(alias) as cursor:
         cursor.execute(
             queries.ENQUEUE_IN_SEQUENCE,
@@ -87,7 +104,7 @@ def _write(alias: str, row: JobRow, notify: bool) -> Job:
                 "idempotency_key",
                 f"{row.idempotency_key!r} conflicts with a job that keeps disappearing; try again",
             )
-        return existing
+        return existing, None
     _, status, run_at, created_at, position, parent, _ = written
     job = job_from_row(alias, row, run_at, created_at)
     job.status = status
@@ -96,4 +113,4 @@ def _write(alias: str, row: JobRow, notify: bool) -> Job:
     job.on_upstream_failure = HOLD
     job.sequence_key = row.sequence_key
     job.sequence_position = position
-    return job
+    return job, parent

@@ -39,13 +39,25 @@ DECLARE
     cancelling uuid[];
     expanded uuid[] := '{}';
 BEGIN
-    -- (See migration 0016 for the locking order; hold steps are never cancelled here.)
+    -- (See migration 0016 for the locking order; hold steps are never cancelled here.) A hold
+    -- step cancelled before its turn passes it on a level further, as a cancel cascades: so a
+    -- release that reaches one locks its levels first too, in id order (the ids of a sequence
+    -- need not grow along it: an enqueue draws its id before the key's lock). The walk may
+    -- lock a few rows that the levels then leave as they are: never fewer.
     IF coalesce(any_failed, EXISTS (
         SELECT 1 FROM jobs WHERE id = ANY(parents) AND status IN ('dead', 'cancelled')))
+       OR EXISTS (
+        SELECT 1
+        FROM job_dependencies AS d JOIN jobs AS c ON c.id = d.child_id
+        WHERE d.parent_id = ANY(parents)
+          AND (only_children IS NULL OR d.child_id = ANY(only_children))
+          AND (c.status = 'cancelled' AND c.on_upstream_failure = 'hold'
+               AND c.waiting_for > 0) IS TRUE)
     THEN
         SELECT array_agg(c.id),
                array_agg(DISTINCT c.id) FILTER (
-                   WHERE p.status <> 'completed' AND c.on_upstream_failure IS NULL)
+                   WHERE (p.status <> 'completed' AND c.on_upstream_failure IS NULL)
+                      OR c.status = 'cancelled')
         INTO to_lock, cancelling
         FROM jobs AS p
         JOIN job_dependencies AS d ON d.parent_id = p.id
@@ -53,17 +65,21 @@ BEGIN
         WHERE p.id = ANY(parents)
           AND p.status IN ('completed', 'dead', 'cancelled')
           AND (only_children IS NULL OR d.child_id = ANY(only_children))
-          AND (c.status = 'waiting') IS TRUE;
+          AND ((c.status = 'waiting') IS TRUE
+               OR (c.status = 'cancelled' AND c.on_upstream_failure = 'hold'
+                   AND c.waiting_for > 0) IS TRUE);
         WHILE cancelling IS NOT NULL LOOP
             expanded := expanded || cancelling;
             SELECT array_agg(c.id),
                    array_agg(DISTINCT c.id) FILTER (
-                       WHERE c.on_upstream_failure IS NULL
+                       WHERE (c.on_upstream_failure IS NULL OR c.status = 'cancelled')
                          AND NOT c.id = ANY(expanded))
             INTO below, cancelling
             FROM job_dependencies AS d JOIN jobs AS c ON c.id = d.child_id
             WHERE d.parent_id = ANY(cancelling)
-              AND (c.status = 'waiting') IS TRUE;
+              AND ((c.status = 'waiting') IS TRUE
+                   OR (c.status = 'cancelled' AND c.on_upstream_failure = 'hold'
+                       AND c.waiting_for > 0) IS TRUE);
             to_lock := to_lock || below;
         END LOOP;
         PERFORM 1 FROM jobs WHERE id = ANY(to_lock) ORDER BY id FOR NO KEY UPDATE;

@@ -13,6 +13,11 @@ from django_pgoutbox.queries.workflows import steps_of
 #: finds the oldest finished rows without reading the live ones.
 #: The edges that led to them (``job_dependencies``, keyed by child) go with them; an edge from
 #: a pruned parent stays until its child is pruned.
+#:
+#: Kept whatever its age: a sequence job cancelled before its turn that has not passed it on yet
+#: (``waiting_for`` > 0, migration 0018). It is the link from the job before it (running, or dead
+#: for as long as no one acts) to the job after it: pruned with its edge, the end of the one
+#: before would release nothing, and the rest of the sequence would wait for ever.
 PRUNE_JOBS = """
 WITH doomed AS (
     SELECT id
@@ -20,6 +25,7 @@ WITH doomed AS (
     WHERE status = %(status)s
       AND status IN ('completed', 'cancelled')
       AND finished_at < now() - make_interval(secs => %(age)s)
+      AND (on_upstream_failure = 'hold' AND waiting_for > 0) IS NOT TRUE
     LIMIT %(limit)s
 ),
 edges AS (

@@ -30,14 +30,19 @@ FROM (
 #:
 #: The tail is the newest job of the key that has not completed or been cancelled (a dead job
 #: holds its sequence), one descent of jobs_sequence_tail_idx. With one, the job is 'waiting'
-#: for it; the edge is ``external``: the constraint trigger of 0016 locks the tail at the commit
-#: and settles the edge then if the tail ended meanwhile (this statement's snapshot may not see
-#: that end, and the end's settling not this edge).
+#: for it, by an edge that the caller inserts once every row of its batch is written
+#: (INSERT_EDGES, in parent order). The edge is ``external``: the constraint trigger of 0016
+#: locks the tail at the commit and settles the edge then if the tail ended meanwhile (this
+#: statement's snapshot may not see that end, and the end's settling not this edge). The
+#: triggers lock the parents in the order their edges were inserted: in the order of a batch's
+#: items, a batch naming keys whose tails' ids go down held one tail while waiting for another
+#: that a worker or a cancel, locking both in id order, held while waiting for the first.
 #:
 #: Named parameters: id, organization_id, queue, job_type, payload (JSON text),
 #: idempotency_key, priority, run_at, delay, max_attempts, event_id, sequence_key, channel,
 #: notify. Returns (id, status, run_at, created_at, sequence_position, parent id) of the job
-#: written; no row for a repeated idempotency key.
+#: written (the parent: the tail, to insert the edge from); no row for a repeated idempotency
+#: key.
 ENQUEUE_IN_SEQUENCE = binary("""
 WITH tail AS MATERIALIZED (
     SELECT t.id FROM jobs AS t
@@ -64,10 +69,6 @@ inserted AS (
         WHERE idempotency_key IS NOT NULL
         DO NOTHING
     RETURNING id, queue, status, run_at, created_at, sequence_position
-),
-edge AS (
-    INSERT INTO job_dependencies (parent_id, child_id, external)
-    SELECT p.id, i.id, true FROM tail AS p, inserted AS i
 ),
 woken AS (
     SELECT pg_notify(%(channel)s, queue) FROM inserted WHERE status = 'pending' AND %(notify)s
