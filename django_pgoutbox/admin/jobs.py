@@ -349,7 +349,7 @@ class DeadLetterAdmin(_JobPage):
     def _dead_letters(self, **fields: Any) -> Bulk:
         return Bulk(
             noun=("dead letter", "dead letters"),
-            left_out=("is not dead", "are not dead"),
+            left_out=fields.pop("left_out", ("is not dead", "are not dead")),
             gone=fields.pop("gone", ("was no longer dead", "were no longer dead")),
             since="finished_at",
             **fields,
@@ -369,8 +369,8 @@ class DeadLetterAdmin(_JobPage):
             perform=lambda ids: control.retry_dead_jobs(ids, using=alias),
             # a unique job stays dead while another job holds its key
             gone=(
-                "was no longer dead or its unique key was held by another job",
-                "were no longer dead or their unique keys were held by other jobs",
+                "was no longer dead or had its unique key taken",
+                "were no longer dead or had their unique keys taken",
             ),
         )
 
@@ -393,8 +393,11 @@ class DeadLetterAdmin(_JobPage):
     ) -> tuple[QuerySet[Any], Bulk]:
         alias = queryset.db
         who = getattr(request.user, "get_username", lambda: "?")()
-        return queryset, self._dead_letters(
+        # Only a sequence's job: for any other, Cancel does the same, and the button would
+        # only add a choice that means nothing there.
+        return queryset.filter(sequence_key__isnull=False), self._dead_letters(
             name="skip",
+            left_out=("is not in a sequence", "are not in a sequence"),
             title="Skip dead letters",
             explanation="These jobs become cancelled (code skipped) and never run again; the "
             "next job of each one's sequence then runs. A dead job holds its sequence until "

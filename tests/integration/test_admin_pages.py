@@ -542,3 +542,21 @@ class TestJobsList:
                 plan = "\n".join(row[0] for row in cursor.fetchall())
             assert index in plan, plan
             assert "Seq Scan" not in plan, plan
+
+
+class TestUniqueDeadLetter:
+    def test_retry_of_a_dead_letter_whose_unique_key_is_taken_says_so(
+        self, admin_client: Client
+    ) -> None:
+        first = enqueue("tests.behave", {"a": 1}, unique=True)
+        Job.objects.filter(pk=first.pk).update(status=JobStatus.DEAD, finished_at=timezone.now())
+        holder = enqueue("tests.behave", {"a": 1}, unique=True)
+        assert holder.created
+        page = f"{ADMIN}deadletter/{first.pk}/change/"
+        assert "Skip" not in buttons_of(admin_client.get(page))  # not in a sequence
+        done = press(admin_client, page, "Retry now")
+        assert messages_of(done) == [
+            f"Dead letter {first.pk} was no longer dead or had its unique key taken: "
+            "nothing was done."
+        ]
+        assert Job.objects.get(pk=first.pk).status == JobStatus.DEAD
