@@ -170,8 +170,8 @@ class TestBulkActions:
         later = insert_jobs(3, finished="clock_timestamp() + interval '1 second'")
         done = admin_client.post(DEAD, confirmation_form(ask))
         assert messages_of(done) == [
-            "Retried 8 dead letters; 2 of the 10 confirmed were no longer dead "
-            "and were left as they are."
+            "Retried 8 dead letters; 2 of the 10 confirmed were no longer dead or their unique "
+            "keys were held by other jobs and were left as they are."
         ]
         assert statuses(ids) == {JobStatus.PENDING: 10}
         assert statuses(later) == {JobStatus.DEAD: 3}
