@@ -14,7 +14,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from django_pgoutbox import control, enqueue
+from django_pgoutbox import control, enqueue, job
+from django_pgoutbox.errors import JobRegistrationError
 from django_pgoutbox.models import Job
 from django_pgoutbox.uniqueness import Unique
 from tests.integration.test_unique_jobs import claim, completed, dead, record
@@ -142,3 +143,20 @@ class TestAnIdempotencyKeyRepeated:
         again = unique({"a": 1, "v": 3}, idempotency_key="k", **spec)
         assert again.pk == first.pk
         assert Job.objects.get(pk=holder.pk).payload == {"a": 1, "v": 2}
+
+
+class TestDeclaredWithASequence:
+    def test_unique_and_sequence_by_on_one_job_type_are_refused_at_registration(
+        self, registry: None
+    ) -> None:
+        with pytest.raises(JobRegistrationError, match="sequence_by"):
+
+            @job("tests.unique.sequenced", unique=True, sequence_by="account")
+            def handler(payload: dict[str, Any], ctx: Any) -> None:
+                pass
+
+        with pytest.raises(JobRegistrationError, match="sequence_by"):
+
+            @job("tests.unique.sequenced", debounce=1, sequence_by="account")
+            def debounced(payload: dict[str, Any], ctx: Any) -> None:
+                pass
