@@ -7,17 +7,20 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import OperationalError, connection, connections, transaction
+from django.test import Client
 
-from django_pgoutbox import control, enqueue, job
+from django_pgoutbox import control, enqueue, job, queries
 from django_pgoutbox.errors import JobRegistrationError
 from django_pgoutbox.models import Job
 from django_pgoutbox.uniqueness import Unique
+from django_pgoutbox.worker.outcomes import params
 from tests.integration.test_unique_jobs import claim, completed, dead, record
 
 pytestmark = pytest.mark.django_db
@@ -160,3 +163,179 @@ class TestDeclaredWithASequence:
             @job("tests.unique.sequenced", debounce=1, sequence_by="account")
             def debounced(payload: dict[str, Any], ctx: Any) -> None:
                 pass
+
+
+class TestTheAdminPage:
+    def test_a_unique_job_and_its_dead_letter_show_the_key_and_its_states(
+        self, admin_client: Client
+    ) -> None:
+        made = killed({"a": 1}, debounce=0)
+        stored = Job.objects.get(pk=made.pk)
+        for path in (f"job/{made.pk}", f"deadletter/{made.pk}"):
+            page = admin_client.get(f"/admin/pgoutbox/{path}/change/")
+            assert page.status_code == 200
+            assert f"{stored.unique_key} (held while pending)" in page.content.decode()
+        plain = admin_client.get(f"/admin/pgoutbox/job/{unique({'a': 2}).pk}/change/")
+        assert "Uniqueness" not in plain.content.decode()
+
+
+def in_thread(target: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``target`` on a connection of its own; its result (or error) lands in the dict."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["result"] = target()
+        except BaseException as error:
+            out["error"] = error
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def blocked(thread: threading.Thread, seconds: float = 0.3) -> bool:
+    thread.join(seconds)
+    return thread.is_alive()
+
+
+@pytest.mark.django_db(transaction=True)
+class TestRaces:
+    """An enqueuer meets a key whose holder another transaction is writing or moving."""
+
+    def enqueue_later(self, **options: Any) -> tuple[threading.Thread, dict[str, Any]]:
+        return in_thread(lambda: unique({"a": 1}, **options))
+
+    @pytest.mark.parametrize("options", [{"unique": True}, {"debounce": 5}, {"throttle": 60}])
+    def test_the_holders_transaction_rolls_back(
+        self, options: dict[str, Any], raw_connection_params: dict[str, Any]
+    ) -> None:
+        opened = threading.Event()
+        done = threading.Event()
+
+        def holder() -> Job:
+            with transaction.atomic():
+                made = unique({"a": 1}, **options)
+                opened.set()
+                done.wait(10)
+                transaction.set_rollback(True)
+            return made
+
+        first, held = in_thread(holder)
+        assert opened.wait(10)
+        second, out = self.enqueue_later(**options)
+        assert blocked(second)  # it waits for the holder's transaction
+        done.set()
+        first.join(10)
+        second.join(10)
+        assert "error" not in out
+        assert "error" not in held
+        assert out["result"].created is True
+        assert list(Job.objects.values_list("pk", flat=True)) == [out["result"].pk]
+
+    @pytest.mark.parametrize("options", [{"unique": True}, {"debounce": 5}])
+    def test_a_worker_completes_the_holder_meanwhile(
+        self, options: dict[str, Any], lane_conn: psycopg.Connection[Any]
+    ) -> None:
+        holder = unique({"a": 1}, **{"debounce": 0} if "debounce" in options else options)
+        (claimed,) = claim()
+        with lane_conn.transaction():
+            lane_conn.execute(
+                queries.RECORD_OUTCOMES, params([completed(claimed)], "unique-worker")
+            )
+            second, out = self.enqueue_later(**options)
+            # a leased job holds the key unless its states are pending alone (debounce)
+            assert blocked(second) == ("debounce" not in options)
+        second.join(10)
+        assert "error" not in out
+        assert out["result"].created is True
+        assert out["result"].pk != holder.pk
+        assert status(holder) == "completed"
+
+    def test_a_debounce_while_a_worker_claims_the_job(
+        self, lane_conn: psycopg.Connection[Any]
+    ) -> None:
+        holder = unique({"a": 1}, debounce=0)
+        with lane_conn.transaction():
+            lane_conn.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "reports", "limit": 10, "worker_id": "w", "lease": 60.0},
+            )
+            second, out = self.enqueue_later(debounce=5)
+            assert blocked(second)  # it waits for the claim
+        second.join(10)
+        assert "error" not in out
+        assert (out["result"].created, status(holder)) == (True, "leased")
+
+    def test_an_enqueuer_moving_the_waiting_job_never_holds_up_a_claim(
+        self, lane_conn: psycopg.Connection[Any]
+    ) -> None:
+        unique({"a": 1}, debounce=0, on_conflict="replace")
+        plain = unique({"a": 2})
+        opened = threading.Event()
+        done = threading.Event()
+
+        def mover() -> Job:
+            with transaction.atomic():
+                moved = unique({"a": 1, "v": 2}, debounce=0, unique=Unique(keys=["a"]))
+                opened.set()
+                done.wait(10)
+            return moved
+
+        thread, out = in_thread(mover)
+        assert opened.wait(10)
+        try:
+            lane_conn.execute("SET lock_timeout = '2s'")
+            rows = lane_conn.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "reports", "limit": 10, "worker_id": "w", "lease": 60.0},
+            ).fetchall()
+        finally:
+            done.set()
+            thread.join(10)
+        assert [row[0] for row in rows] == [plain.pk]  # the locked one skipped, not waited for
+        assert out["result"].created is False
+
+    def test_replace_of_a_job_being_leased_returns_it_as_it_is(
+        self, lane_conn: psycopg.Connection[Any]
+    ) -> None:
+        spec: dict[str, Any] = {"unique": Unique(keys=["a"]), "on_conflict": "replace"}
+        holder = unique({"a": 1, "v": 1}, **spec)
+        with lane_conn.transaction():
+            lane_conn.execute(
+                queries.CLAIM_JOBS,
+                {"queue": "reports", "limit": 10, "worker_id": "w", "lease": 60.0},
+            )
+            second, out = in_thread(lambda: unique({"a": 1, "v": 2}, **spec))
+            assert blocked(second)
+        second.join(10)
+        assert "error" not in out
+        assert (out["result"].pk, out["result"].created) == (holder.pk, False)
+        assert Job.objects.get(pk=holder.pk).payload == {"a": 1, "v": 1}
+
+
+class TestPayloadsCompared:
+    def test_as_json_texts_with_sorted_keys(self) -> None:
+        first = unique({"a": 1, "b": 2}, unique=True)
+        assert unique({"b": 2, "a": 1}, unique=True).pk == first.pk
+        assert unique({"a": 1.0, "b": 2}, unique=True).pk != first.pk
+        assert unique({"a": True, "b": 2}, unique=True).pk != first.pk
+
+
+@pytest.mark.django_db(transaction=True)
+class TestRepeatableRead:
+    @pytest.mark.parametrize("level", ["REPEATABLE READ", "SERIALIZABLE"])
+    def test_a_holder_committed_after_the_snapshot_is_a_serialization_failure(
+        self, level: str
+    ) -> None:
+        with pytest.raises(OperationalError, match="could not serialize"), transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET TRANSACTION ISOLATION LEVEL {level}")
+                cursor.execute("SELECT 1")  # the snapshot
+            thread, out = in_thread(lambda: unique({"a": 1}, unique=True))
+            thread.join(10)
+            assert out["result"].created
+            unique({"a": 1}, unique=True)
+        assert Job.objects.count() == 1
