@@ -280,7 +280,7 @@ def _states(
         raise fail("unique.states", f"must be a non-empty list of states, not {short_repr(states)}")
     bits = 0
     for name in states:
-        if name not in STATE_BITS or name == "waiting":
+        if not isinstance(name, str) or name not in STATE_BITS or name == "waiting":
             allowed = ", ".join(s for s in STATE_BITS if s != "waiting")
             raise fail("unique.states", f"unknown state {short_repr(name)}; allowed: {allowed}")
         bits |= STATE_BITS[name]
