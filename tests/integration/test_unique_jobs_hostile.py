@@ -16,7 +16,8 @@ from django.core.management import call_command
 from django.db import OperationalError, connection, connections, transaction
 from django.test import Client
 
-from django_pgoutbox import control, enqueue, job, queries
+from django_pgoutbox import control, enqueue, enqueue_many, job, queries
+from django_pgoutbox.copy_rows import COPY_MIN_ROWS
 from django_pgoutbox.errors import JobRegistrationError
 from django_pgoutbox.models import Job
 from django_pgoutbox.uniqueness import Unique
@@ -339,3 +340,40 @@ class TestRepeatableRead:
             assert out["result"].created
             unique({"a": 1}, unique=True)
         assert Job.objects.count() == 1
+
+
+class TestABigMixedBatch:
+    def test_unique_plain_and_keyed_items_with_repeats_keep_their_order(self) -> None:
+        items: list[dict[str, Any]] = []
+        for n in range(COPY_MIN_ROWS * 2):
+            kind = n % 4
+            if kind == 0:
+                items.append({"job_type": TYPE, "payload": {"u": n % 8}, "unique": True})
+            elif kind == 1:
+                items.append({"job_type": TYPE, "payload": {"p": n}})
+            elif kind == 2:
+                items.append(
+                    {"job_type": TYPE, "payload": {"k": n}, "idempotency_key": f"k{n % 6}"}
+                )
+            else:
+                items.append(
+                    {
+                        "job_type": TYPE,
+                        "payload": {"d": n},
+                        "debounce": 0,
+                        "unique": Unique(key="d", by=["key"]),
+                    }
+                )
+        made = list(enqueue_many(items))
+        assert len(made) == len(items)
+        for item, written in zip(items, made, strict=True):
+            if "unique" in item and "debounce" not in item:
+                assert written.payload == item["payload"]
+            if "p" in item["payload"]:
+                assert (written.payload, written.created) == (item["payload"], True)
+        assert [j.created for j in made[0:16:4]] == [True, True, False, False]  # u=0, 4, 0, 4
+        debounced = {j.pk for j in made[3::4]}
+        assert len(debounced) == 1
+        assert [j.created for j in made[3::4]][:2] == [True, False]
+        assert all(j.unique_key is None for j in Job.objects.filter(payload__has_key="p"))
+        assert Job.objects.filter(payload__has_key="u").count() == 2

@@ -13,23 +13,29 @@ import pytest
 from django_pgoutbox.errors import EnqueueError
 from django_pgoutbox.uniqueness import Unique, resolve
 
+
+def hostile(**fields: Any) -> Unique:
+    """A ``Unique`` of fields as a caller without type checks may give them."""
+    return Unique(**fields)
+
+
 CASES: dict[str, tuple[dict[str, Any], str]] = {
-    "a list in states": ({"unique": Unique(states=[["pending"]])}, "unique.states"),
-    "a set in states": ({"unique": Unique(states=[{"pending"}])}, "unique.states"),
-    "a dict in states": ({"unique": Unique(states=[{}])}, "unique.states"),
-    "a number in states": ({"unique": Unique(states=("pending", 4))}, "unique.states"),
-    "a list in by": ({"unique": Unique(by=[["payload"]])}, "unique.by"),
-    "a list in keys": ({"unique": Unique(keys=[["a"]])}, "unique.keys"),
-    "a list as key": ({"unique": Unique(key=["a"], by=["key"])}, "unique.key"),
+    "a list in states": ({"unique": hostile(states=[["pending"]])}, "unique.states"),
+    "a set in states": ({"unique": hostile(states=[{"pending"}])}, "unique.states"),
+    "a dict in states": ({"unique": hostile(states=[{}])}, "unique.states"),
+    "a number in states": ({"unique": hostile(states=("pending", 4))}, "unique.states"),
+    "a list in by": ({"unique": hostile(by=[["payload"]])}, "unique.by"),
+    "a list in keys": ({"unique": hostile(keys=[["a"]])}, "unique.keys"),
+    "a list as key": ({"unique": hostile(key=["a"], by=["key"])}, "unique.key"),
     "unique=1": ({"unique": 1}, "unique"),
     "debounce=True": ({"debounce": True}, "debounce"),
     "a NaN debounce": ({"debounce": math.nan}, "debounce"),
     "a negative debounce": ({"debounce": -1}, "debounce"),
     "an infinite debounce": ({"debounce": math.inf}, "debounce"),
     "a throttle of 1.5 s": ({"throttle": 1.5}, "throttle"),
-    "a NaN period": ({"unique": Unique(period=math.nan)}, "unique.period"),
-    "a huge period": ({"unique": Unique(period=10**30)}, "unique.period"),
-    "a million days": ({"unique": Unique(period=timedelta(days=10**6))}, "unique.period"),
+    "a NaN period": ({"unique": hostile(period=math.nan)}, "unique.period"),
+    "a huge period": ({"unique": hostile(period=10**30)}, "unique.period"),
+    "a million days": ({"unique": hostile(period=timedelta(days=10**6))}, "unique.period"),
     "a list as on_conflict": ({"unique": True, "on_conflict": ["replace"]}, "on_conflict"),
     "a text debounce": ({"debounce": "1"}, "debounce"),
 }
