@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Exists, OuterRef, QuerySet
 
 from django_pgoutbox import outbox, queries
@@ -108,9 +108,29 @@ def _update(sql: str, ids: list[Any], using: str | None) -> int:
 def retry_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
     """Put dead jobs back in their queue, due now, with a fresh attempt budget; return how many.
 
-    A unique job whose key another job holds now stays dead (docs/uniqueness.md, the traps).
+    A unique job whose key another job holds now stays dead (docs/uniqueness.md, the traps), as
+    do all but the newest of several dead jobs of one key. A holder of a key that a concurrent
+    transaction wrote is unseen by the statement, which then fails on ``jobs_unique_uq`` once that
+    transaction commits: it is run again (in a savepoint), and sees the holder.
     """
-    return _update(queries.RETRY_DEAD_JOBS, ids, using)
+    alias = using or router.db_for_write(Job)
+    for attempt in range(_RETRY_ROUNDS):
+        try:
+            with transaction.atomic(using=alias):
+                return _update(queries.RETRY_DEAD_JOBS, ids, alias)
+        except IntegrityError as error:
+            if attempt == _RETRY_ROUNDS - 1 or not _unique_key_met(error):
+                raise
+    raise AssertionError("unreachable")
+
+
+#: Runs of RETRY_DEAD_JOBS, each after a concurrent transaction wrote a holder of a key it retried.
+_RETRY_ROUNDS = 3
+
+
+def _unique_key_met(error: IntegrityError) -> bool:
+    diag = getattr(error.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None) == "jobs_unique_uq"
 
 
 def cancel_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:

@@ -354,6 +354,12 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
             f"@job {job_name!r}: sequence_by must name a payload key (a non-empty string), "
             f"not {sequence_by!r}"
         )
+    if sequence_by is not None and declared is not None:
+        # every enqueue of the type would be refused (a unique job cannot be in a sequence)
+        raise JobRegistrationError(
+            f"@job {job_name!r}: sequence_by cannot go with unique, debounce or throttle: a "
+            "unique job cannot be in a sequence (docs/uniqueness.md, the traps)"
+        )
     _check_signature(job_name, func)
     existing = _registry.get(job_name)
     if existing is not None and _qualified(existing.func) != _qualified(func):

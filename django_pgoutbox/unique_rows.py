@@ -42,15 +42,17 @@ def insert_unique(alias: str, row: JobRow, notify: bool) -> Job:
                 job = job_from_row(alias, row, written[0], written[1])
                 job.unique_key, job.unique_states, job.created = written[2], policy.states, True
                 return job
-        found = _update_or_find(alias, params, statements, policy)
-        if found is not None:
-            return found
-        if row.idempotency_key is not None:  # the idempotency key, not the unique one, conflicted
+        if row.idempotency_key is not None:
+            # A repeated idempotency key is this very request again: its job is the answer, even
+            # if another job holds the unique key now (its own finished), and is left as it is.
             from django_pgoutbox.insert_rows import existing_job
 
             existing = existing_job(alias, row)
             if existing is not None:
                 return existing
+        found = _update_or_find(alias, params, statements, policy)
+        if found is not None:
+            return found
     raise EnqueueError("unique", "conflicts with a job that keeps finishing; try again")
 
 

@@ -94,7 +94,9 @@ class UniquePolicy:
         self, job_type: str, organization_id: Any, queue: str, payload: Mapping[str, Any]
     ) -> uuid.UUID:
         """The job's key, without its window: a hash of what the policy compares."""
-        parts: list[Any] = [job_type]
+        # What is compared is in the key too: Unique(keys=["a"]) of {"a": 1, "b": 2} and Unique()
+        # of {"a": 1} compare different things, and do not meet.
+        parts: list[Any] = [job_type, self.by, self.keys]
         for name in self.by:
             if name == "organization":
                 parts.append(None if organization_id is None else str(organization_id))
@@ -281,7 +283,7 @@ def _states(
         raise fail("unique.states", f"must be a non-empty list of states, not {short_repr(states)}")
     bits = 0
     for name in states:
-        if name not in STATE_BITS or name == "waiting":
+        if not isinstance(name, str) or name not in STATE_BITS or name == "waiting":
             allowed = ", ".join(s for s in STATE_BITS if s != "waiting")
             raise fail("unique.states", f"unknown state {short_repr(name)}; allowed: {allowed}")
         bits |= STATE_BITS[name]

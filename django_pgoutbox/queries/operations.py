@@ -120,14 +120,22 @@ WHERE processed_at IS NULL
 #:
 #: A unique job whose key another job holds now stays dead (docs/uniqueness.md, the traps): back
 #: in its states, it would hold the key twice, which ``jobs_unique_uq`` refuses, and the whole
-#: statement with it. (One whose states include ``dead`` holds its key already.)
+#: statement with it. (One whose states include ``dead`` holds its key already.) Of several dead
+#: jobs of one such key asked for together, the newest is retried and the others stay dead, for
+#: the same reason. A holder that a concurrent transaction writes is unseen here: the statement
+#: then fails on the index once that transaction commits, and ``control.retry_dead_jobs`` runs it
+#: again.
 RETRY_DEAD_JOBS = """
 UPDATE jobs
 SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
     lease_expires_at = NULL, dead_cause = NULL
-WHERE id = ANY(%s::uuid[]) AND status = 'dead'
-  AND (unique_key IS NULL
-       OR pgoutbox_unique_state(unique_states, 'dead')
+FROM (SELECT DISTINCT ON (d.unique_key, CASE WHEN d.unique_key IS NULL THEN d.id END) d.id
+      FROM jobs AS d
+      WHERE d.id = ANY(%s::uuid[]) AND d.status = 'dead'
+      ORDER BY d.unique_key, CASE WHEN d.unique_key IS NULL THEN d.id END, d.id DESC) AS one
+WHERE jobs.id = one.id AND jobs.status = 'dead'
+  AND (jobs.unique_key IS NULL
+       OR pgoutbox_unique_state(jobs.unique_states, 'dead')
        OR NOT EXISTS (SELECT FROM jobs AS holder
                       WHERE holder.unique_key = jobs.unique_key
                         AND holder.unique_key IS NOT NULL

@@ -180,7 +180,7 @@ class TestDeadLetterButtons:
         job = dead_job()
         page = f"{ADMIN}deadletter/{job.pk}/change/"
         buttons = buttons_of(csrf_admin.get(page))
-        assert set(buttons) == {"Retry now", "Cancel"}
+        assert set(buttons) == {"Retry now", "Cancel"}  # Skip: only a sequence's job
         assert buttons["Retry now"][0] == f"{ADMIN}deadletter/{job.pk}/retry/"
         assert "csrfmiddlewaretoken" in buttons["Retry now"][1]
         done = press(csrf_admin, page, "Retry now")

@@ -221,3 +221,10 @@ class TestResolve:
         assert found is not None
         assert (found.keys, found.on_conflict, found.debounce) == (("a",), "replace", 5.0)
         assert resolve(declared, False, None, None, None, EnqueueError) is None
+
+
+def test_two_policies_comparing_different_things_do_not_meet() -> None:
+    whole, part = checked(unique=Unique()), checked(unique=Unique(keys=("a",)))
+    assert whole is not None
+    assert part is not None
+    assert whole.row_key("t", None, "q", {"a": 1}) != part.row_key("t", None, "q", {"a": 1})
