@@ -119,21 +119,7 @@ def _insert_one(alias: str, row: JobRow, notify: bool) -> Job:
         with server_side_cursor(alias) as cursor:
             cursor.execute(
                 queries.ENQUEUE_JOB_UNKEYED if row.idempotency_key is None else queries.ENQUEUE_JOB,
-                {
-                    "id": row.id,
-                    "organization_id": row.organization_id,
-                    "queue": row.queue,
-                    "job_type": row.job_type,
-                    "payload": row.payload_json,
-                    "idempotency_key": row.idempotency_key,
-                    "priority": row.priority,
-                    "run_at": row.run_at,
-                    "delay": row.delay,
-                    "max_attempts": row.max_attempts,
-                    "event_id": row.event_id,
-                    "notify": notify,
-                    "channel": JOBS_CHANNEL,
-                },
+                one_row_params(row, notify),
             )
             written = cursor.fetchone()
         if written is not None:
@@ -145,6 +131,26 @@ def _insert_one(alias: str, row: JobRow, notify: bool) -> Job:
         "idempotency_key",
         f"{row.idempotency_key!r} conflicts with a job that keeps disappearing; try again",
     )
+
+
+def one_row_params(row: JobRow, notify: bool) -> dict[str, Any]:
+    """ENQUEUE_JOB's parameters for ``row``, which the one-row statements of unique jobs and
+    sequences extend with their own."""
+    return {
+        "id": row.id,
+        "organization_id": row.organization_id,
+        "queue": row.queue,
+        "job_type": row.job_type,
+        "payload": row.payload_json,
+        "idempotency_key": row.idempotency_key,
+        "priority": row.priority,
+        "run_at": row.run_at,
+        "delay": row.delay,
+        "max_attempts": row.max_attempts,
+        "event_id": row.event_id,
+        "notify": notify,
+        "channel": JOBS_CHANNEL,
+    }
 
 
 def _insert_unkeyed(alias: str, rows: Sequence[JobRow], notify: bool) -> list[Job]:

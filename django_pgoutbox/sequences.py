@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from django.db import transaction
 
 from django_pgoutbox import queries
-from django_pgoutbox.conf import JOBS_CHANNEL, get_settings
+from django_pgoutbox.conf import get_settings
 from django_pgoutbox.db import server_side_cursor, tables_required
 from django_pgoutbox.errors import EnqueueError
-from django_pgoutbox.insert_rows import existing_job
+from django_pgoutbox.insert_rows import existing_job, one_row_params
 from django_pgoutbox.job_rows import JobRow, job_from_row
 from django_pgoutbox.models import Job
 
@@ -79,22 +79,7 @@ def _write(alias: str, row: JobRow, notify: bool) -> tuple[Job, uuid.UUID | None
     with server_side_cursor(alias) as cursor:
         cursor.execute(
             queries.ENQUEUE_IN_SEQUENCE,
-            {
-                "id": row.id,
-                "organization_id": row.organization_id,
-                "queue": row.queue,
-                "job_type": row.job_type,
-                "payload": row.payload_json,
-                "idempotency_key": row.idempotency_key,
-                "priority": row.priority,
-                "run_at": row.run_at,
-                "delay": row.delay,
-                "max_attempts": row.max_attempts,
-                "event_id": row.event_id,
-                "sequence_key": row.sequence_key,
-                "channel": JOBS_CHANNEL,
-                "notify": notify,
-            },
+            {**one_row_params(row, notify), "sequence_key": row.sequence_key},
         )
         written = cursor.fetchone()
     if written is None:  # a repeated idempotency key: the job that holds it

@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from django_pgoutbox import queries
-from django_pgoutbox.conf import JOBS_CHANNEL
 from django_pgoutbox.db import server_side_cursor
 from django_pgoutbox.errors import EnqueueError
+from django_pgoutbox.insert_rows import existing_job, one_row_params
 from django_pgoutbox.job_rows import JobRow, job_from_row
 from django_pgoutbox.models import Job
 from django_pgoutbox.uniqueness import UniquePolicy
@@ -45,8 +45,6 @@ def insert_unique(alias: str, row: JobRow, notify: bool) -> Job:
         if row.idempotency_key is not None:
             # A repeated idempotency key is this very request again: its job is the answer, even
             # if another job holds the unique key now (its own finished), and is left as it is.
-            from django_pgoutbox.insert_rows import existing_job
-
             existing = existing_job(alias, row)
             if existing is not None:
                 return existing
@@ -100,20 +98,9 @@ def _params(row: JobRow, notify: bool) -> dict[str, Any]:
     policy = row.unique
     assert policy is not None
     return {
-        "id": row.id,
-        "organization_id": row.organization_id,
-        "queue": row.queue,
-        "job_type": row.job_type,
-        "payload": row.payload_json,
-        "idempotency_key": row.idempotency_key,
-        "priority": row.priority,
-        "run_at": row.run_at,
+        **one_row_params(row, notify),
         # debounce: the job runs that long after the last enqueue of its key
         "delay": row.delay + (policy.debounce or 0.0),
-        "max_attempts": row.max_attempts,
-        "event_id": row.event_id,
-        "notify": notify,
-        "channel": JOBS_CHANNEL,
         "unique_key": row.unique_key,
         "unique_states": policy.states,
         **({"period": policy.period, "next_window": False} if policy.period is not None else {}),
