@@ -291,6 +291,7 @@ def test_commands_refuse_an_unmigrated_database(command: list[str]) -> None:
         "pgoutbox.0007_outbox_deliveries, pgoutbox.0008_publish_order, "
         "pgoutbox.0009_queue_controls, pgoutbox.0010_queue_minutes, pgoutbox.0011_attempt_history, "
         "pgoutbox.0012_dead_letter_causes, pgoutbox.0013_dead_letter_indexes, "
-        "pgoutbox.0014_dead_cause_column, pgoutbox.0015_job_event, pgoutbox.0016_workflows: "
+        "pgoutbox.0014_dead_cause_column, pgoutbox.0015_job_event, pgoutbox.0016_workflows, "
+        "pgoutbox.0017_unique_jobs, pgoutbox.0018_sequences, pgoutbox.0019_priority_aging: "
         "run 'manage.py migrate --database default' first."
     ) in result.stderr
