@@ -43,16 +43,19 @@ BEGIN
     -- step cancelled before its turn passes it on a level further, as a cancel cascades: so a
     -- release that reaches one locks its levels first too, in id order (the ids of a sequence
     -- need not grow along it: an enqueue draws its id before the key's lock). The walk may
-    -- lock a few rows that the levels then leave as they are: never fewer.
+    -- lock a few rows that the levels then leave as they are: never fewer. Only a job of a
+    -- sequence has hold steps behind it: the edges are read for them only when a parent is one,
+    -- so that a plain workflow's release reads its edges once, as before.
     IF coalesce(any_failed, EXISTS (
         SELECT 1 FROM jobs WHERE id = ANY(parents) AND status IN ('dead', 'cancelled')))
-       OR EXISTS (
-        SELECT 1
-        FROM job_dependencies AS d JOIN jobs AS c ON c.id = d.child_id
-        WHERE d.parent_id = ANY(parents)
-          AND (only_children IS NULL OR d.child_id = ANY(only_children))
-          AND (c.status = 'cancelled' AND c.on_upstream_failure = 'hold'
-               AND c.waiting_for > 0) IS TRUE)
+       OR (EXISTS (SELECT 1 FROM jobs WHERE id = ANY(parents) AND sequence_key IS NOT NULL)
+           AND EXISTS (
+            SELECT 1
+            FROM job_dependencies AS d JOIN jobs AS c ON c.id = d.child_id
+            WHERE d.parent_id = ANY(parents)
+              AND (only_children IS NULL OR d.child_id = ANY(only_children))
+              AND (c.status = 'cancelled' AND c.on_upstream_failure = 'hold'
+                   AND c.waiting_for > 0) IS TRUE))
     THEN
         SELECT array_agg(c.id),
                array_agg(DISTINCT c.id) FILTER (
