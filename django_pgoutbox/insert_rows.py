@@ -44,10 +44,10 @@ def chunk_bounds(rows: Sequence[JobRow]) -> Iterator[tuple[int, int]]:
 def insert_rows(alias: str, rows: Sequence[JobRow]) -> list[Job]:
     """Insert ``rows`` (at most one chunk); return their jobs, existing ones for repeated keys."""
     conf = get_settings()
+    if len(rows) == 1 and rows[0].unique is None:  # the common enqueue(): no scan of the rows
+        return [_insert_one(alias, rows[0], conf.notify)]
     if any(row.unique is not None for row in rows):
         return _with_unique(alias, rows, conf.notify)
-    if len(rows) == 1:
-        return [_insert_one(alias, rows[0], conf.notify)]
     if all(row.idempotency_key is None for row in rows):
         return _insert_unkeyed(alias, rows, conf.notify)
     created: dict[uuid.UUID, Job] = {}
