@@ -472,3 +472,23 @@ class TestInASubscriber:
             batch.flush()
         assert (first.created, second.created, second.pk) == (True, False, first.pk)
         assert Job.objects.count() == 2
+
+
+class TestLeaseRecovery:
+    @pytest.mark.parametrize(
+        "options", [{"debounce": 0}, {"unique": True}], ids=["debounce", "unique"]
+    )
+    def test_an_expired_lease_beside_a_newer_holder_is_recovered(
+        self, options: dict[str, Any]
+    ) -> None:
+        from django.utils import timezone
+
+        first = unique({"doc": 1}, **options)
+        claim()
+        newer = unique({"doc": 1}, **options)  # debounce: a new job; unique: the held one
+        Job.objects.filter(pk=first.pk).update(lease_expires_at=timezone.now() - timedelta(hours=1))
+        with connection.cursor() as cursor:
+            cursor.execute(queries.RECOVER_EXPIRED_LEASES, {"queue": "reports", "notify": True})
+        assert status(first) == "retrying"
+        assert (newer.pk == first.pk) is ("unique" in options)
+        assert unique({"doc": 1}, **options).pk == newer.pk
