@@ -16,7 +16,7 @@ from typing import Any
 from django.db import connections, router
 
 from django_pgoutbox import queries
-from django_pgoutbox.conf import PriorityAging
+from django_pgoutbox.conf import JOBS_CHANNEL, PriorityAging, get_settings
 from django_pgoutbox.models import Job
 
 logger = logging.getLogger("django_pgoutbox.aging")
@@ -63,11 +63,13 @@ def age_priorities(
             "after_run_at": None,
             "after_created_at": None,
             "after_id": None,
+            "channel": JOBS_CHANNEL,
+            "notify": get_settings().notify,
         }
         total: int = 0
         while True:
             cursor.execute(queries.AGE_PRIORITIES, params)
-            raised, read, *after = cursor.fetchone()
+            raised, read, _woken, *after = cursor.fetchone()
             total += int(raised)
             if read < batch or time.monotonic() > deadline:
                 break

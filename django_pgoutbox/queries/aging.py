@@ -54,7 +54,8 @@ _AGING_CANDIDATE = f"""
 #: due (see ``_DUE_PRIORITY``), the first in claim order past the cursor; returns one row: how
 #: many it raised, and the cursor for the next batch (the last job it read, NULLs when none).
 #:
-#: Named parameters: queue text, every seconds float, up_to int, limit int, and the cursor:
+#: Named parameters: queue text, every seconds float, up_to int, limit int, channel text,
+#: notify boolean (a wake-up of the queue when it raised a job), and the cursor:
 #: after_priority int, after_run_at timestamptz, after_created_at timestamptz, after_id uuid.
 #: A pass starts with ``after_priority = up_to`` (and any other cursor: nothing is below the
 #: cap at the cap) and goes on from each batch's cursor until a batch comes back short.
@@ -90,12 +91,17 @@ raised AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM due))
     RETURNING j.id
 ),
+-- Jobs raised sort before the seek claims' marks of the queue's workers: a wake-up makes each
+-- take a full claim (claims.woken), as a job enqueued behind a mark does.
+woken AS (
+    SELECT pg_notify(%(channel)s, %(queue)s) WHERE %(notify)s AND EXISTS (SELECT 1 FROM raised)
+),
 last AS (
     SELECT priority, run_at, created_at, id FROM due
     ORDER BY priority, run_at DESC, created_at DESC, id DESC  -- the last in claim order
     LIMIT 1
 )
-SELECT (SELECT count(*) FROM raised), (SELECT count(*) FROM due),
+SELECT (SELECT count(*) FROM raised), (SELECT count(*) FROM due), (SELECT count(*) FROM woken),
        last.priority, last.run_at, last.created_at, last.id
 FROM (SELECT 1) AS one LEFT JOIN last ON true
 """

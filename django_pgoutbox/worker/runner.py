@@ -377,8 +377,6 @@ class QueueRunner:
             overtaken = self._claims.answered(request)
         if isinstance(request, Renew | Recover | PublishHealth):
             self._upkeep.replied(request, failed=error is not None, now=now)
-            if isinstance(request, Recover) and request.raised and self._claims.seek is not None:
-                self._claims.seek.behind()  # raised jobs sort before the mark: a full claim
             if isinstance(request, Renew):
                 self._state.renewal_answered()
                 # The outcomes it held back go before the next renewal, even after a failure

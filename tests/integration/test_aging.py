@@ -177,6 +177,8 @@ def test_the_pass_reads_the_claim_index() -> None:
             "after_run_at": "2026-01-01",
             "after_created_at": "2026-01-01",
             "after_id": uuid.uuid4(),
+            "channel": "pgoutbox_jobs",
+            "notify": True,
         },
     )
     assert shown.count("jobs_claim_idx") == 2, shown
@@ -261,3 +263,17 @@ def test_a_pass_that_fails_is_logged_and_the_recovery_still_answers(
         cursor.execute("DELETE FROM queue_aging")
     recover.run(lane_conn)
     assert recover.raised == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pass_that_raises_jobs_wakes_the_queues_workers(listener: Any) -> None:
+    """The raised jobs sort before every worker's seek mark: the wake-up makes each take a full
+    claim, not only the worker that ran the pass."""
+    from tests.conftest import drain_notifications
+
+    jobs((0, 5))
+    drain_notifications(listener, timeout=0.1)
+    assert age_priorities("default", AGING, spaced=False) == 1
+    assert "default" in drain_notifications(listener)
+    assert age_priorities("default", AGING, spaced=False) == 0  # nothing raised: no wake-up
+    assert drain_notifications(listener) == []
