@@ -20,6 +20,8 @@ SELECT count(pg_advisory_xact_lock(k.lock)), current_setting('transaction_isolat
 FROM (
     SELECT DISTINCT hashtextextended('pgoutbox.sequence:' || key, 0) AS lock
     FROM unnest(%s::text[]) AS key
+    -- the enqueue is refused in any other: it must not hold the keys to the caller's end
+    WHERE current_setting('transaction_isolation') = 'read committed'
     ORDER BY 1
 ) AS k
 """

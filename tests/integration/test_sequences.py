@@ -235,6 +235,12 @@ class TestRefusals:
             enqueue("tests.step", {}, sequence="k")
         assert refused.value.field == "sequence"
         assert Job.objects.count() == 0  # the caller's transaction is usable
+        with connection.cursor() as cursor:  # and holds no key's lock: other enqueuers go on
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks"
+                " WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+            )
+            assert cursor.fetchone()[0] == 0
 
 
 class TestSequenceBy:
