@@ -105,6 +105,10 @@ def _update(sql: str, ids: list[Any], using: str | None) -> int:
     return count
 
 
+#: Runs of RETRY_DEAD_JOBS, each after a concurrent transaction wrote a holder of a key it retried.
+_RETRY_ROUNDS = 3
+
+
 def retry_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
     """Put dead jobs back in their queue, due now, with a fresh attempt budget; return how many.
 
@@ -114,18 +118,15 @@ def retry_dead_jobs(ids: list[Any], *, using: str | None = None) -> int:
     transaction commits: it is run again (in a savepoint), and sees the holder.
     """
     alias = using or router.db_for_write(Job)
-    for attempt in range(_RETRY_ROUNDS):
+    for _ in range(_RETRY_ROUNDS - 1):
         try:
             with transaction.atomic(using=alias):
                 return _update(queries.RETRY_DEAD_JOBS, ids, alias)
         except IntegrityError as error:
-            if attempt == _RETRY_ROUNDS - 1 or not _unique_key_met(error):
+            if not _unique_key_met(error):
                 raise
-    raise AssertionError("unreachable")
-
-
-#: Runs of RETRY_DEAD_JOBS, each after a concurrent transaction wrote a holder of a key it retried.
-_RETRY_ROUNDS = 3
+    with transaction.atomic(using=alias):  # the last round: its error is the caller's
+        return _update(queries.RETRY_DEAD_JOBS, ids, alias)
 
 
 def _unique_key_met(error: IntegrityError) -> bool:
