@@ -34,7 +34,7 @@ from django_pgoutbox.job_rows import (
     validate_job,
 )
 from django_pgoutbox.models import Job
-from django_pgoutbox.registry import Payload, sequenced_job_types, unique_job_types
+from django_pgoutbox.registry import Payload, statement_job_types
 from django_pgoutbox.sequences import enqueue_in_sequence
 from django_pgoutbox.uniqueness import Unique
 from django_pgoutbox.workflows import UpstreamFailure, enqueue_after
@@ -108,7 +108,7 @@ def enqueue(
                 "before it only (enqueue the sequence's jobs after the jobs they need instead)",
             )
         return enqueue_in_sequence(prepared.using, [prepared._row])[0]
-    if after is None or not waits:  # a plain job
+    if after is None or not waits:  # a plain job (and after narrowed for the type checker)
         return enqueue_prepared(prepared)
     if prepared._row.unique is not None:
         raise EnqueueError(
@@ -332,7 +332,7 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None
 def _write_items(
     alias: str, items: Sequence[Any], rows: Iterator[JobRow], notify: bool
 ) -> Sequence[Job]:
-    if len(items) >= COPY_MIN_ROWS and not _any_key(items) and not _any_sequence(items):
+    if len(items) >= COPY_MIN_ROWS and not _any_key(items):
         # The items are checked as the COPY goes, so that the server parses one chunk while the
         # next is checked. A bad item aborts the COPY; the savepoint (or transaction) of this
         # block then rolls back what it wrote, and the caller's transaction goes on unharmed.
@@ -365,37 +365,25 @@ def _from_event(rows: Iterator[JobRow], event_id: uuid.UUID) -> Iterator[JobRow]
 
 
 def _any_key(items: Sequence[Any]) -> bool:
-    """Whether any item may have an idempotency key or be unique (a malformed item counts as
-    one, so that the batch is checked whole before anything is written, and the error names it):
-    ``COPY`` has no ``ON CONFLICT``."""
+    """Whether any item needs a statement of its own rather than ``COPY``, which has no
+    ``ON CONFLICT`` and no sequence's lock: an idempotency key, an argument of uniqueness or a
+    sequence, or a job type whose ``@job`` makes it unique or sequenced. A malformed item counts
+    as one, so that the batch is checked whole before anything is written, and the error names
+    it."""
     try:
         if any(map(_GET_KEY, items)):
             return True
-        unique_types = unique_job_types()
-        if unique_types and any(item.get("job_type") in unique_types for item in items):
+        if any(len(item) > 2 and not _OWN_STATEMENT_KEYS.isdisjoint(item) for item in items):
             return True
-        return any(len(item) > 2 and not _UNIQUE_ITEM_KEYS.isdisjoint(item) for item in items)
+        declared = statement_job_types()
+        return bool(declared) and not declared.isdisjoint(map(_GET_JOB_TYPE, items))
     except (AttributeError, TypeError):
         return True
 
 
 _GET_KEY = operator.methodcaller("get", "idempotency_key")
-_UNIQUE_ITEM_KEYS = frozenset({"unique", "on_conflict", "debounce", "throttle"})
-_GET_SEQUENCE = operator.methodcaller("get", "sequence")
 _GET_JOB_TYPE = operator.methodcaller("get", "job_type")
-
-
-def _any_sequence(items: Sequence[Any]) -> bool:
-    """Whether any item may go in a sequence: it names one, or its job type's ``@job`` has
-    ``sequence_by`` (looked for only when some job type has it). Such items are written one
-    statement each, not by ``COPY``."""
-    try:
-        if any(map(_GET_SEQUENCE, items)):
-            return True
-        sequenced = sequenced_job_types()
-        return bool(sequenced) and not sequenced.isdisjoint(map(_GET_JOB_TYPE, items))
-    except (AttributeError, TypeError):
-        return True
+_OWN_STATEMENT_KEYS = frozenset({"unique", "on_conflict", "debounce", "throttle", "sequence"})
 
 
 def _write(alias: str, rows: Sequence[JobRow], notify: bool) -> Sequence[Job]:

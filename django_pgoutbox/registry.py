@@ -123,11 +123,6 @@ def registered_jobs() -> Mapping[str, JobDefinition]:
     return dict(_registry)
 
 
-def sequenced_job_types() -> frozenset[str]:
-    """The job types registered with ``sequence_by``."""
-    return frozenset(name for name, definition in _registry.items() if definition.sequence_by)
-
-
 def get_job(name: str) -> JobDefinition | None:
     """The definition registered under ``name``, or None (a handler deployed elsewhere)."""
     return _registry.get(name)
@@ -151,15 +146,17 @@ def check_undeclared_job_type(name: str, field: str, conf: PgOutboxSettings) -> 
     warnings.warn(f"{field}: {message}", UnknownJobTypeWarning, stacklevel=_caller_stacklevel())
 
 
-def unique_job_types() -> frozenset[str]:
-    """The job types whose ``@job`` makes them unique: ``enqueue_many`` writes their jobs one by
-    one, never with ``COPY``."""
-    return _unique_types(_generation)
+def statement_job_types() -> frozenset[str]:
+    """The job types whose ``@job`` makes them unique or sequenced: ``enqueue_many`` writes their
+    jobs one statement each, never with ``COPY``."""
+    return _statement_types(_generation)
 
 
 @functools.lru_cache(maxsize=4)
-def _unique_types(generation: int) -> frozenset[str]:
-    return frozenset(name for name, d in _registry.items() if d.unique is not None)
+def _statement_types(generation: int) -> frozenset[str]:
+    return frozenset(
+        name for name, d in _registry.items() if d.unique is not None or d.sequence_by is not None
+    )
 
 
 #: Bumped at each change of ``_registry``: the key that makes ``_close_name`` look again.
