@@ -147,17 +147,29 @@ def execute(
     cancel: CancelFlag | None = None,
     using: str = "default",
     report: Callable[[ProgressNote], None] | None = None,
+    on_error: Callable[[BaseException], None] | None = None,
 ) -> Outcome:
     """Run the handler of ``job`` and decide its outcome, with its metrics and signals.
 
     ``cancel`` is set by the worker when the job's cancellation is requested (``ctx.cancelled``);
     ``report`` is called with the attempt's ``ProgressNote`` at its first ``ctx.set_progress()``
-    or ``ctx.set_meta()`` (None: those write nothing until the outcome).
+    or ``ctx.set_meta()`` (None: those write nothing until the outcome). ``on_error`` is called
+    with what the handler raised (or the ``InvalidResult`` of what it returned), its traceback
+    intact, before the outcome is decided: the outcome keeps only a code and a summary
+    (``django_pgoutbox.testing`` raises it again in a test).
     Never raises: whatever the handler, its hooks or the receivers of the job signals do, the
     attempt ends with an outcome.
     """
     try:
-        return _execute(job, policy=policy, renew=renew, cancel=cancel, using=using, report=report)
+        return _execute(
+            job,
+            policy=policy,
+            renew=renew,
+            cancel=cancel,
+            using=using,
+            report=report,
+            on_error=on_error,
+        )
     except BaseException as error:  # a bug of this module: the guards below catch the rest
         logger.exception(
             "job %s (%s) attempt %d: the worker failed around its handler",
@@ -177,6 +189,7 @@ def _execute(
     cancel: CancelFlag | None,
     using: str,
     report: Callable[[ProgressNote], None] | None,
+    on_error: Callable[[BaseException], None] | None = None,
 ) -> Outcome:
     definition, refused = _definition(job)
     metrics.JOB_START_DELAY.observe_key((job.queue,), max(job.waited, 0.0))
@@ -196,6 +209,7 @@ def _execute(
         cancel=cancel or CancelFlag(),
         using=using,
         report=report,
+        on_error=on_error,
     )
     duration = time.perf_counter() - started
     metrics.JOB_DURATION.observe_key((job.queue, job.job_type, outcome.status.value), duration)
@@ -353,6 +367,7 @@ def _run(
     cancel: CancelFlag,
     using: str,
     report: Callable[[ProgressNote], None] | None,
+    on_error: Callable[[BaseException], None] | None = None,
 ) -> Outcome:
     """Run the handler of ``job`` and decide its outcome, with the progress and metadata it
     set last; never raises."""
@@ -418,6 +433,8 @@ def _run(
             gives_back_attempt=True,
         )
     except BaseException as error:
+        if on_error is not None:
+            _call_hook(lambda job, error: on_error(error), job=job, error=error)
         failed = failure_outcome(
             error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
         )

@@ -1,0 +1,540 @@
+"""Running jobs in a test, on the test's own thread and connection, through the worker's own
+path: the claim statement (``worker.claims.RecordAndClaim``: priorities, ``run_at``, FAIR and
+limits, paused queues), ``worker.execute.execute()`` (the JSON round trip of payloads and
+results, hooks, the retry policy) and the outcome statement (``RECORD_OUTCOMES``: retries,
+dead letters, a workflow's steps released by their parents, sequences). The relay's own code
+projects outbox events (``worker.relay.Relay``).
+
+Inside a test's transaction (Django's ``TestCase``, pytest-django's ``db``), every statement
+and every handler runs in a savepoint of its own: a handler's database error, or a statement
+refused, rolls back that savepoint only, never the test's transaction. Outside one
+(``transactional_db``), statements commit as a worker's do and handlers run outside any
+transaction, as in a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from django.db import connections, router, transaction
+from django.utils import timezone
+
+from django_pgoutbox import queries
+from django_pgoutbox.conf import QueueSettings, get_settings
+from django_pgoutbox.context import CancelFlag
+from django_pgoutbox.db import ErrorKind, classify_error
+from django_pgoutbox.errors import EnqueueError
+from django_pgoutbox.ids import uuid7
+from django_pgoutbox.models import Job
+from django_pgoutbox.queries import ClaimRow
+from django_pgoutbox.queue_controls import Control
+from django_pgoutbox.registry import JobDefinition, get_job
+from django_pgoutbox.testing.outcomes import AttemptFailed, DrainLimitExceeded, JobRun, RunSummary
+from django_pgoutbox.validation import json_object, optional_uuid
+from django_pgoutbox.worker import outcomes
+from django_pgoutbox.worker.attempt import Attempt
+from django_pgoutbox.worker.claims import RecordAndClaim
+from django_pgoutbox.worker.execute import ClaimedJob, Outcome, execute
+from django_pgoutbox.worker.handlers import AttemptRunner
+from django_pgoutbox.worker.mailbox import Mailbox
+from django_pgoutbox.worker.relay import Relay
+
+#: The ``locked_by`` of the jobs the helpers claim, and the relay id of the events they project.
+WORKER_ID = f"testing:{socket.gethostname()}:{os.getpid()}"
+
+#: The most jobs one claim of a queue takes in ``run_jobs()`` (its default ``limit``).
+CLAIM_LIMIT = 1000
+#: ``drain()``'s default bounds: attempts run, and events projected.
+MAX_JOBS = 1000
+MAX_EVENTS = 1000
+
+JobType = str | JobDefinition
+
+
+def job_type_name(job_type: JobType) -> str:
+    """The registered name of ``job_type``: a name, or the ``@job`` handler itself."""
+    if isinstance(job_type, JobDefinition):
+        return job_type.name
+    if isinstance(job_type, str):
+        return job_type
+    name = getattr(job_type, "name", None)  # a django.tasks Task: its job type is its name
+    if isinstance(name, str):
+        return name
+    raise TypeError(
+        f"job_type must be a job type's name or its @job handler, not {type(job_type).__name__}"
+    )
+
+
+def database(using: str | None) -> str:
+    """The alias the helpers work on: ``using``, or where the routers write jobs."""
+    return using if using is not None else router.db_for_write(Job)
+
+
+def run_jobs(
+    *,
+    queues: Iterable[str] | str | None = None,
+    job_types: Iterable[JobType] | JobType | None = None,
+    using: str | None = None,
+    raise_on_failure: bool = True,
+    with_scheduled: bool = False,
+    limit: int = CLAIM_LIMIT,
+) -> RunSummary:
+    """Run, once, the jobs due now: one claim per queue (as a worker's claim: in priority order,
+    cut by the queue's FAIR and limits; none in a paused queue), each job's handler, each
+    outcome written. Jobs that these enqueue or retry wait for the next call.
+
+    ``queues``: the queues to run (default: every queue with jobs due). ``job_types``: only
+    these (names or ``@job`` handlers); the jobs of other types that a claim takes are given
+    back. ``with_scheduled``: jobs whose ``run_at`` is in the future are due now.
+    ``raise_on_failure``: raise ``AttemptFailed`` at the first attempt that does not complete
+    its job (the handler's exception as its cause), after writing its outcome.
+    """
+    summary = RunSummary()
+    _round(
+        database(using),
+        _names(queues),
+        _types(job_types),
+        summary,
+        limit=limit,
+        raise_on_failure=raise_on_failure,
+        with_scheduled=with_scheduled,
+    )
+    return summary
+
+
+def drain(
+    *,
+    queues: Iterable[str] | str | None = None,
+    job_types: Iterable[JobType] | JobType | None = None,
+    using: str | None = None,
+    raise_on_failure: bool = True,
+    retry_at_once: bool = True,
+    with_scheduled: bool = False,
+    relay: bool = False,
+    max_jobs: int = MAX_JOBS,
+    max_events: int = MAX_EVENTS,
+) -> RunSummary:
+    """Run jobs until none is due: ``run_jobs()`` again and again, so that the jobs the jobs
+    enqueue run too, and a workflow's steps once their parents completed.
+
+    ``retry_at_once``: a job an attempt left ``retrying`` (a failure, a ``Snooze``) is due at
+    once rather than after its back-off. ``relay``: project the outbox's pending events first,
+    and again before each round (``run_relay()``), so that the jobs their subscribers enqueue
+    run too. ``max_jobs`` (attempts) and ``max_events`` bound the drain: past them, with work
+    still due, ``DrainLimitExceeded``.
+    """
+    alias = database(using)
+    names, types = _names(queues), _types(job_types)
+    summary = RunSummary()
+    while True:
+        if relay:
+            summary.events += _relay(alias, max_events - summary.events, summary)
+        ran = len(summary.runs)
+        if ran >= max_jobs:
+            if _due(alias, names, types):
+                raise DrainLimitExceeded(max_jobs, "attempts", summary)
+            return summary
+        claimed = _round(
+            alias,
+            names,
+            types,
+            summary,
+            limit=max_jobs - ran,
+            raise_on_failure=raise_on_failure,
+            with_scheduled=with_scheduled,
+        )
+        if not claimed:
+            return summary
+        if retry_at_once:
+            _retry_now(
+                alias, [run.job_id for run in summary.runs[ran:] if run.status == "retrying"]
+            )
+
+
+def run_relay(*, using: str | None = None, max_events: int = MAX_EVENTS) -> int:
+    """Project the outbox's pending events to their subscribers with the relay's own code, in
+    batches until none is left; return how many events it projected. The jobs the subscribers
+    enqueue are then there to run (``drain()``). A subscriber that raises gets a delivery that
+    waits for its back-off, as in a worker (``OutboxDelivery``)."""
+    summary = RunSummary()
+    return _relay(database(using), max_events, summary)
+
+
+def perform_job(
+    job_type: JobType,
+    payload: dict[str, Any] | None = None,
+    *,
+    attempt: int = 1,
+    max_attempts: int | None = None,
+    organization_id: Any = None,
+    queue: str | None = None,
+    priority: int | None = None,
+    using: str | None = None,
+    raise_on_failure: bool = True,
+) -> JobRun:
+    """Run one job's handler through ``execute()``, as a worker's attempt, without writing a row.
+
+    ``payload`` is checked as ``enqueue()`` checks it (an ``EnqueueError`` names the first key
+    that JSON cannot carry: a datetime, a set, NaN, a lone surrogate), and the handler gets it
+    after a JSON round trip, as from a worker. The result goes through the same round trip
+    (``JobRun.result``). ``raise_on_failure``: raise ``AttemptFailed`` if the attempt does not
+    complete (the handler's exception as its cause); else the ``JobRun`` says what became of it.
+    """
+    name = job_type_name(job_type)
+    settings = get_settings()
+    definition = get_job(name)
+    text = json_object(
+        {} if payload is None else payload, "payload", EnqueueError, settings.max_payload_bytes
+    )
+    job = ClaimedJob(
+        id=uuid7(),
+        job_type=name,
+        payload=json.loads(text),
+        attempt=attempt,
+        max_attempts=max_attempts
+        or (definition.max_attempts if definition is not None else None)
+        or settings.max_attempts,
+        organization_id=optional_uuid(organization_id, "organization_id", EnqueueError),
+        queue=queue or (definition.queue if definition is not None else "default"),
+        priority=priority if priority is not None else (definition.priority if definition else 0),
+        created_at=timezone.now(),
+        worker_ids=(WORKER_ID,),
+    )
+    alias = database(using)
+    errors: list[BaseException] = []
+    outcome = _execute(alias, job, errors.append)
+    run = _job_run(job, outcome, errors)
+    if raise_on_failure and run.failed:
+        raise AttemptFailed(run) from run.error
+    return run
+
+
+# -- a round ---------------------------------------------------------------------------------------
+
+
+def _round(
+    alias: str,
+    queues: list[str] | None,
+    job_types: list[str] | None,
+    summary: RunSummary,
+    *,
+    limit: int,
+    raise_on_failure: bool,
+    with_scheduled: bool,
+) -> int:
+    """One claim per queue and its jobs run; returns how many jobs were claimed (and run)."""
+    settings = get_settings()
+    _settle_new_edges(alias)
+    if with_scheduled:
+        _schedule_now(alias, queues, job_types)
+    claimed = 0
+    for name in queues if queues is not None else _due_queues(alias, job_types):
+        base = settings.queues.get(name) or QueueSettings(
+            name, settings.concurrency, settings.lease_seconds, settings.poll_interval
+        )
+        control = _control(alias, name)
+        if control.paused:
+            if _due(alias, [name], job_types):
+                summary.paused.add(name)
+            continue
+        rows = _claim(alias, control.settings(base), limit, job_types)
+        claimed += len(rows)
+        _run_rows(alias, rows, summary, raise_on_failure)
+    return claimed
+
+
+def _run_rows(
+    alias: str, rows: list[ClaimRow], summary: RunSummary, raise_on_failure: bool
+) -> None:
+    """Run claimed ``rows`` in claim order; what is left when one raises is given back."""
+    policy = get_settings().retry
+    left = list(rows)
+    try:
+        while left:
+            row = left.pop(0)
+            run = _attempt(alias, row, policy)
+            summary.runs.append(run)
+            if raise_on_failure and run.failed:
+                raise AttemptFailed(run, summary) from run.error
+    finally:
+        if left:
+            _give_back(alias, left)
+
+
+def _attempt(alias: str, row: ClaimRow, policy: Any) -> JobRun:
+    """One claimed attempt: its handler, then its outcome written."""
+    attempt = Attempt(row)
+    errors: list[BaseException] = []
+    try:
+        job = attempt.job()
+    except BaseException as error:  # a row that cannot be read: the worker's own outcome
+        runner = AttemptRunner(
+            queue=row.queue, policy=policy, using=alias, mailbox=Mailbox(), renew=_no_renewal
+        )
+        outcome = runner.worker_error(attempt, error)
+        errors.append(error)
+    else:
+        outcome = _execute(alias, job, errors.append, cancel=attempt.cancel)
+    outcome = _record(alias, outcome, row.queue)
+    return _job_run(outcome.job, outcome, errors)
+
+
+def _job_run(job: ClaimedJob, outcome: Outcome, errors: list[BaseException]) -> JobRun:
+    return JobRun(
+        job_id=job.id,
+        job_type=job.job_type,
+        queue=job.queue,
+        attempt=job.attempt,
+        payload=job.payload,
+        status=outcome.status.value,
+        code=outcome.code,
+        summary=outcome.summary,
+        result_json=outcome.result_json,
+        delay=outcome.delay,
+        snoozed=outcome.gives_back_attempt,
+        error=errors[-1] if errors else None,
+    )
+
+
+def _no_renewal(*_: Any) -> None:
+    """``ctx.renew_lease()`` in a test: nothing to renew (no lease expires while the handler
+    runs on the test's thread)."""
+
+
+# -- running a handler ---------------------------------------------------------------------------
+
+
+def _execute(
+    alias: str,
+    job: ClaimedJob,
+    on_error: Callable[[BaseException], None],
+    cancel: CancelFlag | None = None,
+) -> Outcome:
+    """``execute(job)`` on this thread, in a savepoint of the test's transaction if there is one:
+    a handler that leaves the transaction aborted (it caught a database error) has the
+    savepoint rolled back, and the test's transaction goes on."""
+    wrapper = connections[alias]
+    policy = get_settings().retry
+    if not wrapper.in_atomic_block:
+        return execute(
+            job, policy=policy, renew=_no_renewal, cancel=cancel, using=alias, on_error=on_error
+        )
+    savepoint = wrapper.savepoint()
+    assert savepoint is not None  # inside atomic(): a savepoint was made
+    with _transactions_kept_open():
+        outcome = execute(
+            job, policy=policy, renew=_no_renewal, cancel=cancel, using=alias, on_error=on_error
+        )
+    if wrapper.closed_in_transaction:
+        raise RuntimeError(
+            f"job {job.id} ({job.job_type}): its handler closed the database connection of "
+            f"{alias!r} inside the test's transaction (connection.close()); the test cannot go "
+            "on. Run it in a transactional test (TransactionTestCase, transactional_db)."
+        )
+    raw = wrapper.connection
+    aborted = raw is not None and (
+        raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+    )
+    if aborted or wrapper.needs_rollback:
+        wrapper.savepoint_rollback(savepoint)
+        wrapper.needs_rollback = False
+    else:
+        wrapper.savepoint_commit(savepoint)
+    return outcome
+
+
+def _keep(*_: Any) -> None:
+    """In place of ``close_if_unusable_or_obsolete`` on a connection inside a transaction."""
+
+
+@contextmanager
+def _transactions_kept_open() -> Iterator[None]:
+    """Keep ``execute()``'s ``close_old_connections()`` from closing this thread's connections
+    that are inside ``atomic()`` (the test's transaction): Django closes a connection whose
+    autocommit is not its setting's, as a worker's thread must after a job, and a test's
+    transaction would be lost with it. (Django's test client likewise disconnects
+    ``close_old_connections`` from the request signals.) Only this thread's connection
+    objects are touched, and only while the handler runs."""
+    kept = [c for c in connections.all(initialized_only=True) if c.in_atomic_block]
+    for connection in kept:
+        setattr(connection, "close_if_unusable_or_obsolete", _keep)  # noqa: B010
+    try:
+        yield
+    finally:
+        for connection in kept:
+            connection.__dict__.pop("close_if_unusable_or_obsolete", None)
+
+
+# -- the worker's statements on the test's connection ---------------------------------------------
+
+
+@contextmanager
+def _lane(alias: str) -> Iterator[psycopg.Connection[Any]]:
+    """The test's psycopg connection of ``alias``, as a lane's: its cursors bind parameters on
+    the server (Django's bind them on the client, which the worker's binary statements cannot
+    use), inside a savepoint of the test's transaction if there is one (a refused statement
+    rolls it back alone), else as autocommit statements."""
+    wrapper = connections[alias]
+    with transaction.atomic(using=alias):
+        wrapper.ensure_connection()
+        raw = wrapper.connection
+        factory = raw.cursor_factory
+        raw.cursor_factory = psycopg.Cursor
+        try:
+            yield raw
+        finally:
+            raw.cursor_factory = factory
+
+
+def _claim(
+    alias: str, settings: QueueSettings, limit: int, job_types: list[str] | None
+) -> list[ClaimRow]:
+    """One claim of the queue, as a worker's (``RecordAndClaim``); the jobs of other types
+    than ``job_types`` given back at once."""
+    with _lane(alias) as raw:
+        rows = RecordAndClaim(settings, WORKER_ID, [], limit).run(raw).rows
+    if job_types is None:
+        return rows
+    wanted = [row for row in rows if row.job_type in job_types]
+    others = [row for row in rows if row.job_type not in job_types]
+    if others:
+        _give_back(alias, others)
+    return wanted
+
+
+def _give_back(alias: str, rows: list[ClaimRow]) -> None:
+    """Return claimed jobs not run (``UNCLAIM_JOBS``, a worker's give-back)."""
+    with _lane(alias) as raw, raw.cursor() as cursor:
+        queries.send(
+            cursor,
+            "UNCLAIM_JOBS",
+            [[row.id for row in rows], [row.attempt for row in rows], WORKER_ID],
+        )
+
+
+def _record(alias: str, outcome: Outcome, queue: str) -> Outcome:
+    """Write ``outcome`` (``RECORD_OUTCOMES``); one PostgreSQL refuses to store becomes the
+    dead letter a worker writes in its place (``unwritable_outcome``)."""
+    try:
+        _send_outcome(alias, outcome)
+    except outcomes.STATEMENT_ERRORS as error:
+        if classify_error(error) is not ErrorKind.DATA:
+            raise
+        outcome = outcomes.unwritable(outcome, error, queue)
+        _send_outcome(alias, outcome)
+    return outcome
+
+
+def _send_outcome(alias: str, outcome: Outcome) -> None:
+    with _lane(alias) as raw, raw.cursor() as cursor:
+        queries.send(cursor, "RECORD_OUTCOMES", outcomes.params([outcome], WORKER_ID))
+        cursor.fetchall()
+
+
+def _control(alias: str, queue: str) -> Control:
+    """The queue's row of ``queue_controls`` (paused, resized), as its workers read it."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(queries.READ_QUEUE_CONTROL, [queue])
+        row = cursor.fetchone()
+    return Control() if row is None else Control.from_row(queue, *row)
+
+
+def _relay(alias: str, max_events: int, summary: RunSummary) -> int:
+    """Project pending events, batch by batch, with the relay's own code."""
+    settings = get_settings()
+    projected = 0
+    while True:
+        # A relay of its own for each batch: its first claim is the full claim, from the
+        # start of the index (a relay's later claims seek past its mark).
+        relay = Relay(
+            settings.outbox, relay_id=WORKER_ID, using=alias, policy=settings.retry, burst=True
+        )
+        done = relay.run_once()
+        if not done:
+            return projected
+        projected += done
+        if projected >= max_events:
+            summary.events += projected
+            raise DrainLimitExceeded(max_events, "events", summary)
+
+
+# -- what is due -----------------------------------------------------------------------------------
+
+_DUE = """
+SELECT DISTINCT queue FROM jobs
+WHERE status IN ('pending', 'retrying') AND run_at <= now()
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+  AND (%(types)s::text[] IS NULL OR job_type = ANY(%(types)s::text[]))
+ORDER BY queue
+"""
+
+
+def _due_queues(alias: str, job_types: list[str] | None) -> list[str]:
+    """The queues with jobs due now (of ``job_types``), by name."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_DUE, {"queues": None, "types": job_types})
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _due(alias: str, queues: list[str] | None, job_types: list[str] | None) -> bool:
+    """Whether jobs (of ``queues``, of ``job_types``) are due now."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(_DUE, {"queues": queues, "types": job_types})
+        return cursor.fetchone() is not None
+
+
+def _retry_now(alias: str, ids: list[Any]) -> None:
+    """Make the jobs these attempts retried due now, rather than after their back-off."""
+    if not ids:
+        return
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs SET run_at = now() "
+            "WHERE id = ANY(%s::uuid[]) AND status = 'retrying' AND run_at > now()",
+            [ids],
+        )
+
+
+def _schedule_now(alias: str, queues: list[str] | None, job_types: list[str] | None) -> None:
+    """``with_scheduled``: the jobs scheduled for later are due now."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "UPDATE jobs SET run_at = now() "
+            "WHERE status IN ('pending', 'retrying') AND run_at > now() "
+            "  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[])) "
+            "  AND (%(types)s::text[] IS NULL OR job_type = ANY(%(types)s::text[]))",
+            {"queues": queues, "types": job_types},
+        )
+
+
+def _settle_new_edges(alias: str) -> None:
+    """Inside the test's transaction, settle now the edges to jobs that had finished when the
+    test enqueued their dependants (``enqueue(after=[a finished job])``): in production a
+    deferred trigger settles them as the enqueuing transaction commits, which a test's never
+    does."""
+    wrapper = connections[alias]
+    if not wrapper.in_atomic_block:
+        return
+    with transaction.atomic(using=alias), wrapper.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS job_dependencies_settle IMMEDIATE")
+        cursor.execute("SET CONSTRAINTS job_dependencies_settle DEFERRED")
+
+
+def _names(queues: Iterable[str] | str | None) -> list[str] | None:
+    if queues is None:
+        return None
+    return [queues] if isinstance(queues, str) else sorted(set(queues))
+
+
+def _types(job_types: Iterable[JobType] | JobType | None) -> list[str] | None:
+    if job_types is None:
+        return None
+    if isinstance(job_types, str | JobDefinition):
+        return [job_type_name(job_types)]
+    return [job_type_name(job_type) for job_type in job_types]
