@@ -481,3 +481,66 @@ def test_summary_repr_is_bounded(handlers: Handlers) -> None:
     summary = run_jobs(raise_on_failure=False)
     assert isinstance(summary, RunSummary)
     assert "and 3 more" in repr(summary)
+
+
+@pytest.mark.django_db
+def test_a_queues_max_running_cuts_each_claim(handlers: Handlers) -> None:
+    from django_pgoutbox import resize_queue
+
+    for n in range(3):
+        enqueue("helpers.echo", {"n": n})
+    resize_queue("default", max_running=1)  # the queue's claim runs under its lock, limited
+    assert [run.payload["n"] for run in run_jobs().runs] == [0]
+    assert [run.payload["n"] for run in drain().runs] == [1, 2]
+
+
+@pytest.mark.django_db
+def test_a_sequence_runs_in_order_one_at_a_time(handlers: Handlers) -> None:
+    for n in range(3):
+        enqueue("helpers.echo", {"n": n}, sequence="order-1")
+    assert_enqueued("helpers.echo", status="waiting", count=2)
+    assert [run.payload["n"] for run in run_jobs().runs] == [0]
+    assert [run.payload["n"] for run in drain().runs] == [1, 2]
+
+
+@pytest.mark.django_db
+def test_a_unique_job_is_enqueued_once(handlers: Handlers) -> None:
+    first = enqueue("helpers.echo", {"n": 1}, unique=True)
+    second = enqueue("helpers.echo", {"n": 1}, unique=True)
+    assert second.pk == first.pk
+    assert_enqueued("helpers.echo", payload={"n": 1}, count=1)
+    assert drain().completed == 1
+
+
+@pytest.mark.django_db
+def test_a_step_after_a_job_finished_before_it_was_enqueued(handlers: Handlers) -> None:
+    parent = enqueue("helpers.echo", {"n": "parent"})
+    drain()
+    # its edge to a finished parent is settled as the enqueuing transaction commits, which the
+    # test's never does: the helpers settle it before they claim
+    enqueue("helpers.echo", {"n": "child"}, after=[parent])
+    summary = drain()
+    assert [run.payload["n"] for run in summary.runs] == ["child"]
+    assert summary.runs[0].result["parents"] == {
+        str(parent.pk): {"payload": {"n": "parent"}, "parents": {}}
+    }
+
+
+@pytest.mark.django_db
+def test_the_testing_object_binds_a_database(handlers: Handlers) -> None:
+    from django_pgoutbox.testing import Testing
+
+    helpers = Testing()
+    enqueue("helpers.echo", {"n": 1})
+    helpers.assert_enqueued("helpers.echo", payload={"n": 1})
+    assert len(helpers.enqueued_jobs()) == 1
+    assert helpers.run_jobs().completed == 1
+    helpers.refute_enqueued()
+    assert helpers.drain().runs == []
+    assert helpers.run_relay() == 0
+    assert helpers.perform_job("helpers.echo", {"n": 2}).result == {
+        "payload": {"n": 2},
+        "parents": {},
+    }
+    assert helpers.on("secondary").using == "secondary"
+    assert "as routed" in repr(helpers)
