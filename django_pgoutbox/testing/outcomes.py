@@ -50,9 +50,18 @@ class JobRun:
         """Whether the attempt did not complete its job (a snooze is not a failure)."""
         return self.status != "completed" and not self.snoozed
 
+    @property
+    def reason(self) -> str:
+        """The code and summary in one line (the summary alone when it starts with the code,
+        as the retry policy's do: ``TransientError: SMTP busy``)."""
+        code, summary = self.code or "", self.summary or ""
+        if not summary or summary.startswith(code):
+            return summary or code
+        return f"{code}: {summary}" if code else summary
+
     def __str__(self) -> str:
         outcome = "snoozed" if self.snoozed else self.status
-        why = f" ({self.code}: {self.summary})" if self.code and not self.snoozed else ""
+        why = f" ({self.reason})" if self.code and not self.snoozed else ""
         return f"{self.job_type} [{self.queue}] attempt {self.attempt}: {outcome}{why}"
 
 
@@ -130,7 +139,7 @@ class AttemptFailed(AssertionError):
     def __init__(self, run: JobRun, summary: RunSummary | None = None) -> None:
         self.run = run
         self.summary = summary
-        detail = f": {run.code}: {run.summary}" if run.code else ""
+        detail = f": {run.reason}" if run.code else ""
         message = f"job {run.job_id} ({run.job_type}) attempt {run.attempt} ended {run.status}"
         super().__init__(
             f"{message}{detail}\n  payload: {short_repr(run.payload, 300)}\n"

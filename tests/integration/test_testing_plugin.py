@@ -84,6 +84,10 @@ def own_database_url() -> str:
 
 def test_the_fixture_in_a_projects_own_run(tmp_path: Path) -> None:
     (tmp_path / "test_users.py").write_text(textwrap.dedent(USERS_TESTS))
+    # named again, as docs/howto/testing.md shows: loaded once
+    (tmp_path / "conftest.py").write_text(
+        'pytest_plugins = ["django_pgoutbox.testing.pytest_plugin"]\n'
+    )
     env = {
         **os.environ,
         "DATABASE_URL": own_database_url(),
@@ -138,6 +142,5 @@ def test_importing_the_plugin_imports_nothing_of_django() -> None:
 
 def test_the_plugin_is_declared_as_an_entry_point() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["entry-points"]["pytest11"] == {
-        "pgoutbox": "django_pgoutbox.testing.pytest_plugin"
-    }
+    name = "django_pgoutbox.testing.pytest_plugin"
+    assert project["entry-points"]["pytest11"] == {name: name}

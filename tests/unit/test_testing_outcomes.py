@@ -38,7 +38,8 @@ def test_a_run_says_what_became_of_its_attempt() -> None:
     assert str(done) == "shop.send_receipt [notifications] attempt 1: completed"
     failed = run("retrying", code="TransientError", summary="TransientError: later", delay=2.0)
     assert failed.failed
-    assert str(failed).endswith("retrying (TransientError: TransientError: later)")
+    assert str(failed).endswith("retrying (TransientError: later)")
+    assert run("dead", code="timeout", summary="ran past 5s").reason == "timeout: ran past 5s"
     snoozed = run("retrying", code="snoozed", summary="snoozed for 5s", snoozed=True)
     assert not snoozed.failed
     assert str(snoozed).endswith(": snoozed")
