@@ -450,6 +450,11 @@ def _relay(alias: str, max_events: int, summary: RunSummary) -> int:
     settings = get_settings()
     projected = 0
     while True:
+        if projected >= max_events:
+            if _events_due(alias):
+                summary.events += projected
+                raise DrainLimitExceeded(max_events, "events", summary)
+            return projected
         # A relay of its own for each batch: its first claim is the full claim, from the
         # start of the index (a relay's later claims seek past its mark).
         relay = Relay(
@@ -459,9 +464,16 @@ def _relay(alias: str, max_events: int, summary: RunSummary) -> int:
         if not done:
             return projected
         projected += done
-        if projected >= max_events:
-            summary.events += projected
-            raise DrainLimitExceeded(max_events, "events", summary)
+
+
+def _events_due(alias: str) -> bool:
+    """Whether outbox events wait to be projected now."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT 1 FROM outbox_events WHERE processed_at IS NULL AND dead_at IS NULL"
+            " AND available_at <= now() LIMIT 1"
+        )
+        return cursor.fetchone() is not None
 
 
 # -- what is due -----------------------------------------------------------------------------------

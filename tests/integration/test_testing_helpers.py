@@ -103,6 +103,13 @@ class Handlers:
 
         @job("helpers.bad_result")
         def bad_result(payload: dict[str, Any], ctx: JobContext) -> Any:
+            kind = payload.get("kind")
+            if kind == "nan":
+                return [math.nan]
+            if kind == "surrogate":
+                return "\ud800"
+            if kind == "set":
+                return {1, 2}
             return {"when": datetime.now(UTC)}
 
         @job("helpers.forever")
@@ -384,6 +391,37 @@ def test_hostile_handlers_end_as_named_outcomes(handlers: Handlers) -> None:
     assert "failures:" in text
     # the test's transaction is whole
     assert Job.objects.count() == 4
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("kind", ["nan", "surrogate", "set", "datetime"])
+def test_a_result_json_cannot_carry_is_a_dead_letter(handlers: Handlers, kind: str) -> None:
+    enqueue("helpers.bad_result", {"kind": kind})
+    (run,) = run_jobs(raise_on_failure=False).runs
+    assert (run.status, run.code) == ("dead", "invalid_result")
+    assert Job.objects.get().last_error_code == "invalid_result"
+
+
+@pytest.mark.django_db
+def test_the_relays_bound(handlers: Handlers) -> None:
+    for order in range(3):
+        publish(
+            "helpers.order_placed",
+            aggregate_type="order",
+            aggregate_id=uuid.uuid4(),
+            payload={"order": order, "email": "a@example.com"},
+        )
+    assert run_relay(max_events=3) == 3  # the bound reached with nothing left: no error
+    aggregate = uuid.uuid4()  # one aggregate's events are projected one batch each, in order
+    for order in range(3):
+        publish(
+            "helpers.order_placed",
+            aggregate_type="order",
+            aggregate_id=aggregate,
+            payload={"order": order, "email": "a@example.com"},
+        )
+    with pytest.raises(DrainLimitExceeded, match="after 2 events"):
+        drain(relay=True, max_events=2)
 
 
 @pytest.mark.django_db
