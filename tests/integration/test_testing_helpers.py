@@ -187,6 +187,7 @@ class TestInsideTestCase(TestCase):
         )
         assert queued.queue == "notifications"
         assert_enqueued(self.handlers.send_receipt, payload_contains={"order": 7})
+        assert [job.pk for job in enqueued_jobs("shop.send_receipt")] == [queued.pk]
         refute_enqueued("shop.send_receipt", payload_contains={"order": 8})
         summary = drain()
         assert summary.completed == 1, summary
