@@ -38,12 +38,12 @@ def enqueued_jobs(
 ) -> list[Job]:
     """The jobs enqueued (by default: waiting, pending or retrying) that match, oldest first.
 
-    ``job_type``: a name or the ``@job`` handler (None: any). ``payload``: the payload is this
-    dict exactly. ``payload_contains``: the payload holds these keys with these values, nested
-    dicts and lists compared the same way (PostgreSQL's ``@>`` on jsonb). ``status``: a
-    status, several, or None for any. Any other keyword is a filter on ``Job``, as the ORM
-    takes it (``priority=5``, ``organization_id=...``, ``idempotency_key=...``,
-    ``run_at__gt=...``, ``max_attempts=3``).
+    ``job_type``: a name, the ``@job`` handler, or a ``django.tasks`` task (None: any).
+    ``payload``: the payload is this dict exactly. ``payload_contains``: the payload holds these
+    keys with these values, nested dicts and lists compared the same way (PostgreSQL's ``@>`` on
+    jsonb). ``status``: a status, several, or None for any. Any other keyword is a filter on
+    ``Job``, as the ORM takes it (``priority=5``, ``organization_id=...``,
+    ``idempotency_key=...``, ``run_at__gt=...``, ``max_attempts=3``).
     """
     return list(_matching(job_type, payload, payload_contains, queue, status, using, fields))
 

@@ -58,16 +58,18 @@ JobType = str | JobDefinition
 
 
 def job_type_name(job_type: JobType) -> str:
-    """The registered name of ``job_type``: a name, or the ``@job`` handler itself."""
+    """The job type of ``job_type``: a name, the ``@job`` handler itself, or a ``django.tasks``
+    task (whose jobs the backend enqueues under its module path)."""
     if isinstance(job_type, JobDefinition):
         return job_type.name
     if isinstance(job_type, str):
         return job_type
-    name = getattr(job_type, "name", None)  # a django.tasks Task: its job type is its name
-    if isinstance(name, str):
-        return name
+    module_path = getattr(job_type, "module_path", None)
+    if isinstance(module_path, str):
+        return module_path
     raise TypeError(
-        f"job_type must be a job type's name or its @job handler, not {type(job_type).__name__}"
+        "job_type must be a job type's name, its @job handler or a django.tasks task, not "
+        f"{type(job_type).__name__}"
     )
 
 

@@ -583,3 +583,15 @@ def test_the_testing_object_binds_a_database(handlers: Handlers) -> None:
     }
     assert helpers.on("secondary").using == "secondary"
     assert "as routed" in repr(helpers)
+
+
+@pytest.mark.django_db
+def test_a_django_task(handlers: Handlers) -> None:
+    from testproject.testjobs.tasks import add
+
+    add.enqueue(2, 3)
+    job = assert_enqueued(add)
+    assert job.job_type == "testproject.testjobs.tasks.add"
+    summary = drain()
+    assert summary.completed == 1
+    assert Job.objects.get().status == "completed"
