@@ -26,7 +26,7 @@ from django.db import connections, router, transaction
 from django.utils import timezone
 
 from django_pgoutbox import queries
-from django_pgoutbox.conf import QueueSettings, get_settings
+from django_pgoutbox.conf import QueueSettings, RetrySettings, get_settings
 from django_pgoutbox.context import CancelFlag
 from django_pgoutbox.db import ErrorKind, classify_error
 from django_pgoutbox.errors import EnqueueError
@@ -269,7 +269,7 @@ def _run_rows(
             _give_back(alias, left)
 
 
-def _attempt(alias: str, row: ClaimRow, policy: Any) -> JobRun:
+def _attempt(alias: str, row: ClaimRow, policy: RetrySettings) -> JobRun:
     """One claimed attempt: its handler, then its outcome written."""
     attempt = Attempt(row)
     errors: list[BaseException] = []
@@ -284,19 +284,29 @@ def _attempt(alias: str, row: ClaimRow, policy: Any) -> JobRun:
     else:
         outcome = _execute(alias, job, errors.append, cancel=attempt.cancel)
     outcome = _record(alias, outcome, row.queue)
-    return _job_run(outcome.job, outcome, errors)
+    return _job_run(outcome.job, outcome, errors, _written(alias, row))
 
 
-def _job_run(job: ClaimedJob, outcome: Outcome, errors: list[BaseException]) -> JobRun:
+def _job_run(
+    job: ClaimedJob,
+    outcome: Outcome,
+    errors: list[BaseException],
+    written: tuple[str, str | None, str | None] | None = None,
+) -> JobRun:
+    """The run of ``job``: its outcome, or what the statement wrote in its place (``written``:
+    the row's status, code and summary: a cancellation requested while it ran wins)."""
+    status, code, summary = outcome.status.value, outcome.code, outcome.summary
+    if written is not None and written[0] != status:
+        status, code, summary = written
     return JobRun(
         job_id=job.id,
         job_type=job.job_type,
         queue=job.queue,
         attempt=job.attempt,
         payload=job.payload,
-        status=outcome.status.value,
-        code=outcome.code,
-        summary=outcome.summary,
+        status=status,
+        code=code,
+        summary=summary,
         result_json=outcome.result_json,
         delay=outcome.delay,
         snoozed=outcome.gives_back_attempt,
@@ -431,6 +441,17 @@ def _record(alias: str, outcome: Outcome, queue: str) -> Outcome:
         outcome = outcomes.unwritable(outcome, error, queue)
         _send_outcome(alias, outcome)
     return outcome
+
+
+def _written(alias: str, row: ClaimRow) -> tuple[str, str | None, str | None] | None:
+    """The status, code and summary of the job of ``row``, as its outcome left them."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT status, last_error_code, last_error_summary FROM jobs WHERE id = %s",
+            [row.id],
+        )
+        found = cursor.fetchone()
+    return None if found is None else (found[0], found[1], found[2])
 
 
 def _send_outcome(alias: str, outcome: Outcome) -> None:

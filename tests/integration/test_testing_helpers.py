@@ -23,6 +23,7 @@ from django_pgoutbox import (
     PermanentError,
     Snooze,
     TransientError,
+    cancel,
     enqueue,
     job,
     outbox,
@@ -128,6 +129,11 @@ class Handlers:
                     if payload.get("raise"):
                         raise
             return "caught it"
+
+        @job("helpers.cancels_itself")
+        def cancels_itself(payload: dict[str, Any], ctx: JobContext) -> str:
+            cancel(ctx.job_id)
+            return "finished all the same"
 
         @job("helpers.echo")
         def echo(payload: dict[str, Any], ctx: JobContext) -> Any:
@@ -423,6 +429,15 @@ def test_the_relays_bound(handlers: Handlers) -> None:
         )
     with pytest.raises(DrainLimitExceeded, match="after 2 events"):
         drain(relay=True, max_events=2)
+
+
+@pytest.mark.django_db
+def test_a_cancellation_requested_while_it_ran_wins(handlers: Handlers) -> None:
+    enqueue("helpers.cancels_itself", {})
+    with pytest.raises(AttemptFailed, match="ended cancelled"):
+        run_jobs()
+    row = Job.objects.get()
+    assert (row.status, row.last_error_code) == ("cancelled", "cancelled")
 
 
 @pytest.mark.django_db
