@@ -343,12 +343,6 @@ def _execute(
         outcome = execute(
             job, policy=policy, renew=_no_renewal, cancel=cancel, using=alias, on_error=on_error
         )
-    if wrapper.closed_in_transaction:
-        raise RuntimeError(
-            f"job {job.id} ({job.job_type}): its handler closed the database connection of "
-            f"{alias!r} inside the test's transaction (connection.close()); the test cannot go "
-            "on. Run it in a transactional test (TransactionTestCase, transactional_db)."
-        )
     raw = wrapper.connection
     aborted = raw is not None and (
         raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
@@ -362,25 +356,34 @@ def _execute(
 
 
 def _keep(*_: Any) -> None:
-    """In place of ``close_if_unusable_or_obsolete`` on a connection inside a transaction."""
+    """In place of ``close()`` and ``close_if_unusable_or_obsolete()`` on a connection inside
+    the test's transaction, while a handler runs."""
+
+
+#: The methods of a connection that would close it, kept from doing so by ``_keep``.
+_CLOSING = ("close", "close_if_unusable_or_obsolete")
 
 
 @contextmanager
 def _transactions_kept_open() -> Iterator[None]:
-    """Keep ``execute()``'s ``close_old_connections()`` from closing this thread's connections
-    that are inside ``atomic()`` (the test's transaction): Django closes a connection whose
-    autocommit is not its setting's, as a worker's thread must after a job, and a test's
-    transaction would be lost with it. (Django's test client likewise disconnects
+    """Keep this thread's connections that are inside ``atomic()`` (the test's transaction) open
+    while a handler runs: ``execute()``'s ``close_old_connections()`` closes a connection whose
+    autocommit is not its setting's, as a worker's thread must after a job, and a handler may
+    call ``connection.close()`` itself. In a worker, either only makes the thread's next query
+    open a new connection; in a test it would end the test's transaction, and the class's with
+    it (``TestCase``), so neither closes it. (Django's test client likewise disconnects
     ``close_old_connections`` from the request signals.) Only this thread's connection
     objects are touched, and only while the handler runs."""
     kept = [c for c in connections.all(initialized_only=True) if c.in_atomic_block]
     for connection in kept:
-        setattr(connection, "close_if_unusable_or_obsolete", _keep)  # noqa: B010
+        for name in _CLOSING:
+            setattr(connection, name, _keep)
     try:
         yield
     finally:
         for connection in kept:
-            connection.__dict__.pop("close_if_unusable_or_obsolete", None)
+            for name in _CLOSING:
+                connection.__dict__.pop(name, None)
 
 
 # -- the worker's statements on the test's connection ---------------------------------------------

@@ -135,6 +135,17 @@ class Handlers:
             cancel(ctx.job_id)
             return "finished all the same"
 
+        @job("helpers.closes_the_connection")
+        def closes_the_connection(payload: dict[str, Any], ctx: JobContext) -> int:
+            connection.close()
+            return SideEffect.objects.count()
+
+        @job("helpers.after_commit")
+        def after_commit(payload: dict[str, Any], ctx: JobContext) -> None:
+            transaction.on_commit(
+                lambda: mail.send_mail("Later", "body", "a@example.com", ["b@example.com"])
+            )
+
         @job("helpers.echo")
         def echo(payload: dict[str, Any], ctx: JobContext) -> Any:
             return {"payload": payload, "parents": ctx.parent_results}
@@ -301,6 +312,25 @@ class TestInsideTestCase(TestCase):
         assert run_relay() == 1
         assert_enqueued("shop.send_receipt", payload={"order": 3, "email": "a@example.com"})
         assert run_relay() == 0
+
+    def test_a_handler_that_closes_the_connection_leaves_the_tests_transaction(self) -> None:
+        # in a worker, its next query would open a new connection; here it goes on on the
+        # test's, whose transaction stays whole (the class's too, for the tests after it)
+        SideEffect.objects.create(
+            job_id=uuid.uuid4(), attempt=0, event="t", pid=0, worker_thread="t"
+        )
+        enqueue("helpers.closes_the_connection", {})
+        assert run_jobs().runs[0].result == 1
+        assert connection.in_atomic_block
+        assert not connection.closed_in_transaction
+        assert "close" not in connection.__dict__
+
+    def test_on_commit_callbacks_of_a_handler_run_when_captured(self) -> None:
+        # a worker's handler runs outside any transaction: its on_commit callbacks run at once
+        enqueue("helpers.after_commit", {})
+        with self.captureOnCommitCallbacks(execute=True):
+            drain()
+        assert [m.subject for m in mail.outbox] == ["Later"]
 
     def test_perform_job_writes_no_row(self) -> None:
         run = perform_job("shop.send_receipt", {"order": 1, "email": "x@example.com"})
