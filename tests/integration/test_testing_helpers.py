@@ -640,3 +640,26 @@ def test_a_django_task(handlers: Handlers) -> None:
     summary = drain()
     assert summary.completed == 1
     assert Job.objects.get().status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_limited_queue_in_a_transactional_test(handlers: Handlers) -> None:
+    # transaction=True: the limited claim's own transaction, on a connection in autocommit
+    from django_pgoutbox import resize_queue
+
+    for n in range(3):
+        enqueue("helpers.echo", {"n": n})
+    resize_queue("default", max_running=2)
+    assert len(run_jobs()) == 2
+    assert [run.payload["n"] for run in drain().runs] == [2]
+    assert not connection.in_atomic_block
+
+
+@pytest.mark.django_db
+def test_an_unprintable_exception_raised_again(handlers: Handlers) -> None:
+    enqueue("helpers.unprintable", {})
+    with pytest.raises(AttemptFailed) as raised:
+        run_jobs()
+    assert isinstance(raised.value.__cause__, Unprintable)
+    assert "helpers.unprintable" in str(raised.value)
+    assert Job.objects.get().status == "retrying"
