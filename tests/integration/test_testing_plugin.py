@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from django.conf import settings
+from testproject.database import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,13 +73,8 @@ def test_perform_job_needs_no_database(pgoutbox, receipt):
 
 def own_database_url() -> str:
     """The suite's server, with a database name of this test's own."""
-    url = os.environ.get("DATABASE_URL") or ""
-    if not url:
-        entry = settings.DATABASES["default"]
-        url = f"postgres://{entry['USER']}@{entry['HOST']}:{entry['PORT']}/{entry['NAME']}"
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/").removeprefix("test_")
-    return urlunsplit(parts._replace(path=f"/{name}_plugin"))
+    parts = urlsplit(database_url())
+    return urlunsplit(parts._replace(path=f"{parts.path}_plugin"))
 
 
 def test_the_fixture_in_a_projects_own_run(tmp_path: Path) -> None:
