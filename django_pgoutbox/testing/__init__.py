@@ -19,6 +19,8 @@ __all__ = [
     "DrainLimitExceeded",
     "JobRun",
     "RunSummary",
+    "SubscriberFailed",
+    "SubscriberFailure",
     "Testing",
     "assert_enqueued",
     "drain",
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
         DrainLimitExceeded,
         JobRun,
         RunSummary,
+        SubscriberFailed,
+        SubscriberFailure,
     )
     from django_pgoutbox.testing.running import drain, perform_job, run_jobs, run_relay
 
@@ -49,6 +53,8 @@ _MODULES = {
     "DrainLimitExceeded": "outcomes",
     "JobRun": "outcomes",
     "RunSummary": "outcomes",
+    "SubscriberFailed": "outcomes",
+    "SubscriberFailure": "outcomes",
     "drain": "running",
     "perform_job": "running",
     "run_jobs": "running",

@@ -65,6 +65,24 @@ class JobRun:
         return f"{self.job_type} [{self.queue}] attempt {self.attempt}: {outcome}{why}"
 
 
+@dataclass(frozen=True)
+class SubscriberFailure:
+    """A subscriber that failed on an event the helpers projected: the delivery the relay wrote
+    for it (``OutboxDelivery``), retried after its back-off, or dead (``dead``: a schema version
+    it does not accept, say)."""
+
+    subscriber: str
+    event_type: str
+    event_id: uuid.UUID
+    code: str | None
+    error: str | None
+    dead: bool
+
+    def __str__(self) -> str:
+        what = "dead" if self.dead else "to be retried"
+        return f"{self.subscriber} on {self.event_type} ({what}): {self.error or self.code}"
+
+
 @dataclass
 class RunSummary:
     """What ``run_jobs()`` or ``drain()`` ran: every attempt in the order it ran (``runs``),
@@ -75,6 +93,8 @@ class RunSummary:
     events: int = 0
     #: Queues that had jobs due but were paused (``pause_queue``): nothing was claimed there.
     paused: set[str] = field(default_factory=set)
+    #: Subscribers that failed on the events projected (``drain(relay=True)``).
+    subscriber_failures: list[SubscriberFailure] = field(default_factory=list)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -121,6 +141,9 @@ class RunSummary:
         text = f"<RunSummary {len(self.runs)} attempt(s){': ' + counts if counts else ''}"
         if self.events:
             text += f"; {self.events} event(s) projected"
+        if self.subscriber_failures:
+            failed = "; ".join(str(f) for f in self.subscriber_failures[:SHOWN])
+            text += f"; subscribers failed: {failed}"
         if self.paused:
             text += f"; paused: {', '.join(sorted(self.paused))}"
         failures = self.failures
@@ -144,6 +167,25 @@ class AttemptFailed(AssertionError):
         super().__init__(
             f"{message}{detail}\n  payload: {short_repr(run.payload, 300)}\n"
             "  (pass raise_on_failure=False to get the outcome instead)"
+        )
+
+
+class SubscriberFailed(AssertionError):
+    """A subscriber failed on an event that ``run_relay()`` or ``drain(relay=True)`` projected,
+    and ``raise_on_failure`` was set. ``failures`` are the subscribers that failed (the relay
+    logged each one's traceback); the events are processed, and each failure is a delivery."""
+
+    def __init__(
+        self, failures: list[SubscriberFailure], summary: RunSummary | None = None
+    ) -> None:
+        self.failures = failures
+        self.summary = summary
+        listed = "\n".join(f"  - {failure}" for failure in failures[:SHOWN])
+        more = f"\n  ... and {len(failures) - SHOWN} more" if len(failures) > SHOWN else ""
+        super().__init__(
+            f"{len(failures)} subscriber(s) failed on the events projected:\n{listed}{more}\n"
+            "  (their tracebacks are in the log of django_pgoutbox.relay; pass "
+            "raise_on_failure=False to go on)"
         )
 
 

@@ -35,7 +35,14 @@ from django_pgoutbox.models import Job
 from django_pgoutbox.queries import ClaimRow
 from django_pgoutbox.queue_controls import Control
 from django_pgoutbox.registry import JobDefinition, get_job
-from django_pgoutbox.testing.outcomes import AttemptFailed, DrainLimitExceeded, JobRun, RunSummary
+from django_pgoutbox.testing.outcomes import (
+    AttemptFailed,
+    DrainLimitExceeded,
+    JobRun,
+    RunSummary,
+    SubscriberFailed,
+    SubscriberFailure,
+)
 from django_pgoutbox.validation import json_object, optional_uuid
 from django_pgoutbox.worker import outcomes
 from django_pgoutbox.worker.attempt import Attempt
@@ -136,7 +143,9 @@ def drain(
     summary = RunSummary()
     while True:
         if relay:
-            summary.events += _relay(alias, max_events - summary.events, summary)
+            summary.events += _relay(
+                alias, max_events - summary.events, summary, raise_on_failure=raise_on_failure
+            )
         ran = len(summary.runs)
         if ran >= max_jobs:
             if _due(alias, names, types):
@@ -159,13 +168,16 @@ def drain(
             )
 
 
-def run_relay(*, using: str | None = None, max_events: int = MAX_EVENTS) -> int:
+def run_relay(
+    *, using: str | None = None, raise_on_failure: bool = True, max_events: int = MAX_EVENTS
+) -> int:
     """Project the outbox's pending events to their subscribers with the relay's own code, in
     batches until none is left; return how many events it projected. The jobs the subscribers
     enqueue are then there to run (``drain()``). A subscriber that raises gets a delivery that
-    waits for its back-off, as in a worker (``OutboxDelivery``)."""
+    waits for its back-off, as in a worker (``OutboxDelivery``); ``raise_on_failure``: then
+    raise ``SubscriberFailed``, once the batch is written."""
     summary = RunSummary()
-    return _relay(database(using), max_events, summary)
+    return _relay(database(using), max_events, summary, raise_on_failure=raise_on_failure)
 
 
 def perform_job(
@@ -471,10 +483,11 @@ def _control(alias: str, queue: str) -> Control:
     return Control() if row is None else Control.from_row(queue, *row)
 
 
-def _relay(alias: str, max_events: int, summary: RunSummary) -> int:
+def _relay(alias: str, max_events: int, summary: RunSummary, *, raise_on_failure: bool) -> int:
     """Project pending events, batch by batch, with the relay's own code."""
     settings = get_settings()
     projected = 0
+    seen = _last_delivery(alias)
     while True:
         if projected >= max_events:
             if _events_due(alias):
@@ -490,6 +503,34 @@ def _relay(alias: str, max_events: int, summary: RunSummary) -> int:
         if not done:
             return projected
         projected += done
+        failures, seen = _subscriber_failures(alias, seen)
+        summary.subscriber_failures += failures
+        if failures and raise_on_failure:
+            summary.events += projected
+            raise SubscriberFailed(failures, summary)
+
+
+def _last_delivery(alias: str) -> int:
+    """The id of the last delivery written so far (0: none)."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT coalesce(max(id), 0) FROM outbox_deliveries")
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+
+def _subscriber_failures(alias: str, after: int) -> tuple[list[SubscriberFailure], int]:
+    """The failed deliveries written after the delivery ``after``, and the last id written."""
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT d.id, d.subscriber, e.event_type, d.event_id, d.last_error_code,"
+            " d.last_error, d.dead_at IS NOT NULL"
+            " FROM outbox_deliveries AS d JOIN outbox_events AS e ON e.id = d.event_id"
+            " WHERE d.id > %s ORDER BY d.id",
+            [after],
+        )
+        rows = cursor.fetchall()
+    failures = [SubscriberFailure(*row[1:]) for row in rows if row[4] is not None]
+    return failures, max([after, *(row[0] for row in rows)])
 
 
 def _events_due(alias: str) -> bool:

@@ -31,12 +31,13 @@ from django_pgoutbox import (
     subscriber,
     workflow,
 )
-from django_pgoutbox.models import Job, OutboxEvent
+from django_pgoutbox.models import Job, OutboxDelivery, OutboxEvent
 from django_pgoutbox.registry import registered_jobs, restore_registry
 from django_pgoutbox.testing import (
     AttemptFailed,
     DrainLimitExceeded,
     RunSummary,
+    SubscriberFailed,
     assert_enqueued,
     drain,
     enqueued_jobs,
@@ -171,6 +172,11 @@ class Handlers:
         @subscriber("helpers.order_placed", name="helpers.receipt_on_order")
         def receipt_on_order(event: OutboxEvent) -> None:
             send_receipt.enqueue({"order": event.payload["order"], "email": event.payload["email"]})
+
+        @subscriber("helpers.order_placed", name="helpers.broken_projection")
+        def broken_projection(event: OutboxEvent) -> None:
+            if event.payload.get("break"):
+                raise ValueError("the projection's bug")
 
         self.send_receipt = send_receipt
         self.record = record
@@ -332,6 +338,25 @@ class TestInsideTestCase(TestCase):
             drain()
         assert [m.subject for m in mail.outbox] == ["Later"]
 
+    def test_a_subscriber_that_fails_is_said_so(self) -> None:
+        publish(
+            "helpers.order_placed",
+            aggregate_type="order",
+            aggregate_id=uuid.uuid4(),
+            payload={"order": 4, "email": "a@example.com", "break": True},
+        )
+        with pytest.raises(SubscriberFailed) as raised:
+            run_relay()
+        (failure,) = raised.value.failures
+        assert failure.subscriber == "helpers.broken_projection"
+        assert failure.event_type == "helpers.order_placed"
+        assert "the projection's bug" in str(raised.value)
+        assert not failure.dead
+        # the event is processed, the other subscriber's job enqueued, the failure a delivery
+        assert OutboxEvent.objects.get().processed_at is not None
+        assert_enqueued("shop.send_receipt", payload_contains={"order": 4})
+        assert OutboxDelivery.objects.get().subscriber == "helpers.broken_projection"
+
     def test_perform_job_writes_no_row(self) -> None:
         run = perform_job("shop.send_receipt", {"order": 1, "email": "x@example.com"})
         assert run.status == "completed"
@@ -437,6 +462,30 @@ def test_a_result_json_cannot_carry_is_a_dead_letter(handlers: Handlers, kind: s
     (run,) = run_jobs(raise_on_failure=False).runs
     assert (run.status, run.code) == ("dead", "invalid_result")
     assert Job.objects.get().last_error_code == "invalid_result"
+
+
+@pytest.mark.django_db
+def test_a_subscriber_failure_in_the_summary(handlers: Handlers) -> None:
+    for broken in (False, True):
+        publish(
+            "helpers.order_placed",
+            aggregate_type="order",
+            aggregate_id=uuid.uuid4(),
+            payload={"order": 1, "email": "a@example.com", "break": broken},
+        )
+    summary = drain(relay=True, raise_on_failure=False)
+    assert summary.events == 2
+    assert summary.completed == 2  # the receipts of both
+    assert [f.subscriber for f in summary.subscriber_failures] == ["helpers.broken_projection"]
+    assert "subscribers failed: helpers.broken_projection on helpers.order_placed" in repr(summary)
+    publish(
+        "helpers.order_placed",
+        aggregate_type="order",
+        aggregate_id=uuid.uuid4(),
+        payload={"order": 2, "email": "a@example.com", "break": True},
+    )
+    with pytest.raises(SubscriberFailed):
+        drain(relay=True)
 
 
 @pytest.mark.django_db

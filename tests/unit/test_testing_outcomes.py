@@ -15,6 +15,8 @@ from django_pgoutbox.testing.outcomes import (
     DrainLimitExceeded,
     JobRun,
     RunSummary,
+    SubscriberFailed,
+    SubscriberFailure,
 )
 
 
@@ -110,3 +112,26 @@ def test_drain_limit_names_the_busiest_job_types() -> None:
     assert error.summary is summary
     with pytest.raises(AssertionError):
         raise error
+
+
+def test_subscriber_failures_are_listed() -> None:
+    failures = [
+        SubscriberFailure(
+            "shop.project", "order.placed", uuid.uuid4(), "ValueError", "ValueError: x", False
+        ),
+        SubscriberFailure(
+            "shop.v1_only", "order.placed", uuid.uuid4(), "unsupported_schema_version", None, True
+        ),
+    ]
+    assert str(failures[0]) == "shop.project on order.placed (to be retried): ValueError: x"
+    assert str(failures[1]) == "shop.v1_only on order.placed (dead): unsupported_schema_version"
+    error = SubscriberFailed(failures)
+    assert isinstance(error, AssertionError)
+    assert str(error).startswith(
+        "2 subscriber(s) failed on the events projected:\n  - shop.project"
+    )
+    summary = RunSummary(subscriber_failures=failures[:1])
+    assert repr(summary) == (
+        "<RunSummary 0 attempt(s); subscribers failed: shop.project on order.placed (to be "
+        "retried): ValueError: x>"
+    )
