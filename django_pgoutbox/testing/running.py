@@ -19,7 +19,7 @@ import os
 import socket
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from django.db import connections, router, transaction
@@ -61,7 +61,16 @@ CLAIM_LIMIT = 1000
 MAX_JOBS = 1000
 MAX_EVENTS = 1000
 
-JobType = str | JobDefinition
+
+class TaskLike(Protocol):
+    """A ``django.tasks`` task, as far as the helpers use it: its jobs' type is its module path."""
+
+    @property
+    def module_path(self) -> str: ...
+
+
+#: What the helpers take as a job type: its name, its ``@job`` handler, or a django.tasks task.
+JobType = str | JobDefinition | TaskLike
 
 
 def job_type_name(job_type: JobType) -> str:
@@ -614,6 +623,6 @@ def _names(queues: Iterable[str] | str | None) -> list[str] | None:
 def _types(job_types: Iterable[JobType] | JobType | None) -> list[str] | None:
     if job_types is None:
         return None
-    if isinstance(job_types, str | JobDefinition):
+    if isinstance(job_types, str) or not isinstance(job_types, Iterable):
         return [job_type_name(job_types)]
     return [job_type_name(job_type) for job_type in job_types]
