@@ -23,7 +23,15 @@ ENQUEUED_STATUSES = ("waiting", "pending", "retrying")
 #: How many jobs a failed assertion lists.
 LISTED = 10
 
-_ANY: Any = object()
+
+class _Anything:
+    """The default of ``payload=`` and ``payload_contains=``: no condition on the payload."""
+
+    def __repr__(self) -> str:
+        return "any"
+
+
+_ANY: Any = _Anything()
 
 
 def enqueued_jobs(
