@@ -369,8 +369,11 @@ def _execute(
         raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
     )
     if aborted or wrapper.needs_rollback:
-        wrapper.savepoint_rollback(savepoint)
+        # As atomic() does on leaving a block marked for rollback: the mark first, or the
+        # rollback's own statement is refused (an ORM write that failed inside the test's
+        # atomic() marks it, even when the handler caught the error).
         wrapper.needs_rollback = False
+        wrapper.savepoint_rollback(savepoint)
     else:
         wrapper.savepoint_commit(savepoint)
     return outcome
