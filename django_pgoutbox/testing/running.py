@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import psycopg
 from django.db import connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_pgoutbox import queries
@@ -358,6 +359,7 @@ def _execute(
         return execute(
             job, policy=policy, renew=_no_renewal, cancel=cancel, using=alias, on_error=on_error
         )
+    settings = _session_settings(wrapper)
     savepoint = wrapper.savepoint()
     assert savepoint is not None  # inside atomic(): a savepoint was made
     with _transactions_kept_open():
@@ -376,7 +378,36 @@ def _execute(
         wrapper.savepoint_rollback(savepoint)
     else:
         wrapper.savepoint_commit(savepoint)
+        _restore_session_settings(wrapper, settings)
     return outcome
+
+
+#: The settings of the session, as ``SET`` (or ``set_config()``) left them.
+_SESSION_SETTINGS = "SELECT name, setting FROM pg_settings WHERE source = 'session' ORDER BY name"
+
+
+def _session_settings(wrapper: BaseDatabaseWrapper) -> dict[str, str]:
+    with wrapper.cursor() as cursor:
+        cursor.execute(_SESSION_SETTINGS)
+        return dict(cursor.fetchall())
+
+
+def _restore_session_settings(wrapper: BaseDatabaseWrapper, before: dict[str, str]) -> None:
+    """Undo what a handler ``SET`` on the test's connection (``search_path``, a
+    ``statement_timeout``, a ``ROLE``): in a worker it does not outlive the attempt, whose
+    connection is closed after it (``CONN_MAX_AGE = 0``) and is never the one the outcome is
+    written on; here it would run the helpers' next statements, and the test's, under it."""
+    after = _session_settings(wrapper)
+    if after == before:
+        return
+    names = sorted(name for name in {*before, *after} if before.get(name) != after.get(name))
+    with wrapper.cursor() as cursor:
+        # a value of NULL resets the setting: one the handler set that was not set before
+        cursor.execute(
+            "SELECT set_config(name, value, false)"
+            " FROM unnest(%s::text[], %s::text[]) AS u(name, value)",
+            [names, [before.get(name) for name in names]],
+        )
 
 
 def _keep(*_: Any) -> None:

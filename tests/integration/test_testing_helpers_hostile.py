@@ -16,7 +16,7 @@ from django.test import TestCase
 from django_pgoutbox import JobContext, enqueue, job, outbox
 from django_pgoutbox.models import Job
 from django_pgoutbox.registry import registered_jobs, restore_registry
-from django_pgoutbox.testing import drain
+from django_pgoutbox.testing import drain, perform_job
 from testproject.testjobs.models import SideEffect
 
 
@@ -49,6 +49,15 @@ class Handlers:
                 )
             return "caught"
 
+        @job("hostile.tenant")
+        def tenant(payload: dict[str, Any], ctx: JobContext) -> str:
+            # a schema-per-tenant app's habit: the tenant's schema first on the search path
+            with connection.cursor() as cursor:
+                cursor.execute("CREATE SCHEMA IF NOT EXISTS hostile_tenant")
+                cursor.execute("SET search_path TO hostile_tenant")
+                cursor.execute("SET statement_timeout = '7s'")
+            return "switched"
+
     def restore(self) -> None:
         restore_registry(self._jobs)
         outbox._subscribers.clear()
@@ -72,6 +81,29 @@ def test_an_orm_error_the_handler_caught_rolls_back_its_savepoint(handlers: Hand
     assert not SideEffect.objects.exists()
     assert Job.objects.filter(status="completed").count() == 2
     assert not connection.needs_rollback
+
+
+def _show(name: str) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(f"SHOW {name}")
+        row = cursor.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+@pytest.mark.django_db
+def test_a_handlers_set_does_not_outlive_its_attempt(handlers: Handlers) -> None:
+    # in a worker the handler's connection is not the one its outcome is written on, and is
+    # closed after the attempt: the helpers' statements, and the test's, never run under its SET
+    search_path, timeout = _show("search_path"), _show("statement_timeout")
+    enqueue("hostile.tenant", {})
+    enqueue("hostile.echo", {"n": 1})
+    summary = drain()
+    assert [run.result for run in summary.runs] == ["switched", {"n": 1}]
+    assert (_show("search_path"), _show("statement_timeout")) == (search_path, timeout)
+    assert Job.objects.filter(status="completed").count() == 2
+    assert perform_job("hostile.tenant").result == "switched"
+    assert _show("search_path") == search_path
 
 
 class TestInATestCase(TestCase):
