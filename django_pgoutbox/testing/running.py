@@ -234,6 +234,7 @@ def perform_job(
     errors: list[BaseException] = []
     outcome = _execute(alias, job, errors.append)
     run = _job_run(job, outcome, errors)
+    _interrupted(run)
     if raise_on_failure and run.failed:
         raise AttemptFailed(run) from run.error
     return run
@@ -284,6 +285,7 @@ def _run_rows(
             row = left.pop(0)
             run = _attempt(alias, row, policy)
             summary.runs.append(run)
+            _interrupted(run)
             if raise_on_failure and run.failed:
                 raise AttemptFailed(run, summary) from run.error
     finally:
@@ -334,6 +336,15 @@ def _job_run(
         snoozed=outcome.gives_back_attempt,
         error=errors[-1] if errors else None,
     )
+
+
+def _interrupted(run: JobRun) -> None:
+    """Raise again the ``KeyboardInterrupt`` the handler raised: Ctrl-C, which a worker's
+    handler thread never gets, lands in a test's handler, which runs on the main thread. Its
+    outcome is written, as any failure's; then it stops the test run, whatever
+    ``raise_on_failure``, rather than becoming one more failed attempt."""
+    if isinstance(run.error, KeyboardInterrupt):
+        raise run.error
 
 
 def _no_renewal(*_: Any) -> None:

@@ -58,6 +58,10 @@ class Handlers:
                 cursor.execute("SET statement_timeout = '7s'")
             return "switched"
 
+        @job("hostile.interrupted")
+        def interrupted(payload: dict[str, Any], ctx: JobContext) -> None:
+            raise KeyboardInterrupt  # Ctrl-C, delivered to the main thread the handler runs on
+
     def restore(self) -> None:
         restore_registry(self._jobs)
         outbox._subscribers.clear()
@@ -104,6 +108,20 @@ def test_a_handlers_set_does_not_outlive_its_attempt(handlers: Handlers) -> None
     assert Job.objects.filter(status="completed").count() == 2
     assert perform_job("hostile.tenant").result == "switched"
     assert _show("search_path") == search_path
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("raise_on_failure", [True, False])
+def test_ctrl_c_in_a_handler_stops_the_test_run(handlers: Handlers, raise_on_failure: bool) -> None:
+    interrupted = enqueue("hostile.interrupted", {}, priority=1)
+    enqueue("hostile.echo", {"n": 1})
+    with pytest.raises(KeyboardInterrupt):
+        drain(raise_on_failure=raise_on_failure)
+    # its outcome written, the job claimed with it given back untouched
+    assert Job.objects.get(pk=interrupted.pk).status == "retrying"
+    assert Job.objects.get(job_type="hostile.echo").status == "pending"
+    with pytest.raises(KeyboardInterrupt):
+        perform_job("hostile.interrupted", raise_on_failure=raise_on_failure)
 
 
 class TestInATestCase(TestCase):
