@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from django_pgoutbox.models import Job
+from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.testing.running import JobType, database, job_type_name
 from django_pgoutbox.validation import short_repr
 
@@ -53,7 +53,9 @@ def enqueued_jobs(
     ``Job``, as the ORM takes it (``priority=5``, ``organization_id=...``,
     ``idempotency_key=...``, ``run_at__gt=...``, ``max_attempts=3``).
     """
-    return list(_matching(job_type, payload, payload_contains, queue, status, using, fields))
+    return list(
+        _matching(job_type, payload, payload_contains, queue, _statuses(status), using, fields)
+    )
 
 
 def assert_enqueued(
@@ -70,6 +72,12 @@ def assert_enqueued(
     """Assert that a job matching these is enqueued (``count``: exactly that many); return the
     first one. The arguments are ``enqueued_jobs()``'s. On failure, the ``AssertionError`` says
     what was asked and lists the enqueued jobs nearest to it."""
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise ValueError(
+            f"count must be a positive number of jobs, not {count!r}: refute_enqueued() "
+            "asserts that none is enqueued (len(enqueued_jobs(...)) counts any number)"
+        )
+    status = _statuses(status)
     jobs = enqueued_jobs(
         job_type,
         payload=payload,
@@ -106,6 +114,7 @@ def refute_enqueued(
 ) -> None:
     """Assert that no job matching these is enqueued (the arguments of ``enqueued_jobs()``;
     with none, that no job at all is)."""
+    status = _statuses(status)
     jobs = enqueued_jobs(
         job_type,
         payload=payload,
@@ -120,6 +129,22 @@ def refute_enqueued(
         raise AssertionError(
             f"expected no job enqueued matching {asked}, found {len(jobs)}" + _listing(jobs, ":")
         )
+
+
+def _statuses(status: str | Iterable[str] | None) -> str | tuple[str, ...] | None:
+    """``status`` checked against the statuses a job has: a misspelt one (``"complete"``,
+    ``"running"``: a job being run is ``"leased"``) would match nothing, and make every
+    ``refute_enqueued()`` given it pass."""
+    if status is None:
+        return None
+    statuses = (status,) if isinstance(status, str) else tuple(status)
+    unknown = [value for value in statuses if value not in JobStatus.values]
+    if unknown:
+        raise ValueError(
+            f"no job has the status {', '.join(map(repr, unknown))}: a job's status is one of "
+            f"{', '.join(JobStatus.values)}"
+        )
+    return status if isinstance(status, str) else statuses
 
 
 def _matching(
@@ -204,13 +229,17 @@ def _nearest(
 
     nearest = sorted(candidates, key=nearness, reverse=True)  # stable: newest first among equals
     total = Job.objects.using(database(using)).count()
-    return _listing(
-        nearest,
-        f"; the nearest to it of the {total} job(s) in the table, in any status:",
+    among = (
+        f"the {total:,} job(s) in the table"
+        if total <= len(candidates)
+        else f"the newest {len(candidates):,} of the {total:,} jobs in the table"
     )
+    return _listing(nearest, f"; the nearest to it of {among}, in any status:", total=total)
 
 
-def _listing(jobs: list[Job], heading: str) -> str:
+def _listing(jobs: list[Job], heading: str, total: int | None = None) -> str:
+    """The first ``LISTED`` of ``jobs``, and how many more of ``total`` (default: of ``jobs``)
+    are not listed."""
     if not jobs:
         return ""
     lines = [heading]
@@ -219,8 +248,9 @@ def _listing(jobs: list[Job], heading: str) -> str:
             f"  - {job.job_type} [{job.queue}] {job.status}, payload "
             f"{_payload_text(job.payload)}" + (f", priority {job.priority}" if job.priority else "")
         )
-    if len(jobs) > LISTED:
-        lines.append(f"  ... and {len(jobs) - LISTED} more")
+    total = len(jobs) if total is None else total
+    if total > LISTED:
+        lines.append(f"  ... and {total - LISTED:,} more")
     return "\n".join(lines)
 
 

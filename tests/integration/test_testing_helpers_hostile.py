@@ -13,10 +13,16 @@ import pytest
 from django.db import IntegrityError, connection
 from django.test import TestCase
 
-from django_pgoutbox import JobContext, enqueue, job, outbox
+from django_pgoutbox import JobContext, enqueue, enqueue_many, job, outbox
 from django_pgoutbox.models import Job
 from django_pgoutbox.registry import registered_jobs, restore_registry
-from django_pgoutbox.testing import drain, perform_job
+from django_pgoutbox.testing import (
+    assert_enqueued,
+    drain,
+    enqueued_jobs,
+    perform_job,
+    refute_enqueued,
+)
 from testproject.testjobs.models import SideEffect
 
 
@@ -122,6 +128,49 @@ def test_ctrl_c_in_a_handler_stops_the_test_run(handlers: Handlers, raise_on_fai
     assert Job.objects.get(job_type="hostile.echo").status == "pending"
     with pytest.raises(KeyboardInterrupt):
         perform_job("hostile.interrupted", raise_on_failure=raise_on_failure)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("status", ["complete", "running", ["pending", "done"]])
+def test_a_status_no_job_has_is_refused(handlers: Handlers, status: Any) -> None:
+    # else it matched nothing, and every refute_enqueued() given it passed
+    enqueue("hostile.echo", {"n": 1})
+    drain()
+    for helper in (refute_enqueued, enqueued_jobs, assert_enqueued):
+        with pytest.raises(ValueError, match="a job's status is one of waiting, pending, leased"):
+            helper("hostile.echo", status=status)
+
+
+@pytest.mark.django_db
+def test_a_status_given_as_a_generator(handlers: Handlers) -> None:
+    enqueue("hostile.echo", {"n": 1})
+    statuses = (status for status in ["completed", "dead"])
+    with pytest.raises(AssertionError, match=r"status in \('completed', 'dead'\)\), found none"):
+        assert_enqueued("hostile.echo", status=statuses)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("count", [0, -1, True, 1.5])
+def test_a_count_that_is_no_positive_number_is_refused(handlers: Handlers, count: Any) -> None:
+    # count=0 failed whatever the table held: "expected a job enqueued ..., found none"
+    with pytest.raises(ValueError, match="refute_enqueued"):
+        assert_enqueued("hostile.echo", count=count)
+
+
+@pytest.mark.django_db
+def test_the_nearest_jobs_of_a_large_table_say_how_many_are_not_listed(
+    handlers: Handlers,
+) -> None:
+    enqueue_many([{"job_type": "hostile.echo", "payload": {"n": n}} for n in range(300)])
+    with pytest.raises(AssertionError) as raised:
+        assert_enqueued("hostile.other", payload={"n": -1})
+    message = str(raised.value)
+    assert "the nearest to it of the newest 200 of the 300 jobs in the table" in message
+    assert message.endswith("... and 290 more")
+    assert len(message.splitlines()) == 12
+    with pytest.raises(AssertionError) as raised:
+        refute_enqueued("hostile.echo")
+    assert str(raised.value).endswith("... and 290 more")
 
 
 class TestInATestCase(TestCase):
