@@ -158,6 +158,7 @@ def drain(
             )
         ran = len(summary.runs)
         if ran >= max_jobs:
+            _catch_up(alias, names, types, with_scheduled=with_scheduled)
             if _due(alias, names, types):
                 raise DrainLimitExceeded(max_jobs, "attempts", summary)
             return summary
@@ -256,8 +257,7 @@ def _round(
     """One claim per queue and its jobs run; returns how many jobs were claimed (and run)."""
     settings = get_settings()
     _settle_new_edges(alias)
-    if with_scheduled:
-        _schedule_now(alias, queues, job_types)
+    _catch_up(alias, queues, job_types, with_scheduled=with_scheduled)
     claimed = 0
     for name in queues if queues is not None else _due_queues(alias, job_types):
         base = settings.queues.get(name) or QueueSettings(
@@ -634,15 +634,24 @@ def _retry_now(alias: str, ids: list[Any]) -> None:
         )
 
 
-def _schedule_now(alias: str, queues: list[str] | None, job_types: list[str] | None) -> None:
-    """``with_scheduled``: the jobs scheduled for later are due now."""
+def _catch_up(
+    alias: str, queues: list[str] | None, job_types: list[str] | None, *, with_scheduled: bool
+) -> None:
+    """Make due now, for the claim's ``run_at <= now()``, the jobs due by the clock: inside the
+    test's transaction ``now()`` stands still at its start (a ``TestCase``'s: its class's), so
+    that a job enqueued with ``run_at=timezone.now()``, or a back-off or snooze that has since
+    passed, would never be due. A worker's claim, in a transaction of its own, sees them due.
+    ``with_scheduled``: every job scheduled for later too."""
+    if not with_scheduled and not connections[alias].in_atomic_block:
+        return  # a statement's now() is the clock's
     with connections[alias].cursor() as cursor:
         cursor.execute(
             "UPDATE jobs SET run_at = now() "
             "WHERE status IN ('pending', 'retrying') AND run_at > now() "
+            "  AND (%(every)s OR run_at <= clock_timestamp()) "
             "  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[])) "
             "  AND (%(types)s::text[] IS NULL OR job_type = ANY(%(types)s::text[]))",
-            {"queues": queues, "types": job_types},
+            {"every": with_scheduled, "queues": queues, "types": job_types},
         )
 
 

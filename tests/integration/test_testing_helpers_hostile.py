@@ -6,14 +6,17 @@ assertions given what they cannot mean."""
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection
 from django.test import TestCase
+from django.utils import timezone
 
-from django_pgoutbox import JobContext, enqueue, enqueue_many, job, outbox
+from django_pgoutbox import JobContext, Snooze, enqueue, enqueue_many, job, outbox
 from django_pgoutbox.models import Job
 from django_pgoutbox.registry import registered_jobs, restore_registry
 from django_pgoutbox.testing import (
@@ -67,6 +70,15 @@ class Handlers:
         @job("hostile.interrupted")
         def interrupted(payload: dict[str, Any], ctx: JobContext) -> None:
             raise KeyboardInterrupt  # Ctrl-C, delivered to the main thread the handler runs on
+
+        @job("hostile.snoozes")
+        def snoozes(payload: dict[str, Any], ctx: JobContext) -> str:
+            if not SideEffect.objects.filter(job_id=ctx.job_id).exists():
+                SideEffect.objects.create(
+                    job_id=ctx.job_id, attempt=1, event="snooze", pid=0, worker_thread="t"
+                )
+                raise Snooze(0.2)
+            return "woke"
 
     def restore(self) -> None:
         restore_registry(self._jobs)
@@ -171,6 +183,28 @@ def test_the_nearest_jobs_of_a_large_table_say_how_many_are_not_listed(
     with pytest.raises(AssertionError) as raised:
         refute_enqueued("hostile.echo")
     assert str(raised.value).endswith("... and 290 more")
+
+
+@pytest.mark.django_db
+def test_a_job_due_by_the_clock_runs_though_the_transactions_now_stands_still(
+    handlers: Handlers,
+) -> None:
+    # now() is the time the test's transaction began (a TestCase's: its class's): a run_at
+    # from Python's clock, "now", is after it
+    assert not Job.objects.exists()
+    time.sleep(0.05)
+    enqueue("hostile.echo", {"n": "now"}, run_at=timezone.now())
+    enqueue("hostile.echo", {"n": "later"}, run_at=timedelta(hours=1))
+    summary = drain()
+    assert [run.payload["n"] for run in summary.runs] == ["now"]
+    assert_enqueued("hostile.echo", payload={"n": "later"})
+    # a snooze (a retry's back-off likewise) that has passed by the clock, as a worker sees it
+    enqueue("hostile.snoozes", {})
+    summary = drain(retry_at_once=False)
+    assert [(run.snoozed, run.status) for run in summary.runs] == [(True, "retrying")]
+    assert len(drain(retry_at_once=False)) == 0  # not yet
+    time.sleep(0.3)
+    assert [run.result for run in drain(retry_at_once=False).runs] == ["woke"]
 
 
 class TestInATestCase(TestCase):
