@@ -440,7 +440,11 @@ def _transactions_kept_open() -> Iterator[None]:
     it (``TestCase``), so neither closes it. (Django's test client likewise disconnects
     ``close_old_connections`` from the request signals.) Only this thread's connection
     objects are touched, and only while the handler runs."""
-    kept = [c for c in connections.all(initialized_only=True) if c.in_atomic_block]
+    kept = [
+        c
+        for c in connections.all(initialized_only=True)
+        if c.in_atomic_block and "close" not in c.__dict__  # not kept already: a handler's drain()
+    ]
     for connection in kept:
         for name in _CLOSING:
             setattr(connection, name, _keep)

@@ -80,6 +80,12 @@ class Handlers:
                 raise Snooze(0.2)
             return "woke"
 
+        @job("hostile.drains_then_closes")
+        def drains_then_closes(payload: dict[str, Any], ctx: JobContext) -> int:
+            ran = len(drain())  # the helpers called from a handler
+            connection.close()
+            return ran
+
     def restore(self) -> None:
         restore_registry(self._jobs)
         outbox._subscribers.clear()
@@ -205,6 +211,18 @@ def test_a_job_due_by_the_clock_runs_though_the_transactions_now_stands_still(
     assert len(drain(retry_at_once=False)) == 0  # not yet
     time.sleep(0.3)
     assert [run.result for run in drain(retry_at_once=False).runs] == ["woke"]
+
+
+@pytest.mark.django_db
+def test_a_handler_that_drains_then_closes_the_connection(handlers: Handlers) -> None:
+    # the inner drain() gave the connection its close() back while the outer handler ran
+    enqueue("hostile.drains_then_closes", {})
+    enqueue("hostile.echo", {"n": 1}, queue="notifications")  # claimed after "default"'s
+    summary = drain()
+    assert [run.result for run in summary.runs] == [1], summary
+    assert not connection.closed_in_transaction
+    assert "close" not in connection.__dict__
+    assert Job.objects.filter(status="completed").count() == 2
 
 
 class TestInATestCase(TestCase):
