@@ -549,8 +549,8 @@ def _relay(alias: str, max_events: int, summary: RunSummary, *, raise_on_failure
     while True:
         if projected >= max_events:
             if _events_due(alias):
-                summary.events += projected
-                raise DrainLimitExceeded(max_events, "events", summary)
+                summary.events += projected  # the drain's bound, reached in all its rounds
+                raise DrainLimitExceeded(summary.events, "events", summary)
             return projected
         # A relay of its own for each batch: its first claim is the full claim, from the
         # start of the index (a relay's later claims seek past its mark).

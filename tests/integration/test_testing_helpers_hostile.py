@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -16,10 +17,20 @@ from django.db import IntegrityError, connection
 from django.test import TestCase
 from django.utils import timezone
 
-from django_pgoutbox import JobContext, Snooze, enqueue, enqueue_many, job, outbox
-from django_pgoutbox.models import Job
+from django_pgoutbox import (
+    JobContext,
+    Snooze,
+    enqueue,
+    enqueue_many,
+    job,
+    outbox,
+    publish,
+    subscriber,
+)
+from django_pgoutbox.models import Job, OutboxEvent
 from django_pgoutbox.registry import registered_jobs, restore_registry
 from django_pgoutbox.testing import (
+    DrainLimitExceeded,
     assert_enqueued,
     drain,
     enqueued_jobs,
@@ -85,6 +96,18 @@ class Handlers:
             ran = len(drain())  # the helpers called from a handler
             connection.close()
             return ran
+
+        @job("hostile.publishes")
+        def publishes(payload: dict[str, Any], ctx: JobContext) -> None:
+            aggregate = uuid.UUID(payload["aggregate"])
+            for n in range(payload["events"]):  # one aggregate's: projected one batch each
+                publish(
+                    "hostile.ping", aggregate_type="a", aggregate_id=aggregate, payload={"n": n}
+                )
+
+        @subscriber("hostile.ping", name="hostile.on_ping")
+        def on_ping(event: OutboxEvent) -> None:
+            pass
 
     def restore(self) -> None:
         restore_registry(self._jobs)
@@ -223,6 +246,17 @@ def test_a_handler_that_drains_then_closes_the_connection(handlers: Handlers) ->
     assert not connection.closed_in_transaction
     assert "close" not in connection.__dict__
     assert Job.objects.filter(status="completed").count() == 2
+
+
+@pytest.mark.django_db
+def test_the_relays_bound_names_the_events_projected_in_all(handlers: Handlers) -> None:
+    publish("hostile.ping", aggregate_type="a", aggregate_id=uuid.uuid4(), payload={})
+    enqueue("hostile.publishes", {"aggregate": str(uuid.uuid4()), "events": 5})
+    with pytest.raises(DrainLimitExceeded) as raised:
+        drain(relay=True, max_events=3)
+    # the bound is the drain's, not what was left of it in its last round
+    assert raised.value.summary.events == 3
+    assert "drain() stopped after 3 events" in str(raised.value)
 
 
 class TestInATestCase(TestCase):
