@@ -393,31 +393,47 @@ def _execute(
     return outcome
 
 
-#: The settings of the session, as ``SET`` (or ``set_config()``) left them.
-_SESSION_SETTINGS = "SELECT name, setting FROM pg_settings WHERE source = 'session' ORDER BY name"
+#: The settings a handler may ``SET`` that would change what the helpers' statements, or the
+#: test's, do: where tables are found, how long a statement may take, who runs it, whether
+#: triggers fire (``session_replication_role``), how values are read and written.
+SESSION_SETTINGS = (
+    "search_path",
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "role",
+    "session_replication_role",
+    "default_transaction_read_only",
+    "TimeZone",
+    "DateStyle",
+    "IntervalStyle",
+)
+_SESSION_SETTINGS = "SELECT " + ", ".join(f"current_setting('{name}')" for name in SESSION_SETTINGS)
 
 
-def _session_settings(wrapper: BaseDatabaseWrapper) -> dict[str, str]:
+def _session_settings(wrapper: BaseDatabaseWrapper) -> tuple[str, ...]:
     with wrapper.cursor() as cursor:
         cursor.execute(_SESSION_SETTINGS)
-        return dict(cursor.fetchall())
+        row = cursor.fetchone()
+    assert row is not None
+    return tuple(row)
 
 
-def _restore_session_settings(wrapper: BaseDatabaseWrapper, before: dict[str, str]) -> None:
-    """Undo what a handler ``SET`` on the test's connection (``search_path``, a
-    ``statement_timeout``, a ``ROLE``): in a worker it does not outlive the attempt, whose
-    connection is closed after it (``CONN_MAX_AGE = 0``) and is never the one the outcome is
-    written on; here it would run the helpers' next statements, and the test's, under it."""
+def _restore_session_settings(wrapper: BaseDatabaseWrapper, before: tuple[str, ...]) -> None:
+    """Undo what a handler ``SET`` on the test's connection (``SESSION_SETTINGS``: a tenant's
+    ``search_path``, a ``statement_timeout``, a ``ROLE``): in a worker it does not outlive the
+    attempt, whose connection is closed after it (``CONN_MAX_AGE = 0``) and is never the one
+    the outcome is written on; here it would run the helpers' next statements, and the
+    test's, under it."""
     after = _session_settings(wrapper)
     if after == before:
         return
-    names = sorted(name for name in {*before, *after} if before.get(name) != after.get(name))
+    changed = [i for i, value in enumerate(after) if value != before[i]]
     with wrapper.cursor() as cursor:
-        # a value of NULL resets the setting: one the handler set that was not set before
         cursor.execute(
             "SELECT set_config(name, value, false)"
             " FROM unnest(%s::text[], %s::text[]) AS u(name, value)",
-            [names, [before.get(name) for name in names]],
+            [[SESSION_SETTINGS[i] for i in changed], [before[i] for i in changed]],
         )
 
 

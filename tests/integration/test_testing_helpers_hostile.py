@@ -76,6 +76,7 @@ class Handlers:
                 cursor.execute("CREATE SCHEMA IF NOT EXISTS hostile_tenant")
                 cursor.execute("SET search_path TO hostile_tenant")
                 cursor.execute("SET statement_timeout = '7s'")
+                cursor.execute("SET session_replication_role = replica")  # no triggers fire
             return "switched"
 
         @job("hostile.interrupted")
@@ -146,15 +147,16 @@ def _show(name: str) -> str:
 def test_a_handlers_set_does_not_outlive_its_attempt(handlers: Handlers) -> None:
     # in a worker the handler's connection is not the one its outcome is written on, and is
     # closed after the attempt: the helpers' statements, and the test's, never run under its SET
-    search_path, timeout = _show("search_path"), _show("statement_timeout")
+    names = ("search_path", "statement_timeout", "session_replication_role")
+    before = [_show(name) for name in names]
     enqueue("hostile.tenant", {})
     enqueue("hostile.echo", {"n": 1})
     summary = drain()
     assert [run.result for run in summary.runs] == ["switched", {"n": 1}]
-    assert (_show("search_path"), _show("statement_timeout")) == (search_path, timeout)
+    assert [_show(name) for name in names] == before
     assert Job.objects.filter(status="completed").count() == 2
     assert perform_job("hostile.tenant").result == "switched"
-    assert _show("search_path") == search_path
+    assert [_show(name) for name in names] == before
 
 
 @pytest.mark.django_db
