@@ -93,6 +93,10 @@ class RunSummary:
     events: int = 0
     #: Queues that had jobs due but were paused (``pause_queue``): nothing was claimed there.
     paused: set[str] = field(default_factory=set)
+    #: Queues whose claim took only jobs of other types than ``job_types=`` while jobs of those
+    #: types were due: the others come first in its order, and its ``MAX_RUNNING`` (or the
+    #: claim's limit) left no room for them. A worker would run the others first.
+    held_back: set[str] = field(default_factory=set)
     #: Subscribers that failed on the events projected (``drain(relay=True)``).
     subscriber_failures: list[SubscriberFailure] = field(default_factory=list)
 
@@ -146,6 +150,11 @@ class RunSummary:
             text += f"; subscribers failed: {failed}"
         if self.paused:
             text += f"; paused: {', '.join(sorted(self.paused))}"
+        if self.held_back:
+            text += (
+                f"; held back by jobs of other types claimed first: "
+                f"{', '.join(sorted(self.held_back))}"
+            )
         failures = self.failures
         if failures:
             shown = "; ".join(str(run) for run in failures[:SHOWN])

@@ -268,7 +268,9 @@ def _round(
             if _due(alias, [name], job_types):
                 summary.paused.add(name)
             continue
-        rows = _claim(alias, control.settings(base), limit, job_types)
+        rows, given_back = _claim(alias, control.settings(base), limit, job_types)
+        if given_back and not rows and _due(alias, [name], job_types):
+            summary.held_back.add(name)
         claimed += len(rows)
         _run_rows(alias, rows, summary, raise_on_failure)
     return claimed
@@ -495,18 +497,18 @@ def _lane(alias: str) -> Iterator[psycopg.Connection[Any]]:
 
 def _claim(
     alias: str, settings: QueueSettings, limit: int, job_types: list[str] | None
-) -> list[ClaimRow]:
+) -> tuple[list[ClaimRow], int]:
     """One claim of the queue, as a worker's (``RecordAndClaim``); the jobs of other types
-    than ``job_types`` given back at once."""
+    than ``job_types`` given back at once. Returns the jobs kept, and how many were given back."""
     with _lane(alias) as raw:
         rows = RecordAndClaim(settings, WORKER_ID, [], limit).run(raw).rows
     if job_types is None:
-        return rows
+        return rows, 0
     wanted = [row for row in rows if row.job_type in job_types]
     others = [row for row in rows if row.job_type not in job_types]
     if others:
         _give_back(alias, others)
-    return wanted
+    return wanted, len(others)
 
 
 def _give_back(alias: str, rows: list[ClaimRow]) -> None:

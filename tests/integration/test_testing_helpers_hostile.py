@@ -25,6 +25,7 @@ from django_pgoutbox import (
     job,
     outbox,
     publish,
+    resize_queue,
     subscriber,
 )
 from django_pgoutbox.models import Job, OutboxEvent
@@ -259,6 +260,21 @@ def test_the_relays_bound_names_the_events_projected_in_all(handlers: Handlers) 
     # the bound is the drain's, not what was left of it in its last round
     assert raised.value.summary.events == 3
     assert "drain() stopped after 3 events" in str(raised.value)
+
+
+@pytest.mark.django_db
+def test_job_types_held_back_by_a_limited_queue_are_said_so(handlers: Handlers) -> None:
+    # the queue's claim takes the first job in its order, of another type, and gives it back:
+    # the job of the type asked for is never reached, which the summary said nothing of
+    enqueue("hostile.echo", {"n": "first"}, priority=5)
+    enqueue("hostile.tenant", {})
+    resize_queue("default", max_running=1)
+    summary = drain(job_types="hostile.tenant")
+    assert len(summary) == 0
+    assert summary.held_back == {"default"}
+    assert "held back by jobs of other types claimed first: default" in repr(summary)
+    assert Job.objects.get(job_type="hostile.echo").attempts == 0  # given back untouched
+    assert drain().job_types == ["hostile.echo", "hostile.tenant"]
 
 
 class TestInATestCase(TestCase):
