@@ -26,7 +26,17 @@ def pgoutbox(request: pytest.FixtureRequest) -> Testing:
     gives the helpers of another database the test's mark names (``databases=[...]``).
     """
     if not {"transactional_db", "live_server"} & set(request.fixturenames):
-        request.getfixturevalue("db")
+        try:
+            request.getfixturevalue("db")
+        except pytest.FixtureLookupError as error:
+            if error.argname != "db":
+                raise
+            pytest.fail(
+                "the pgoutbox fixture needs pytest-django, for its test database (its db "
+                "fixture); install it, or use the functions of django_pgoutbox.testing in a "
+                "django.test.TestCase",
+                pytrace=False,
+            )
     from django_pgoutbox.testing.bound import Testing
 
     return Testing()
