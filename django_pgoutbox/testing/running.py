@@ -564,6 +564,7 @@ def _relay(alias: str, max_events: int, summary: RunSummary, *, raise_on_failure
     settings = get_settings()
     projected = 0
     seen = _last_delivery(alias)
+    _catch_up_events(alias)
     while True:
         if projected >= max_events:
             if _events_due(alias):
@@ -584,6 +585,19 @@ def _relay(alias: str, max_events: int, summary: RunSummary, *, raise_on_failure
         if failures and raise_on_failure:
             summary.events += projected
             raise SubscriberFailed(failures, summary)
+
+
+def _catch_up_events(alias: str) -> None:
+    """Make available now, for the relay's ``available_at <= now()``, the events available by
+    the clock (``publish(available_at=timezone.now())``), as ``_catch_up`` does for jobs."""
+    if not connections[alias].in_atomic_block:
+        return
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "UPDATE outbox_events SET available_at = now() "
+            "WHERE processed_at IS NULL AND dead_at IS NULL "
+            "  AND available_at > now() AND available_at <= clock_timestamp()"
+        )
 
 
 def _last_delivery(alias: str) -> int:

@@ -37,6 +37,7 @@ from django_pgoutbox.testing import (
     enqueued_jobs,
     perform_job,
     refute_enqueued,
+    run_relay,
 )
 from testproject.testjobs.models import SideEffect
 
@@ -275,6 +276,28 @@ def test_job_types_held_back_by_a_limited_queue_are_said_so(handlers: Handlers) 
     assert "held back by jobs of other types claimed first: default" in repr(summary)
     assert Job.objects.get(job_type="hostile.echo").attempts == 0  # given back untouched
     assert drain().job_types == ["hostile.echo", "hostile.tenant"]
+
+
+@pytest.mark.django_db
+def test_an_event_available_by_the_clock_is_projected(handlers: Handlers) -> None:
+    assert not OutboxEvent.objects.exists()
+    time.sleep(0.05)
+    publish(
+        "hostile.ping",
+        aggregate_type="a",
+        aggregate_id=uuid.uuid4(),
+        payload={},
+        available_at=timezone.now(),
+    )
+    publish(
+        "hostile.ping",
+        aggregate_type="a",
+        aggregate_id=uuid.uuid4(),
+        payload={},
+        available_at=timezone.now() + timedelta(hours=1),
+    )
+    assert run_relay() == 1
+    assert drain(relay=True).events == 0
 
 
 class TestInATestCase(TestCase):
