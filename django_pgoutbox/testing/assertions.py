@@ -78,20 +78,14 @@ def assert_enqueued(
             "asserts that none is enqueued (len(enqueued_jobs(...)) counts any number)"
         )
     status = _statuses(status)
-    jobs = enqueued_jobs(
-        job_type,
-        payload=payload,
-        payload_contains=payload_contains,
-        queue=queue,
-        status=status,
-        using=using,
-        **fields,
+    jobs, found = _first(
+        _matching(job_type, payload, payload_contains, queue, status, using, fields)
     )
     asked = _asked(job_type, payload, payload_contains, queue, status, fields)
-    if count is not None and len(jobs) != count:
+    if count is not None and found != count:
         raise AssertionError(
-            f"expected {count} job(s) enqueued matching {asked}, found {len(jobs)}"
-            + _listing(jobs, ":")
+            f"expected {count} job(s) enqueued matching {asked}, found {found}"
+            + _listing(jobs, ":", total=found)
             + (_nearest(job_type, payload, payload_contains, queue, using) if not jobs else "")
         )
     if not jobs:
@@ -115,20 +109,24 @@ def refute_enqueued(
     """Assert that no job matching these is enqueued (the arguments of ``enqueued_jobs()``;
     with none, that no job at all is)."""
     status = _statuses(status)
-    jobs = enqueued_jobs(
-        job_type,
-        payload=payload,
-        payload_contains=payload_contains,
-        queue=queue,
-        status=status,
-        using=using,
-        **fields,
+    jobs, found = _first(
+        _matching(job_type, payload, payload_contains, queue, status, using, fields)
     )
     if jobs:
         asked = _asked(job_type, payload, payload_contains, queue, status, fields)
         raise AssertionError(
-            f"expected no job enqueued matching {asked}, found {len(jobs)}" + _listing(jobs, ":")
+            f"expected no job enqueued matching {asked}, found {found}"
+            + _listing(jobs, ":", total=found)
         )
+
+
+def _first(jobs: QuerySet[Job]) -> tuple[list[Job], int]:
+    """The first ``LISTED`` of ``jobs``, and how many there are: a table of thousands of
+    jobs is counted, not read."""
+    first = list(jobs[: LISTED + 1])
+    if len(first) <= LISTED:
+        return first, len(first)
+    return first[:LISTED], jobs.count()
 
 
 def _statuses(status: str | Iterable[str] | None) -> str | tuple[str, ...] | None:

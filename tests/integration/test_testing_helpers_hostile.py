@@ -300,6 +300,30 @@ def test_an_event_available_by_the_clock_is_projected(handlers: Handlers) -> Non
     assert drain(relay=True).events == 0
 
 
+@pytest.mark.django_db
+def test_assertions_on_a_large_table_read_only_what_they_list(
+    handlers: Handlers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    enqueue_many([{"job_type": "hostile.echo", "payload": {"n": n}} for n in range(2000)])
+    built: list[Job] = []
+    from_db = Job.from_db.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[Job], *args: Any, **kwargs: Any) -> Job:
+        built.append(from_db(cls, *args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(Job, "from_db", classmethod(counted))
+    assert assert_enqueued("hostile.echo").payload == {"n": 0}
+    with pytest.raises(AssertionError) as raised:
+        assert_enqueued("hostile.echo", count=3)
+    assert "found 2000:" in str(raised.value)
+    assert str(raised.value).endswith("... and 1,990 more")
+    with pytest.raises(AssertionError) as raised:
+        refute_enqueued("hostile.echo")
+    assert "found 2000:" in str(raised.value)
+    assert len(built) <= 3 * 11  # every one of the 2,000 read each time, before
+
+
 class TestInATestCase(TestCase):
     def setUp(self) -> None:
         self.handlers = Handlers()
