@@ -93,9 +93,10 @@ class RunSummary:
     events: int = 0
     #: Queues that had jobs due but were paused (``pause_queue``): nothing was claimed there.
     paused: set[str] = field(default_factory=set)
-    #: Queues whose claim took only jobs of other types than ``job_types=`` while jobs of those
-    #: types were due: the others come first in its order, and its ``MAX_RUNNING`` (or the
-    #: claim's limit) left no room for them. A worker would run the others first.
+    #: Queues whose claim took none of their jobs due (of ``job_types=``): its ``MAX_RUNNING``
+    #: was reached, or its ``RATE_LIMIT``'s tokens spent (they do not come back while the
+    #: test's transaction's clock stands still), or jobs of other types than ``job_types=``
+    #: came first in its order and were given back.
     held_back: set[str] = field(default_factory=set)
     #: Subscribers that failed on the events projected (``drain(relay=True)``).
     subscriber_failures: list[SubscriberFailure] = field(default_factory=list)
@@ -152,7 +153,7 @@ class RunSummary:
             text += f"; paused: {', '.join(sorted(self.paused))}"
         if self.held_back:
             text += (
-                f"; held back by jobs of other types claimed first: "
+                "; jobs due but not claimed (MAX_RUNNING, RATE_LIMIT, other types first): "
                 f"{', '.join(sorted(self.held_back))}"
             )
         failures = self.failures

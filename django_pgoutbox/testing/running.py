@@ -268,8 +268,8 @@ def _round(
             if _due(alias, [name], job_types):
                 summary.paused.add(name)
             continue
-        rows, given_back = _claim(alias, control.settings(base), limit, job_types)
-        if given_back and not rows and _due(alias, [name], job_types):
+        rows = _claim(alias, control.settings(base), limit, job_types)
+        if not rows and _due(alias, [name], job_types):
             summary.held_back.add(name)
         claimed += len(rows)
         _run_rows(alias, rows, summary, raise_on_failure)
@@ -497,18 +497,18 @@ def _lane(alias: str) -> Iterator[psycopg.Connection[Any]]:
 
 def _claim(
     alias: str, settings: QueueSettings, limit: int, job_types: list[str] | None
-) -> tuple[list[ClaimRow], int]:
+) -> list[ClaimRow]:
     """One claim of the queue, as a worker's (``RecordAndClaim``); the jobs of other types
-    than ``job_types`` given back at once. Returns the jobs kept, and how many were given back."""
+    than ``job_types`` given back at once."""
     with _lane(alias) as raw:
         rows = RecordAndClaim(settings, WORKER_ID, [], limit).run(raw).rows
     if job_types is None:
-        return rows, 0
+        return rows
     wanted = [row for row in rows if row.job_type in job_types]
     others = [row for row in rows if row.job_type not in job_types]
     if others:
         _give_back(alias, others)
-    return wanted, len(others)
+    return wanted
 
 
 def _give_back(alias: str, rows: list[ClaimRow]) -> None:

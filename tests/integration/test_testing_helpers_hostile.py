@@ -273,7 +273,9 @@ def test_job_types_held_back_by_a_limited_queue_are_said_so(handlers: Handlers) 
     summary = drain(job_types="hostile.tenant")
     assert len(summary) == 0
     assert summary.held_back == {"default"}
-    assert "held back by jobs of other types claimed first: default" in repr(summary)
+    assert "jobs due but not claimed (MAX_RUNNING, RATE_LIMIT, other types first): default" in (
+        repr(summary)
+    )
     assert Job.objects.get(job_type="hostile.echo").attempts == 0  # given back untouched
     assert drain().job_types == ["hostile.echo", "hostile.tenant"]
 
@@ -322,6 +324,17 @@ def test_assertions_on_a_large_table_read_only_what_they_list(
         refute_enqueued("hostile.echo")
     assert "found 2000:" in str(raised.value)
     assert len(built) <= 3 * 11  # every one of the 2,000 read each time, before
+
+
+@pytest.mark.django_db
+def test_a_rate_limited_queue_whose_tokens_are_spent_is_said_so(handlers: Handlers) -> None:
+    for n in range(3):
+        enqueue("hostile.echo", {"n": n})
+    resize_queue("default", rate_limit=1)  # its tokens come back with a clock that stands still
+    summary = drain()
+    assert summary.completed == 1
+    assert summary.held_back == {"default"}
+    assert_enqueued("hostile.echo", count=2)
 
 
 class TestInATestCase(TestCase):
