@@ -369,9 +369,16 @@ def _execute(
     wrapper = connections[alias]
     policy = get_settings().retry
     if not wrapper.in_atomic_block:
-        return execute(
+        # the connection is closed after the attempt unless it is persistent (CONN_MAX_AGE):
+        # then what the handler SET is undone as in a transaction
+        opened = wrapper.connection
+        settings = _session_settings(wrapper) if opened is not None else None
+        outcome = execute(
             job, policy=policy, renew=_no_renewal, cancel=cancel, using=alias, on_error=on_error
         )
+        if settings is not None and wrapper.connection is opened:
+            _restore_session_settings(wrapper, settings)
+        return outcome
     settings = _session_settings(wrapper)
     savepoint = wrapper.savepoint()
     assert savepoint is not None  # inside atomic(): a savepoint was made

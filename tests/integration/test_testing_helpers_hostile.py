@@ -75,7 +75,6 @@ class Handlers:
         def tenant(payload: dict[str, Any], ctx: JobContext) -> str:
             # a schema-per-tenant app's habit: the tenant's schema first on the search path
             with connection.cursor() as cursor:
-                cursor.execute("CREATE SCHEMA IF NOT EXISTS hostile_tenant")
                 cursor.execute("SET search_path TO hostile_tenant")
                 cursor.execute("SET statement_timeout = '7s'")
                 cursor.execute("SET session_replication_role = replica")  # no triggers fire
@@ -335,6 +334,23 @@ def test_a_rate_limited_queue_whose_tokens_are_spent_is_said_so(handlers: Handle
     assert summary.completed == 1
     assert summary.held_back == {"default"}
     assert_enqueued("hostile.echo", count=2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_handlers_set_on_a_persistent_connection_in_a_transactional_test(
+    handlers: Handlers,
+) -> None:
+    # CONN_MAX_AGE = None: the connection outlives each attempt, as the helpers' statements do
+    connection.ensure_connection()
+    connection.close_at = None
+    names = ("search_path", "statement_timeout", "session_replication_role")
+    before = [_show(name) for name in names]
+    enqueue("hostile.tenant", {})
+    enqueue("hostile.echo", {"n": 1})
+    summary = drain()
+    assert [run.result for run in summary.runs] == ["switched", {"n": 1}]
+    assert [_show(name) for name in names] == before
+    assert not connection.in_atomic_block
 
 
 class TestInATestCase(TestCase):
