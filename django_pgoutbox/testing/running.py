@@ -10,6 +10,11 @@ and every handler runs in a savepoint of its own: a handler's database error, or
 refused, rolls back that savepoint only, never the test's transaction. Outside one
 (``transactional_db``), statements commit as a worker's do and handlers run outside any
 transaction, as in a worker.
+
+In a test's transaction ``now()`` stands still at its start: before each claim the jobs (and
+the events) due by the clock are made due (``_catch_up``), as a worker's claim would see them.
+What a handler ``SET``s on the connection is undone after its attempt
+(``_restore_session_settings``).
 """
 
 from __future__ import annotations
