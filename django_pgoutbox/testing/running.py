@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
+import unittest
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
@@ -346,12 +348,23 @@ def _job_run(
 
 
 def _interrupted(run: JobRun) -> None:
-    """Raise again the ``KeyboardInterrupt`` the handler raised: Ctrl-C, which a worker's
-    handler thread never gets, lands in a test's handler, which runs on the main thread. Its
-    outcome is written, as any failure's; then it stops the test run, whatever
-    ``raise_on_failure``, rather than becoming one more failed attempt."""
-    if isinstance(run.error, KeyboardInterrupt):
+    """Raise again what the handler raised to stop the test run or end the test, rather than
+    to fail its job: Ctrl-C (``KeyboardInterrupt``, which a worker's handler thread never gets,
+    lands in a test's handler, which runs on the main thread), and a test framework's own
+    outcomes (``pytest.fail()``, ``pytest.skip()``, ``pytest.exit()``, ``unittest``'s
+    ``skipTest()``) in a handler a test defines. Its outcome is written, as any failure's; then
+    it is raised, whatever ``raise_on_failure``, rather than becoming one more failed attempt."""
+    if run.error is not None and _ends_the_test(run.error):
         raise run.error
+
+
+def _ends_the_test(error: BaseException) -> bool:
+    if isinstance(error, KeyboardInterrupt | unittest.SkipTest):
+        return True
+    pytest_outcomes = sys.modules.get("_pytest.outcomes")  # pytest is not imported for this
+    return pytest_outcomes is not None and isinstance(
+        error, pytest_outcomes.OutcomeException | pytest_outcomes.Exit
+    )
 
 
 def _no_renewal(*_: Any) -> None:

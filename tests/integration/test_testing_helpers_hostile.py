@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import unittest
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -110,6 +111,14 @@ class Handlers:
         @subscriber("hostile.ping", name="hostile.on_ping")
         def on_ping(event: OutboxEvent) -> None:
             pass
+
+        @job("hostile.fails_the_test")
+        def fails_the_test(payload: dict[str, Any], ctx: JobContext) -> None:
+            if payload["how"] == "fail":
+                pytest.fail("this job must not run")
+            if payload["how"] == "skip":
+                pytest.skip("not here")
+            raise unittest.SkipTest("not here either")
 
     def restore(self) -> None:
         restore_registry(self._jobs)
@@ -351,6 +360,28 @@ def test_a_handlers_set_on_a_persistent_connection_in_a_transactional_test(
     assert [run.result for run in summary.runs] == ["switched", {"n": 1}]
     assert [_show(name) for name in names] == before
     assert not connection.in_atomic_block
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("how", "raised"),
+    [
+        ("fail", pytest.fail.Exception),
+        ("skip", pytest.skip.Exception),
+        ("unittest", unittest.SkipTest),
+    ],
+)
+def test_a_test_frameworks_outcome_in_a_handler_ends_the_test(
+    handlers: Handlers, how: str, raised: type[BaseException]
+) -> None:
+    # swallowed as one more failed attempt with raise_on_failure=False, and a pytest.skip()
+    # failed the test as AttemptFailed with it
+    for raise_on_failure in (True, False):
+        enqueue("hostile.fails_the_test", {"how": how})
+        with pytest.raises(raised):
+            drain(raise_on_failure=raise_on_failure)
+        with pytest.raises(raised):
+            perform_job("hostile.fails_the_test", {"how": how}, raise_on_failure=raise_on_failure)
 
 
 class TestInATestCase(TestCase):
