@@ -84,10 +84,14 @@ def test_a_summarys_repr_is_bounded() -> None:
     empty = RunSummary()
     assert repr(empty) == "<RunSummary 0 attempt(s)>"
     many = RunSummary([run("dead", code="E", summary="s" * 10) for _ in range(SHOWN + 4)])
-    many.events, many.paused = 2, {"reports", "default"}
+    many.events, many.paused, many.held_back = 2, {"reports", "default"}, {"api", "mail"}
     text = repr(many)
     assert text.startswith(f"<RunSummary {SHOWN + 4} attempt(s): {SHOWN + 4} dead")
     assert "2 event(s) projected; paused: default, reports" in text
+    assert (
+        "; jobs due but not claimed (MAX_RUNNING, RATE_LIMIT, other types first): api, mail;"
+        in (text)
+    )
     assert text.count("[notifications]") == SHOWN
     assert text.endswith("and 4 more>")
 
