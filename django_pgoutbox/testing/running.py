@@ -127,7 +127,7 @@ def run_jobs(
         _names(queues),
         _types(job_types),
         summary,
-        limit=limit,
+        limit=_bound("limit", limit, 1),
         raise_on_failure=raise_on_failure,
         with_scheduled=with_scheduled,
     )
@@ -157,6 +157,8 @@ def drain(
     """
     alias = database(using)
     names, types = _names(queues), _types(job_types)
+    _bound("max_jobs", max_jobs, 0)
+    _bound("max_events", max_events, 0)
     summary = RunSummary()
     while True:
         if relay:
@@ -195,7 +197,12 @@ def run_relay(
     waits for its back-off, as in a worker (``OutboxDelivery``); ``raise_on_failure``: then
     raise ``SubscriberFailed``, once the batch is written."""
     summary = RunSummary()
-    return _relay(database(using), max_events, summary, raise_on_failure=raise_on_failure)
+    return _relay(
+        database(using),
+        _bound("max_events", max_events, 0),
+        summary,
+        raise_on_failure=raise_on_failure,
+    )
 
 
 def perform_job(
@@ -732,7 +739,10 @@ def _settle_new_edges(alias: str) -> None:
 def _names(queues: Iterable[str] | str | None) -> list[str] | None:
     if queues is None:
         return None
-    return [queues] if isinstance(queues, str) else sorted(set(queues))
+    names = [queues] if isinstance(queues, str) else sorted(set(queues))
+    if not names:
+        raise ValueError("queues= names no queue: leave it out (None) to run every queue")
+    return names
 
 
 def _types(job_types: Iterable[JobType] | JobType | None) -> list[str] | None:
@@ -740,4 +750,15 @@ def _types(job_types: Iterable[JobType] | JobType | None) -> list[str] | None:
         return None
     if isinstance(job_types, str) or not isinstance(job_types, Iterable):
         return [job_type_name(job_types)]
-    return [job_type_name(job_type) for job_type in job_types]
+    names = [job_type_name(job_type) for job_type in job_types]
+    if not names:
+        raise ValueError("job_types= names no job type: leave it out (None) to run every type")
+    return names
+
+
+def _bound(name: str, value: int, minimum: int) -> int:
+    """A count the caller gave (``limit=``, ``max_jobs=``, ``max_events=``), checked: a
+    negative one, or one that is no whole number, would run nothing, or run past it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be a whole number from {minimum}, not {value!r}")
+    return value

@@ -38,6 +38,7 @@ from django_pgoutbox.testing import (
     enqueued_jobs,
     perform_job,
     refute_enqueued,
+    run_jobs,
     run_relay,
 )
 from testproject.testjobs.models import SideEffect
@@ -382,6 +383,32 @@ def test_a_test_frameworks_outcome_in_a_handler_ends_the_test(
             drain(raise_on_failure=raise_on_failure)
         with pytest.raises(raised):
             perform_job("hostile.fails_the_test", {"how": how}, raise_on_failure=raise_on_failure)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: run_jobs(limit=0), "limit must be a whole number from 1, not 0"),
+        (
+            lambda: run_jobs(limit=1.5),  # type: ignore[arg-type]
+            "limit must be a whole number from 1, not 1.5",
+        ),
+        (lambda: drain(max_jobs=-1), "max_jobs must be a whole number from 0, not -1"),
+        (lambda: drain(max_events=-1), "max_events must be a whole number from 0"),
+        (lambda: run_relay(max_events=-5), "max_events must be a whole number from 0"),
+        (lambda: drain(queues=[]), "queues= names no queue"),
+        (lambda: run_jobs(job_types=[]), "job_types= names no job type"),
+    ],
+)
+def test_bounds_and_filters_that_mean_nothing_are_refused(
+    handlers: Handlers, call: Any, message: str
+) -> None:
+    # each ran nothing, and said so only as "jobs due but not claimed", or said nothing
+    enqueue("hostile.echo", {"n": 1})
+    with pytest.raises(ValueError, match=message):
+        call()
+    assert_enqueued("hostile.echo", status="pending")
 
 
 class TestInATestCase(TestCase):
