@@ -32,6 +32,7 @@ from django_pgoutbox import (
 from django_pgoutbox.models import Job, OutboxEvent
 from django_pgoutbox.registry import registered_jobs, restore_registry
 from django_pgoutbox.testing import (
+    AttemptFailed,
     DrainLimitExceeded,
     assert_enqueued,
     drain,
@@ -412,15 +413,42 @@ def test_bounds_and_filters_that_mean_nothing_are_refused(
 
 
 class TestInATestCase(TestCase):
+    """One transaction for the class, whose now() is its first query's time, and a savepoint
+    for each test: what one test's handlers did is not there for the next."""
+
+    setup_job: Job
+
+    @classmethod
+    def setUpTestData(cls) -> None:
+        cls.setup_job = enqueue("hostile.echo", {"n": "from setUpTestData"})
+
     def setUp(self) -> None:
         self.handlers = Handlers()
         self.addCleanup(self.handlers.restore)
 
+    def test_a_handler_sets_the_search_path_and_the_test_fails_midway(self) -> None:
+        enqueue("hostile.tenant", {})
+        summary = drain()
+        assert summary.completed == 2
+        time.sleep(0.02)
+        enqueue("hostile.echo", {"n": "now"}, run_at=timezone.now())
+        assert drain().completed == 1
+        with pytest.raises(AttemptFailed):
+            enqueue("hostile.nobody", {})  # no such handler: a dead letter
+            drain()
+
+    def test_b_the_next_test_sees_the_setup_job_alone(self) -> None:
+        assert [job.pk for job in enqueued_jobs()] == [self.setup_job.pk]
+        assert _show("search_path") != "hostile_tenant"
+        time.sleep(0.02)  # the class's now() is further behind
+        enqueue("hostile.echo", {"n": "now"}, run_at=timezone.now())
+        assert drain().completed == 2
+
     def test_an_orm_error_the_handler_caught_leaves_the_class_transaction(self) -> None:
         enqueue("hostile.duplicate_caught", {})
-        assert drain().runs[0].result == "caught"
+        assert drain(job_types="hostile.duplicate_caught").runs[0].result == "caught"
         assert not SideEffect.objects.exists()
 
     def test_the_next_test_runs(self) -> None:
         enqueue("hostile.echo", {"n": 2})
-        assert drain().completed == 1
+        assert drain().completed == 2  # and the job of setUpTestData
