@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection
-from django.test import TestCase
+from django.test import TestCase, TransactionTestCase
 from django.utils import timezone
 
 from django_pgoutbox import (
@@ -452,3 +452,27 @@ class TestInATestCase(TestCase):
     def test_the_next_test_runs(self) -> None:
         enqueue("hostile.echo", {"n": 2})
         assert drain().completed == 2  # and the job of setUpTestData
+
+
+class TestInATransactionTestCase(TransactionTestCase):
+    """No transaction around the test: the helpers' statements commit as a worker's do, and
+    the table is emptied after each test."""
+
+    def setUp(self) -> None:
+        self.handlers = Handlers()
+        self.addCleanup(self.handlers.restore)
+
+    def test_a_handlers_orm_error_and_set_in_autocommit(self) -> None:
+        search_path = _show("search_path")
+        enqueue("hostile.duplicate_caught", {})
+        enqueue("hostile.tenant", {})
+        summary = drain()
+        assert [run.result for run in summary.runs] == ["caught", "switched"]
+        # in autocommit the first insert stays, as in a worker
+        assert SideEffect.objects.count() == 1
+        assert _show("search_path") == search_path
+        assert not connection.in_atomic_block
+
+    def test_the_next_test_starts_empty(self) -> None:
+        refute_enqueued(status=None)
+        assert not SideEffect.objects.exists()
