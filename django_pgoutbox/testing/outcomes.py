@@ -91,6 +91,9 @@ class RunSummary:
     runs: list[JobRun] = field(default_factory=list)
     #: Outbox events the relay projected (``drain(relay=True)``, ``run_relay()``).
     events: int = 0
+    #: Outbox events left for a relay by ``drain()`` without ``relay=True``: the jobs their
+    #: subscribers would enqueue were not run (at most 10,000 are counted).
+    events_waiting: int = 0
     #: Queues that had jobs due but were paused (``pause_queue``): nothing was claimed there.
     paused: set[str] = field(default_factory=set)
     #: Queues whose claim took none of their jobs due (of ``job_types=``): its ``MAX_RUNNING``
@@ -146,6 +149,11 @@ class RunSummary:
         text = f"<RunSummary {len(self.runs)} attempt(s){': ' + counts if counts else ''}"
         if self.events:
             text += f"; {self.events} event(s) projected"
+        if self.events_waiting:
+            text += (
+                f"; {self.events_waiting} outbox event(s) not projected "
+                "(drain(relay=True) projects them)"
+            )
         if self.subscriber_failures:
             failed = "; ".join(str(f) for f in self.subscriber_failures[:SHOWN])
             text += f"; subscribers failed: {failed}"

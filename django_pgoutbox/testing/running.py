@@ -170,7 +170,7 @@ def drain(
             _catch_up(alias, names, types, with_scheduled=with_scheduled)
             if _due(alias, names, types):
                 raise DrainLimitExceeded(max_jobs, "attempts", summary)
-            return summary
+            return _unprojected(alias, summary, relay)
         claimed = _round(
             alias,
             names,
@@ -181,7 +181,7 @@ def drain(
             with_scheduled=with_scheduled,
         )
         if not claimed:
-            return summary
+            return _unprojected(alias, summary, relay)
         if retry_at_once:
             _retry_now(
                 alias, [run.job_id for run in summary.runs[ran:] if run.status == "retrying"]
@@ -653,6 +653,22 @@ def _subscriber_failures(alias: str, after: int) -> tuple[list[SubscriberFailure
         rows = cursor.fetchall()
     failures = [SubscriberFailure(*row[1:]) for row in rows if row[4] is not None]
     return failures, max([after, *(row[0] for row in rows)])
+
+
+def _unprojected(alias: str, summary: RunSummary, relay: bool) -> RunSummary:
+    """``summary``, with the outbox events left for a relay when ``drain()`` projected none
+    (``relay=False``): the jobs their subscribers would enqueue did not run."""
+    if not relay:
+        _catch_up_events(alias)
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM (SELECT 1 FROM outbox_events"
+                " WHERE processed_at IS NULL AND dead_at IS NULL AND available_at <= now()"
+                " LIMIT 10000) AS waiting"
+            )
+            row = cursor.fetchone()
+        summary.events_waiting = int(row[0]) if row else 0
+    return summary
 
 
 def _events_due(alias: str) -> bool:

@@ -412,6 +412,19 @@ def test_bounds_and_filters_that_mean_nothing_are_refused(
     assert_enqueued("hostile.echo", status="pending")
 
 
+@pytest.mark.django_db
+def test_a_drain_without_the_relay_says_what_it_left_unprojected(handlers: Handlers) -> None:
+    # the job published events whose subscribers would enqueue more: the summary said nothing
+    enqueue("hostile.publishes", {"aggregate": str(uuid.uuid4()), "events": 2})
+    summary = drain()
+    assert summary.completed == 1
+    assert summary.events_waiting == 2
+    assert "2 outbox event(s) not projected (drain(relay=True) projects them)" in repr(summary)
+    summary = drain(relay=True)
+    assert (summary.events, summary.events_waiting) == (2, 0)
+    assert drain().events_waiting == 0
+
+
 class TestInATestCase(TestCase):
     """One transaction for the class, whose now() is its first query's time, and a savepoint
     for each test: what one test's handlers did is not there for the next."""
