@@ -393,29 +393,20 @@ def _execute(
     savepoint rolled back, and the test's transaction goes on."""
     wrapper = connections[alias]
     policy = get_settings().retry
+    settings = _session_settings()
     if not wrapper.in_atomic_block:
-        # the connection is closed after the attempt unless it is persistent (CONN_MAX_AGE):
-        # then what the handler SET is undone as in a transaction
-        opened = wrapper.connection
-        settings = _session_settings(wrapper) if opened is not None else None
         outcome = execute(
             job, policy=policy, renew=_no_renewal, cancel=cancel, using=alias, on_error=on_error
         )
-        if settings is not None and wrapper.connection is opened:
-            _restore_session_settings(wrapper, settings)
+        _restore_session_settings(settings)
         return outcome
-    settings = _session_settings(wrapper)
     savepoint = wrapper.savepoint()
     assert savepoint is not None  # inside atomic(): a savepoint was made
     with _transactions_kept_open():
         outcome = execute(
             job, policy=policy, renew=_no_renewal, cancel=cancel, using=alias, on_error=on_error
         )
-    raw = wrapper.connection
-    aborted = raw is not None and (
-        raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
-    )
-    if aborted or wrapper.needs_rollback:
+    if _aborted(wrapper):
         # As atomic() does on leaving a block marked for rollback: the mark first, or the
         # rollback's own statement is refused (an ORM write that failed inside the test's
         # atomic() marks it, even when the handler caught the error).
@@ -423,8 +414,16 @@ def _execute(
         wrapper.savepoint_rollback(savepoint)
     else:
         wrapper.savepoint_commit(savepoint)
-        _restore_session_settings(wrapper, settings)
+    _restore_session_settings(settings)
     return outcome
+
+
+def _aborted(wrapper: BaseDatabaseWrapper) -> bool:
+    """Whether the transaction of ``wrapper`` is aborted, or marked for rollback."""
+    raw = wrapper.connection
+    return wrapper.needs_rollback or (
+        raw is not None and raw.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+    )
 
 
 #: The settings a handler may ``SET`` that would change what the helpers' statements, or the
@@ -444,27 +443,40 @@ SESSION_SETTINGS = (
 )
 _SESSION_SETTINGS = "SELECT " + ", ".join(f"current_setting('{name}')" for name in SESSION_SETTINGS)
 
-
-def _session_settings(wrapper: BaseDatabaseWrapper) -> tuple[str, ...]:
-    with wrapper.cursor() as cursor:
-        cursor.execute(_SESSION_SETTINGS)
-        row = cursor.fetchone()
-    assert row is not None
-    return tuple(row)
+#: This thread's open connections, each with its ``SESSION_SETTINGS`` before a handler ran.
+Snapshot = list[tuple[BaseDatabaseWrapper, "psycopg.Connection[Any]", tuple[str, ...]]]
 
 
-def _restore_session_settings(wrapper: BaseDatabaseWrapper, before: tuple[str, ...]) -> None:
-    """Undo what a handler ``SET`` on the test's connection (``SESSION_SETTINGS``: a tenant's
+def _session_settings() -> Snapshot:
+    """The ``SESSION_SETTINGS`` of each of this thread's open PostgreSQL connections (a
+    handler run by ``drain(using="secondary")`` may ``SET`` on ``default``'s), read on the
+    psycopg connection itself: nothing is opened, and nothing logged."""
+    snapshot: Snapshot = []
+    for wrapper in connections.all(initialized_only=True):
+        raw = wrapper.connection
+        if wrapper.vendor != "postgresql" or raw is None or raw.closed or _aborted(wrapper):
+            continue
+        row = raw.execute(_SESSION_SETTINGS).fetchone()
+        if row is not None:
+            snapshot.append((wrapper, raw, tuple(row)))
+    return snapshot
+
+
+def _restore_session_settings(snapshot: Snapshot) -> None:
+    """Undo what a handler ``SET`` on a connection (``SESSION_SETTINGS``: a tenant's
     ``search_path``, a ``statement_timeout``, a ``ROLE``): in a worker it does not outlive the
     attempt, whose connection is closed after it (``CONN_MAX_AGE = 0``) and is never the one
     the outcome is written on; here it would run the helpers' next statements, and the
-    test's, under it."""
-    after = _session_settings(wrapper)
-    if after == before:
-        return
-    changed = [i for i, value in enumerate(after) if value != before[i]]
-    with wrapper.cursor() as cursor:
-        cursor.execute(
+    test's, under it. A connection closed since, or whose transaction is aborted (a rollback
+    undoes it), is left alone."""
+    for wrapper, raw, before in snapshot:
+        if wrapper.connection is not raw or raw.closed or _aborted(wrapper):
+            continue
+        after = raw.execute(_SESSION_SETTINGS).fetchone()
+        if after is None or tuple(after) == before:
+            continue
+        changed = [i for i, value in enumerate(after) if value != before[i]]
+        raw.execute(
             "SELECT set_config(name, value, false)"
             " FROM unnest(%s::text[], %s::text[]) AS u(name, value)",
             [[SESSION_SETTINGS[i] for i in changed], [before[i] for i in changed]],

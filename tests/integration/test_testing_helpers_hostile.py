@@ -425,6 +425,19 @@ def test_a_drain_without_the_relay_says_what_it_left_unprojected(handlers: Handl
     assert drain().events_waiting == 0
 
 
+@pytest.mark.django_db(databases=["default", "secondary"])
+def test_a_handler_of_another_database_sets_on_the_default_connection(
+    handlers: Handlers,
+) -> None:
+    # drain(using="secondary") runs a handler that SETs on default's connection
+    before = _show("search_path")
+    enqueue("hostile.tenant", {}, using="secondary")
+    assert drain(using="secondary").runs[0].result == "switched"
+    assert _show("search_path") == before
+    enqueue("hostile.echo", {"n": 1})
+    assert drain().completed == 1
+
+
 class TestInATestCase(TestCase):
     """One transaction for the class, whose now() is its first query's time, and a savepoint
     for each test: what one test's handlers did is not there for the next."""
