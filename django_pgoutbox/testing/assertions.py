@@ -12,9 +12,10 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from django_pgoutbox.errors import InvalidInput
 from django_pgoutbox.models import Job, JobStatus
 from django_pgoutbox.testing.running import JobType, database, job_type_name
-from django_pgoutbox.validation import short_repr
+from django_pgoutbox.validation import check_json, short_repr
 
 #: The statuses of a job that is *enqueued*: waiting to run (a workflow's step whose parents
 #: have not finished, a job due or scheduled, a job to be retried). ``status=`` overrides them.
@@ -166,12 +167,14 @@ def _matching(
     if payload is not _ANY:
         if not isinstance(payload, dict):
             raise TypeError(f"payload must be a dict, not {type(payload).__name__}")
+        check_json(payload, "payload", InvalidInput)
         jobs = jobs.filter(payload=payload)
     if payload_contains is not _ANY:
         if not isinstance(payload_contains, dict):
             raise TypeError(
                 f"payload_contains must be a dict, not {type(payload_contains).__name__}"
             )
+        check_json(payload_contains, "payload_contains", InvalidInput)
         jobs = jobs.filter(payload__contains=payload_contains)
     return jobs.filter(**fields) if fields else jobs
 

@@ -6,6 +6,7 @@ assertions given what they cannot mean."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import unittest
 import uuid
@@ -29,6 +30,7 @@ from django_pgoutbox import (
     resize_queue,
     subscriber,
 )
+from django_pgoutbox.errors import InvalidInput
 from django_pgoutbox.models import Job, OutboxEvent
 from django_pgoutbox.registry import registered_jobs, restore_registry
 from django_pgoutbox.testing import (
@@ -436,6 +438,30 @@ def test_a_handler_of_another_database_sets_on_the_default_connection(
     assert _show("search_path") == before
     enqueue("hostile.echo", {"n": 1})
     assert drain().completed == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        ({"x": [1, math.nan]}, "payload['x'][1]"),
+        ({"name": "\ud800"}, "payload['name']"),
+        ({"tags": {"a"}}, "payload['tags']"),
+    ],
+)
+def test_a_payload_to_match_that_json_cannot_carry_is_refused(
+    handlers: Handlers, payload: dict[str, Any], where: str
+) -> None:
+    # NaN and a lone surrogate reached PostgreSQL, which refused them and left the test's
+    # transaction aborted: every query after failed
+    enqueue("hostile.echo", {"n": 1})
+    for helper in (assert_enqueued, refute_enqueued, enqueued_jobs):
+        with pytest.raises(InvalidInput) as raised:
+            helper("hostile.echo", payload=payload)
+        assert raised.value.field == where
+        with pytest.raises(InvalidInput):
+            helper("hostile.echo", payload_contains=payload)
+    assert_enqueued("hostile.echo", payload={"n": 1})
 
 
 class TestInATestCase(TestCase):
