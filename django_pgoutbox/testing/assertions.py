@@ -10,6 +10,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from django.db import transaction
 from django.db.models import QuerySet
 
 from django_pgoutbox.errors import InvalidInput
@@ -54,9 +55,9 @@ def enqueued_jobs(
     ``Job``, as the ORM takes it (``priority=5``, ``organization_id=...``,
     ``idempotency_key=...``, ``run_at__gt=...``, ``max_attempts=3``).
     """
-    return list(
-        _matching(job_type, payload, payload_contains, queue, _statuses(status), using, fields)
-    )
+    jobs = _matching(job_type, payload, payload_contains, queue, _statuses(status), using, fields)
+    with transaction.atomic(using=jobs.db):
+        return list(jobs)
 
 
 def assert_enqueued(
@@ -123,11 +124,13 @@ def refute_enqueued(
 
 def _first(jobs: QuerySet[Job]) -> tuple[list[Job], int]:
     """The first ``LISTED`` of ``jobs``, and how many there are: a table of thousands of
-    jobs is counted, not read."""
-    first = list(jobs[: LISTED + 1])
-    if len(first) <= LISTED:
-        return first, len(first)
-    return first[:LISTED], jobs.count()
+    jobs is counted, not read. In a savepoint: a filter PostgreSQL refuses (``**fields``) leaves
+    the test's transaction usable."""
+    with transaction.atomic(using=jobs.db):
+        first = list(jobs[: LISTED + 1])
+        if len(first) <= LISTED:
+            return first, len(first)
+        return first[:LISTED], jobs.count()
 
 
 def _statuses(status: str | Iterable[str] | None) -> str | tuple[str, ...] | None:

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import IntegrityError, connection
+from django.db import DataError, IntegrityError, connection
 from django.test import TestCase, TransactionTestCase
 from django.utils import timezone
 
@@ -461,6 +461,15 @@ def test_a_payload_to_match_that_json_cannot_carry_is_refused(
         assert raised.value.field == where
         with pytest.raises(InvalidInput):
             helper("hostile.echo", payload_contains=payload)
+    assert_enqueued("hostile.echo", payload={"n": 1})
+
+
+@pytest.mark.django_db
+def test_a_filter_postgresql_refuses_leaves_the_tests_transaction(handlers: Handlers) -> None:
+    enqueue("hostile.echo", {"n": 1})
+    for helper in (assert_enqueued, refute_enqueued, enqueued_jobs):
+        with pytest.raises(DataError):
+            helper("hostile.echo", payload__contains={"x": math.nan})
     assert_enqueued("hostile.echo", payload={"n": 1})
 
 
