@@ -388,32 +388,33 @@ def _execute(
     on_error: Callable[[BaseException], None],
     cancel: CancelFlag | None = None,
 ) -> Outcome:
-    """``execute(job)`` on this thread, in a savepoint of the test's transaction if there is one:
-    a handler that leaves the transaction aborted (it caught a database error) has the
-    savepoint rolled back, and the test's transaction goes on."""
-    wrapper = connections[alias]
+    """``execute(job)`` on this thread, in a savepoint of the test's transaction if there is one
+    (of each database's): a handler that leaves a transaction aborted (it caught a database
+    error) has that savepoint rolled back, and the test's transaction goes on."""
     policy = get_settings().retry
     settings = _session_settings()
-    if not wrapper.in_atomic_block:
-        outcome = execute(
-            job, policy=policy, renew=_no_renewal, cancel=cancel, using=alias, on_error=on_error
-        )
-        _restore_session_settings(settings)
-        return outcome
-    savepoint = wrapper.savepoint()
-    assert savepoint is not None  # inside atomic(): a savepoint was made
+    # a savepoint on each connection inside the test's transaction (a handler of one database
+    # may write on another's)
+    savepoints = [
+        (wrapper, wrapper.savepoint())
+        for wrapper in connections.all(initialized_only=True)
+        if wrapper.in_atomic_block and wrapper.connection is not None and not _aborted(wrapper)
+    ]
     with _transactions_kept_open():
         outcome = execute(
             job, policy=policy, renew=_no_renewal, cancel=cancel, using=alias, on_error=on_error
         )
-    if _aborted(wrapper):
-        # As atomic() does on leaving a block marked for rollback: the mark first, or the
-        # rollback's own statement is refused (an ORM write that failed inside the test's
-        # atomic() marks it, even when the handler caught the error).
-        wrapper.needs_rollback = False
-        wrapper.savepoint_rollback(savepoint)
-    else:
-        wrapper.savepoint_commit(savepoint)
+    for wrapper, savepoint in savepoints:
+        if savepoint is None:
+            continue
+        if _aborted(wrapper):
+            # As atomic() does on leaving a block marked for rollback: the mark first, or the
+            # rollback's own statement is refused (an ORM write that failed inside the test's
+            # atomic() marks it, even when the handler caught the error).
+            wrapper.needs_rollback = False
+            wrapper.savepoint_rollback(savepoint)
+        else:
+            wrapper.savepoint_commit(savepoint)
     _restore_session_settings(settings)
     return outcome
 

@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import DataError, IntegrityError, connection
+from django.db import DataError, IntegrityError, connection, connections
 from django.test import TestCase, TransactionTestCase
 from django.utils import timezone
 
@@ -123,6 +123,23 @@ class Handlers:
             if payload["how"] == "skip":
                 pytest.skip("not here")
             raise unittest.SkipTest("not here either")
+
+        @job("hostile.duplicate_caught_on")
+        def duplicate_caught_on(payload: dict[str, Any], ctx: JobContext) -> str:
+            effects = SideEffect.objects.using(payload["database"])
+            first = effects.create(
+                job_id=ctx.job_id, attempt=1, event="first", pid=0, worker_thread="t"
+            )
+            with contextlib.suppress(IntegrityError):
+                effects.create(
+                    id=first.pk,
+                    job_id=ctx.job_id,
+                    attempt=1,
+                    event="again",
+                    pid=0,
+                    worker_thread="t",
+                )
+            return "caught"
 
     def restore(self) -> None:
         restore_registry(self._jobs)
@@ -471,6 +488,18 @@ def test_a_filter_postgresql_refuses_leaves_the_tests_transaction(handlers: Hand
         with pytest.raises(DataError):
             helper("hostile.echo", payload__contains={"x": math.nan})
     assert_enqueued("hostile.echo", payload={"n": 1})
+
+
+@pytest.mark.django_db(databases=["default", "secondary"])
+def test_an_orm_error_caught_on_another_database(handlers: Handlers) -> None:
+    # the handler of a default job caught an IntegrityError on "secondary": that database's
+    # transaction was left aborted for the test
+    enqueue("hostile.duplicate_caught_on", {"database": "secondary"})
+    assert drain().runs[0].result == "caught"
+    assert not SideEffect.objects.using("secondary").exists()
+    assert not connections["secondary"].needs_rollback
+    enqueue("hostile.echo", {"n": 1}, using="secondary")
+    assert drain(using="secondary").completed == 1
 
 
 class TestInATestCase(TestCase):
