@@ -31,7 +31,7 @@ from django_pgoutbox.db import ErrorKind, classify_error, server_side_cursor
 from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
 from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.outbox import Subscriber, subscribers_for
-from django_pgoutbox.worker import subscribers
+from django_pgoutbox.worker import session_settings, subscribers
 
 logger = logging.getLogger("django_pgoutbox.relay")
 
@@ -126,6 +126,7 @@ def run_alone(
         with transaction.atomic(using=using):  # a savepoint: this subscriber only
             subscribers.run_one(projection, event, using)
             if flush:
+                session_settings.restore(using, f"subscriber {projection.name!r}")
                 jobs.flush()
     except Exception as error:
         jobs.discard_from(mark)
@@ -316,6 +317,7 @@ class DeliveryRunner:
         failed: list[Finished] = []
         with transaction.atomic(using=self.using), deferred_enqueues(self.using) as jobs:
             held = self._lock(items)
+            session_settings.arm(self.using)
             for item in items:
                 if item.id not in held:
                     logger.warning(

@@ -55,7 +55,7 @@ from django_pgoutbox.db import ERROR_BACKOFF, ErrorKind, classify_error, server_
 from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
 from django_pgoutbox.models import OutboxEvent
 from django_pgoutbox.retry import summarize
-from django_pgoutbox.worker import subscribers
+from django_pgoutbox.worker import session_settings, subscribers
 from django_pgoutbox.worker.deliveries import (
     ConnectionLost,
     DeliveryRunner,
@@ -394,6 +394,7 @@ class Relay:
             deferred_enqueues(self.using) as jobs,
         ):
             held = self._lock(events)
+            session_settings.arm(self.using)
             for event in events:
                 if event.id not in held:
                     logger.warning(
@@ -408,6 +409,8 @@ class Relay:
                 processed = todo
             else:
                 self._run_segments(todo, jobs, suspects, processed, deliveries, flush=flush_each)
+            if todo:
+                session_settings.restore(self.using, f"a subscriber of {len(todo)} events")
             if not flush_each:
                 try:
                     jobs.flush()  # the jobs the subscribers enqueued: one statement for the batch

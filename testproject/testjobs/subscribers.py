@@ -138,6 +138,30 @@ def poison_swallow_database_error(event: OutboxEvent) -> None:
         pass
 
 
+@subscriber("poison.leave_settings")
+def poison_leave_settings(event: OutboxEvent) -> None:
+    """Project the event, then change the relay connection's session settings with SET (not
+    SET LOCAL), as a tenant's code may: the settings ``payload["settings"]`` names, each to a
+    value under which the relay's own statements would fail or go wrong. With ``fail_first``,
+    its first run raises (so that its delivery runs it again)."""
+    if (
+        event.payload.get("fail_first")
+        and not OutboxDelivery.objects.filter(event_id=event.id).exists()
+    ):
+        raise ValueError("the first run of a subscriber that leaves settings behind")
+    project(event)
+    statements = {
+        "search_path": "SET search_path TO pg_catalog",
+        "read_only": "SET default_transaction_read_only TO on",
+        "replica": "SET session_replication_role TO replica",
+        "role": "SET ROLE pg_monitor",
+        "strings": "SET standard_conforming_strings TO off",
+    }
+    with connection.cursor() as cursor:
+        for name in event.payload.get("settings", list(statements)):
+            cursor.execute(statements[name])
+
+
 @subscriber("poison.close_connection")
 def poison_close_connection(event: OutboxEvent) -> None:
     """Close the relay's connection, as code written for threads may (inside an atomic block,

@@ -330,3 +330,42 @@ def test_a_relay_turn_failing_a_few_times_is_retried_not_fatal(start_worker: Any
         timeout=15,
     )
     assert worker.process.poll() is None, worker.output()
+
+
+def projected_with_job(event: OutboxEvent) -> Callable[[], bool]:
+    def done() -> bool:
+        """the event is processed and its subscriber's job written"""
+        return (
+            OutboxEvent.objects.filter(pk=event.pk, processed_at__isnull=False).exists()
+            and Job.objects.filter(payload__event=str(event.pk)).exists()
+        )
+
+    return done
+
+
+@pytest.mark.parametrize("fail_first", [False, True], ids=["batch", "delivery"])
+def test_a_subscriber_leaving_session_settings_behind_changes_nothing_for_the_relay(
+    start_worker: Any, fail_first: bool
+) -> None:
+    """A subscriber that SETs (not SET LOCAL) the relay connection's search_path, role,
+    default_transaction_read_only, session_replication_role and standard_conforming_strings:
+    its work stands, the settings are put back before the relay's own statements (in the batch,
+    or in the delivery that runs it again), and the events after it are projected as before.
+    Without that, the relay's next statement failed (``relation "jobs" does not exist``) in
+    every batch until the same error stopped the worker."""
+    innocents, [poison] = publish_batch(("poison.leave_settings", {"fail_first": fail_first}))
+    worker = relay(start_worker)
+    for event in [poison, *innocents]:
+        wait_for(projected_with_job(event), timeout=30)
+    assert_innocents_projected_once(innocents)
+    if fail_first:
+        delivery = OutboxDelivery.objects.get(event_id=poison.pk)
+        assert delivery.state == "delivered", delivery.last_error
+    later = [innocent(n) for n in range(3)]
+    for event in later:
+        wait_for(projected_with_job(event), timeout=30)
+    assert worker.process.poll() is None, worker.output()
+    output = worker.output()
+    assert "changed the relay connection's session settings" in output, output
+    assert "search_path" in output, output
+    assert "turn failed" not in output, output
