@@ -96,6 +96,10 @@ class OutboxEvent(models.Model):
     # event is never claimed, and holds back the later events of its aggregate until an
     # operator re-drives or discards it.
     dead_at = models.DateTimeField(null=True, blank=True)
+    # Added (migration 0020): the W3C trace context (``traceparent``, ``tracestate``) of the
+    # span that published the event, when one was recording (docs/observability.md, "Traces");
+    # NULL otherwise, the common case.
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "outbox_events"
@@ -267,6 +271,10 @@ class Job(models.Model):
     # (``QUEUES[...]["PRIORITY_AGING"]``, docs/workers.md); NULL while aging never did. Aging
     # works its raises out from it and the wait, so that a pass repeated changes nothing.
     base_priority = models.IntegerField(null=True, blank=True, editable=False)
+    # Added (migration 0020): the W3C trace context (``traceparent``, ``tracestate``) of the
+    # span that enqueued the job, when one was recording (docs/observability.md, "Traces");
+    # NULL otherwise, the common case. A retried dead letter keeps it.
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
 
     #: Not a column: whether the call that returned this job wrote it (True), or found it
     #: already there (False: a repeated idempotency key, or a unique job's key held, see

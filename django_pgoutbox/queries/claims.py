@@ -41,6 +41,9 @@ CLAIM_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("run_at", "greatest(j.run_at, '1970-01-01 00:00:00+00'::timestamptz)", "timestamptz"),
     # jobs wait for it (workflows): its completion may hand them over (RECORD_HANDOFF_AND_CLAIM)
     ("dependants", "j.has_dependants IS TRUE", "boolean"),
+    # the W3C context of the span that enqueued it (``tracing``): NULL, the common case, costs a
+    # row a bit of its null bitmap (docs/benchmarks.md, "What profiling found", item 36)
+    ("trace_context", "j.trace_context::text", "text"),
 )
 
 
@@ -64,6 +67,7 @@ class ClaimRow(NamedTuple):
     #: handed over (RECORD_HANDOFF_AND_CLAIM): it was not read from the claim index.
     run_at: datetime | None = None
     dependants: bool = False  # jobs wait for it
+    trace_context: str | None = None  # JSON text: see ``tracing``
 
 
 def _claim_position(name: str, offset: int = 0) -> int:

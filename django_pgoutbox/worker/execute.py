@@ -18,7 +18,7 @@ from django.db import close_old_connections
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 
-from django_pgoutbox import metrics, signals
+from django_pgoutbox import metrics, signals, tracing
 from django_pgoutbox.conf import RetrySettings, get_settings
 from django_pgoutbox.context import CancelFlag, JobContext, ProgressNote
 from django_pgoutbox.errors import InvalidResult, JobFailure, ResultTooLarge, Snooze
@@ -48,6 +48,8 @@ class ClaimedJob:
     created_at: datetime
     waited: float = 0.0  # seconds from run_at to the claim, by the database clock
     worker_ids: tuple[str, ...] | list[str] = ()  # the worker of each attempt, this one last
+    #: The W3C context of the span that enqueued the job, JSON text (``tracing``), if any.
+    trace_context: str | None = None
 
     @classmethod
     def from_claim(
@@ -63,6 +65,7 @@ class ClaimedJob:
         created_at: datetime,
         waited: float,
         worker_ids: tuple[str, ...] | list[str],
+        trace_context: str | None = None,
     ) -> ClaimedJob:
         """The job of a claim's row: the same object as calling the class (see ``_frozen``)."""
         return _frozen(
@@ -79,6 +82,7 @@ class ClaimedJob:
                 "created_at": created_at,
                 "waited": waited,
                 "worker_ids": worker_ids,
+                "trace_context": trace_context,
             },
         )
 
@@ -157,6 +161,13 @@ def execute(
     attempt ends with an outcome.
     """
     try:
+        if tracing.enabled():  # its span, current while the handler runs (docs/observability.md)
+            return tracing.traced_attempt(
+                job,
+                lambda: _execute(
+                    job, policy=policy, renew=renew, cancel=cancel, using=using, report=report
+                ),
+            )
         return _execute(job, policy=policy, renew=renew, cancel=cancel, using=using, report=report)
     except BaseException as error:  # a bug of this module: the guards below catch the rest
         logger.exception(
@@ -418,6 +429,7 @@ def _run(
             gives_back_attempt=True,
         )
     except BaseException as error:
+        tracing.record_failure(error)
         failed = failure_outcome(
             error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
         )

@@ -1,0 +1,259 @@
+"""OpenTelemetry traces: the enqueuing span's context kept with a job or an event, and a span for
+each attempt and each projected event, linked to it (docs/observability.md, "Traces").
+
+``opentelemetry`` is optional (the ``[otel]`` extra); without it every hook here is a cheap
+no-op. With the API installed but no SDK configured (no tracer provider set), nothing is stored
+and no span is started either. Nothing here may fail an enqueue, an attempt or a process: a
+propagator, an exporter or a span processor that raises, or a garbage context in a row written
+by hand, is logged once and the work goes on untraced.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django_pgoutbox.worker.execute import ClaimedJob, Outcome
+
+try:
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate, trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+except ImportError:  # the [otel] extra is not installed
+    trace = None  # type: ignore[assignment]
+
+logger = logging.getLogger("django_pgoutbox.tracing")
+
+#: ``messaging.system`` of every span.
+SYSTEM = "pgoutbox"
+#: The stored context's keys: the W3C Trace Context fields.
+FIELDS = ("traceparent", "tracestate")
+
+_W3C = TraceContextTextMapPropagator() if trace is not None else None
+_UNCONFIGURED = (trace.ProxyTracerProvider, trace.NoOpTracerProvider) if trace is not None else ()
+_warned: set[str] = set()
+
+
+def enabled() -> bool:
+    """Whether traces are made: the API is installed and a tracer provider is set (an SDK's).
+
+    Asked once per attempt and per event: a global's read and an ``isinstance``.
+    """
+    return trace is not None and not isinstance(trace.get_tracer_provider(), _UNCONFIGURED)
+
+
+def _warn_once(what: str) -> None:
+    """Log, once per process and kind, that tracing failed (with its traceback); never raises."""
+    if what in _warned:
+        return
+    _warned.add(what)
+    with suppress(Exception):  # a broken handler of this logger must not fail the work either
+        logger.warning(
+            "tracing: %s failed; the work goes on untraced (logged once)", what, exc_info=True
+        )
+
+
+def current_context() -> str | None:
+    """The W3C trace context of the span current here, as JSON text to store with a job or an
+    event; None when no span is recording (no SDK, no span, a span not sampled), the common case.
+    """
+    if trace is None:
+        return None
+    try:
+        span = trace.get_current_span()
+        if not span.is_recording() or not span.get_span_context().is_valid:
+            return None
+        return _inject()
+    except Exception:
+        _warn_once("reading the current span's context")
+        return None
+
+
+def _inject() -> str | None:
+    """The current context by the configured propagator's W3C fields; by the W3C propagator if
+    it writes none of them (another format configured) or raises."""
+    carrier: dict[str, str] = {}
+    try:
+        propagate.inject(carrier)
+    except Exception:
+        _warn_once("the configured propagator")
+        carrier = {}
+    if not isinstance(carrier.get("traceparent"), str):
+        carrier = {}
+        assert _W3C is not None
+        _W3C.inject(carrier)
+    kept = {name: carrier[name] for name in FIELDS if isinstance(carrier.get(name), str)}
+    return json.dumps(kept, separators=(",", ":")) if "traceparent" in kept else None
+
+
+def span_context(stored: Any) -> Any:
+    """The ``SpanContext`` that a stored context (JSON text or its parsed object) names, or None
+    for none or for anything that is not a valid W3C context (a row written by hand)."""
+    if trace is None or stored is None:
+        return None
+    try:
+        carrier = json.loads(stored) if isinstance(stored, str) else stored
+        if not isinstance(carrier, dict):
+            return None
+        fields = {name: carrier[name] for name in FIELDS if isinstance(carrier.get(name), str)}
+        if "traceparent" not in fields:
+            return None
+        assert _W3C is not None
+        found = trace.get_current_span(_W3C.extract(fields)).get_span_context()
+        return found if found.is_valid else None
+    except Exception:
+        _warn_once("reading a stored trace context")
+        return None
+
+
+def _links(stored: Any) -> list[Any]:
+    found = span_context(stored)
+    return [] if found is None else [trace.Link(found, {"pgoutbox.link": "enqueued"})]
+
+
+def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
+    """``run()`` (one attempt) inside its span: ``process <queue>``, kind CONSUMER, linked to
+    the span that enqueued the job, current while the handler runs; ended whatever ``run()``
+    does. An attempt that ran as long as its job type's timeout was failed for it by the worker,
+    whatever its handler returned at last: its outcome is "timed_out".
+    """
+    try:
+        timeout = _timeout(job.job_type)
+        span = _tracer().start_span(
+            f"process {job.queue}",
+            context=otel_context.Context(),  # a root: the enqueuing span is a link, not a parent
+            kind=trace.SpanKind.CONSUMER,
+            links=_links(job.trace_context),
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.destination.name": job.queue,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.message.id": str(job.id),
+                "pgoutbox.job.type": job.job_type,
+                "pgoutbox.job.attempt": job.attempt,
+            },
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+    except Exception:
+        _warn_once("starting an attempt's span")
+        return run()
+    started = time.monotonic()
+    outcome: Outcome | None = None
+    try:
+        outcome = run()
+        return outcome
+    finally:
+        _end_attempt(
+            span, token, outcome, timeout is not None and time.monotonic() - started >= timeout
+        )
+
+
+def _timeout(job_type: str) -> float | None:
+    from django_pgoutbox.registry import get_job
+
+    definition = get_job(job_type)
+    return definition.timeout if definition is not None and definition.timeout else None
+
+
+def _end_attempt(span: Any, token: Any, outcome: Outcome | None, timed_out: bool) -> None:
+    try:
+        otel_context.detach(token)
+    except Exception:
+        _warn_once("detaching an attempt's context")
+    try:
+        if outcome is None:
+            span.set_attribute("pgoutbox.job.outcome", "worker_error")
+            span.set_status(trace.StatusCode.ERROR, "the worker failed around this attempt")
+        else:
+            status = "timed_out" if timed_out else outcome.status.value
+            span.set_attribute("pgoutbox.job.outcome", status)
+            if outcome.code is not None and outcome.code != "snoozed":
+                span.set_attribute("error.type", "timeout" if timed_out else outcome.code)
+                span.set_status(trace.StatusCode.ERROR, outcome.summary)
+            elif timed_out:
+                span.set_attribute("error.type", "timeout")
+                span.set_status(trace.StatusCode.ERROR, "the attempt ran past its timeout")
+    except Exception:
+        _warn_once("setting an attempt's outcome on its span")
+    try:
+        span.end()
+    except Exception:
+        _warn_once("ending a span (its processor or exporter)")
+
+
+def record_failure(error: BaseException) -> None:
+    """Record what a handler raised on the current span, if it is recording; never raises (an
+    exception whose ``str()`` raises is recorded by its type alone)."""
+    if trace is None:
+        return
+    try:
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return
+        try:
+            span.record_exception(error, escaped=True)
+        except Exception:
+            span.add_event("exception", {"exception.type": type(error).__qualname__})
+    except Exception:
+        _warn_once("recording an exception on a span")
+
+
+@contextmanager
+def traced_event(event: Any, subscriber: str) -> Iterator[None]:
+    """The relay's span of one subscriber's run on ``event`` (``process outbox``, kind
+    CONSUMER, linked to the span that published it), current while the subscriber runs: the
+    jobs it enqueues carry its context. Nothing when traces are not made."""
+    if not enabled():
+        yield
+        return
+    try:
+        span = _tracer().start_span(
+            "process outbox",
+            context=otel_context.Context(),
+            kind=trace.SpanKind.CONSUMER,
+            links=_links(getattr(event, "trace_context", None)),
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.destination.name": "outbox",
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.message.id": str(event.id),
+                "pgoutbox.event.type": event.event_type,
+                "pgoutbox.subscriber": subscriber,
+            },
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+    except Exception:
+        _warn_once("starting an event's span")
+        yield
+        return
+    try:
+        yield
+    except BaseException as error:
+        record_failure(error)
+        try:
+            span.set_status(trace.StatusCode.ERROR, type(error).__qualname__)
+        except Exception:
+            _warn_once("setting an event's status on its span")
+        raise
+    finally:
+        try:
+            otel_context.detach(token)
+        except Exception:
+            _warn_once("detaching an event's context")
+        try:
+            span.end()
+        except Exception:
+            _warn_once("ending a span (its processor or exporter)")
+
+
+def _tracer() -> Any:
+    from django_pgoutbox import __version__
+
+    return trace.get_tracer("django_pgoutbox", __version__)

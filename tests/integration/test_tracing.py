@@ -1,0 +1,104 @@
+"""The trace context stored with a job or an event, by every way of writing one: the context of
+the span recording at the enqueue, and nothing at all without one; the claim returns it, and a
+retried dead letter keeps it."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+from opentelemetry import trace
+
+from django_pgoutbox import enqueue, enqueue_many, publish, queries, workflow
+from django_pgoutbox.control import retry_dead_jobs
+from django_pgoutbox.models import Job, JobStatus, OutboxEvent
+from testproject.testjobs import tasks
+
+pytestmark = pytest.mark.django_db
+
+
+def traceparent(span: Any) -> str:
+    context = span.get_span_context()
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+@pytest.fixture
+def request_span(traces: Any) -> Iterator[Any]:
+    """A recording span, current for the test's body: a request's."""
+    with trace.get_tracer("tests").start_as_current_span("request") as span:
+        yield span
+
+
+def stored(job_ids: list[Any]) -> set[str | None]:
+    rows = Job.objects.filter(pk__in=job_ids).values_list("trace_context", flat=True)
+    return {None if value is None else value["traceparent"] for value in rows}
+
+
+def every_way() -> list[Any]:
+    """A job by each way of enqueueing one; their ids."""
+    ids = [
+        enqueue("tests.noop", {}).pk,
+        enqueue("tests.noop", {}, idempotency_key=f"k-{uuid.uuid4()}").pk,
+        enqueue("tests.noop", {"u": str(uuid.uuid4())}, unique=True).pk,
+        enqueue("tests.step", {}, sequence=f"s-{uuid.uuid4()}").pk,
+        tasks.report.enqueue("fleet", rows=1).id,
+    ]
+    parent = enqueue("tests.noop", {})
+    ids += [parent.pk, enqueue("tests.noop", {}, after=[parent]).pk]
+    ids += [j.pk for j in enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 3)]
+    ids += [j.pk for j in enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 70)]  # COPY
+    keyed = [
+        {"job_type": "tests.noop", "payload": {}, "idempotency_key": f"m-{uuid.uuid4()}"}
+        for _ in range(2)
+    ]
+    ids += [j.pk for j in enqueue_many(keyed)]
+    flow = workflow("traced")
+    first = flow.add("tests.noop", {}, name="first")
+    flow.add("tests.noop", {}, name="second", after=[first])
+    ids += [j.pk for j in flow.enqueue().jobs.values()]
+    return ids
+
+
+def test_every_way_of_enqueueing_stores_the_recording_span(request_span: Any) -> None:
+    ids = every_way()
+    assert len(ids) == 5 + 2 + 3 + 70 + 2 + 2
+    assert stored(ids) == {traceparent(request_span)}
+
+
+def test_nothing_is_stored_without_a_provider() -> None:
+    with trace.get_tracer("tests").start_as_current_span("request"):  # the API's no-op span
+        assert stored(every_way()) == {None}
+
+
+def test_nothing_is_stored_outside_a_span(traces: Any) -> None:
+    assert stored(every_way()) == {None}
+    event = publish("tests.to_job", aggregate_type="t", aggregate_id=uuid.uuid4(), payload={})
+    assert OutboxEvent.objects.get(pk=event.pk).trace_context is None
+
+
+def test_publish_stores_the_recording_span(request_span: Any) -> None:
+    event = publish("tests.to_job", aggregate_type="t", aggregate_id=uuid.uuid4(), payload={})
+    assert event.trace_context == {"traceparent": traceparent(request_span)}
+    row = OutboxEvent.objects.get(pk=event.pk)
+    assert row.trace_context == {"traceparent": traceparent(request_span)}
+
+
+def test_the_claim_returns_it_and_a_retried_dead_letter_keeps_it(request_span: Any) -> None:
+    job = enqueue("tests.noop", {}, queue="exports")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries.CLAIM_JOBS, {"queue": "exports", "limit": 5, "worker_id": "w", "lease": 60.0}
+        )
+        row = queries.ClaimRow._make(cursor.fetchone())
+    assert row.id == job.pk
+    assert row.trace_context is not None
+    assert json.loads(row.trace_context) == {"traceparent": traceparent(request_span)}
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.DEAD)
+    with trace.get_tracer("tests").start_as_current_span("an operator's request"):
+        assert retry_dead_jobs([job.pk]) == 1
+    assert stored([job.pk]) == {traceparent(request_span)}
+    assert Job.objects.get(pk=job.pk).status == JobStatus.PENDING
