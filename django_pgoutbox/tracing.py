@@ -15,7 +15,10 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+from django_pgoutbox.models import JobStatus
 
 if TYPE_CHECKING:
     from django_pgoutbox.worker.execute import ClaimedJob, Outcome
@@ -33,6 +36,9 @@ logger = logging.getLogger("django_pgoutbox.tracing")
 SYSTEM = "pgoutbox"
 #: The stored context's keys: the W3C Trace Context fields.
 FIELDS = ("traceparent", "tracestate")
+#: The key of ``jobs.trace_context`` under which a traced attempt that did not complete its job
+#: keeps its span (its number and ``traceparent``), for the next attempt's link.
+ATTEMPT = "attempt"
 
 _W3C = TraceContextTextMapPropagator() if trace is not None else None
 _UNCONFIGURED = (trace.ProxyTracerProvider, trace.NoOpTracerProvider) if trace is not None else ()
@@ -111,9 +117,45 @@ def span_context(stored: Any) -> Any:
         return None
 
 
-def _links(stored: Any) -> list[Any]:
+def _links(stored: Any, attempt: int | None = None) -> list[Any]:
+    """The links of a span: to the span that enqueued (or published) it, and, for attempt
+    ``attempt``, to the span of the attempt before it if that one was traced and failed."""
+    if stored is None:
+        return []
+    links = []
     found = span_context(stored)
-    return [] if found is None else [trace.Link(found, {"pgoutbox.link": "enqueued"})]
+    if found is not None:
+        links.append(trace.Link(found, {"pgoutbox.link": "enqueued"}))
+    if attempt is not None:
+        previous = _previous_attempt(stored, attempt)
+        if previous is not None:
+            links.append(trace.Link(previous, {"pgoutbox.link": "previous_attempt"}))
+    return links
+
+
+def _previous_attempt(stored: Any, attempt: int) -> Any:
+    """The span of the attempt before ``attempt`` that the row keeps (``ATTEMPT``), if it is
+    that one: the same number after a snooze, which gives its number back; one less else. An
+    older attempt's (the one between was not traced: a timeout, a lost lease) is no link."""
+    try:
+        carrier = json.loads(stored) if isinstance(stored, str) else stored
+        kept = carrier.get(ATTEMPT) if isinstance(carrier, dict) else None
+        if not isinstance(kept, dict) or kept.get("number") not in (attempt - 1, attempt):
+            return None
+        return span_context(kept)
+    except Exception:
+        _warn_once("reading a stored trace context")
+        return None
+
+
+def attempt_trace(span: Any, attempt: int) -> str | None:
+    """What the outcome of a traced attempt that did not complete its job writes under
+    ``ATTEMPT`` in ``jobs.trace_context`` (RECORD_OUTCOMES), for the next attempt's link."""
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    return json.dumps({"number": attempt, "traceparent": traceparent}, separators=(",", ":"))
 
 
 def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
@@ -128,7 +170,7 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
             f"process {job.queue}",
             context=otel_context.Context(),  # a root: the enqueuing span is a link, not a parent
             kind=trace.SpanKind.CONSUMER,
-            links=_links(job.trace_context),
+            links=_links(job.trace_context, job.attempt),
             attributes={
                 "messaging.system": SYSTEM,
                 "messaging.destination.name": job.queue,
@@ -147,11 +189,17 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
     outcome: Outcome | None = None
     try:
         outcome = run()
-        return outcome
     finally:
         _end_attempt(
             span, token, outcome, timeout is not None and time.monotonic() - started >= timeout
         )
+    if outcome.status is JobStatus.COMPLETED:
+        return outcome
+    try:
+        return replace(outcome, attempt_trace=attempt_trace(span, job.attempt))
+    except Exception:
+        _warn_once("keeping an attempt's span for the next one")
+        return outcome
 
 
 def _timeout(job_type: str) -> float | None:

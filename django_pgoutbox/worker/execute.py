@@ -107,6 +107,9 @@ class Outcome:
     #: the outcome (None: leave the column as it is).
     progress_json: str | None = None
     meta_json: str | None = None
+    #: The span of a traced attempt that did not complete its job, JSON text written to
+    #: ``jobs.trace_context`` for the next attempt's link (``tracing``); None if untraced.
+    attempt_trace: str | None = None
 
     @classmethod
     def completed(cls, job: ClaimedJob, result_json: str | None = None) -> Outcome:

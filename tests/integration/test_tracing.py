@@ -102,3 +102,34 @@ def test_the_claim_returns_it_and_a_retried_dead_letter_keeps_it(request_span: A
         assert retry_dead_jobs([job.pk]) == 1
     assert stored([job.pk]) == {traceparent(request_span)}
     assert Job.objects.get(pk=job.pk).status == JobStatus.PENDING
+
+
+def test_an_outcome_keeps_a_traced_attempts_span_beside_the_enqueuing_context(
+    request_span: Any,
+) -> None:
+    from django_pgoutbox.worker import outcomes
+    from django_pgoutbox.worker.execute import Outcome
+    from tests.conftest import claimed_job
+
+    traced, untraced, garbage = (enqueue("tests.noop", {}, queue="exports") for _ in range(3))
+    Job.objects.filter(pk=garbage.pk).update(trace_context=["not", "an", "object"])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            queries.CLAIM_JOBS, {"queue": "exports", "limit": 5, "worker_id": "w", "lease": 60.0}
+        )
+        assert len(cursor.fetchall()) == 3
+    kept = '{"number":1,"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}'
+    batch = [
+        Outcome(claimed_job("tests.noop", id=job.pk), JobStatus.RETRYING, delay=60.0, code="x")
+        for job in (traced, untraced, garbage)
+    ]
+    batch[0] = Outcome(batch[0].job, JobStatus.RETRYING, delay=60.0, code="x", attempt_trace=kept)
+    batch[2] = Outcome(batch[2].job, JobStatus.DEAD, code="x", attempt_trace=kept)
+    with connection.cursor() as cursor:
+        cursor.execute(queries.RECORD_OUTCOMES, outcomes.params(batch, "w"))
+        assert len(cursor.fetchall()) == 3
+    enqueued = {"traceparent": traceparent(request_span)}
+    assert Job.objects.get(pk=traced.pk).trace_context == {**enqueued, "attempt": json.loads(kept)}
+    assert Job.objects.get(pk=untraced.pk).trace_context == enqueued
+    assert Job.objects.get(pk=garbage.pk).trace_context == {"attempt": json.loads(kept)}
+    assert outcomes.params(batch[1:2], "w")["traces"] == []

@@ -182,3 +182,39 @@ class TestAttemptSpan:
             return trace.get_current_span().is_recording()
 
         assert run("t.plain").result_json == "false"
+
+    def test_the_next_attempt_links_the_failed_one(self, traces: InMemorySpanExporter) -> None:
+        @job("t.flaky")
+        def handler(payload: dict[str, Any], ctx: JobContext) -> None:
+            if ctx.attempt == 1:
+                raise TransientError("once")
+
+        enqueued = {"traceparent": TRACEPARENT}
+        first = run("t.flaky", trace_context=json.dumps(enqueued))
+        assert first.status == JobStatus.RETRYING
+        assert first.attempt_trace is not None
+        # RECORD_OUTCOMES keeps it under "attempt" beside the enqueuing context
+        stored = {**enqueued, "attempt": json.loads(first.attempt_trace)}
+        second = run("t.flaky", trace_context=json.dumps(stored), attempt=2, id=first.job.id)
+        assert second.status == JobStatus.COMPLETED
+        assert second.attempt_trace is None
+        failed, completed = traces.get_finished_spans()
+        assert [dict(link.attributes or {}) for link in completed.links] == [
+            {"pgoutbox.link": "enqueued"},
+            {"pgoutbox.link": "previous_attempt"},
+        ]
+        assert completed.links[1].context.span_id == failed.context.span_id
+        assert [link.context.span_id for link in failed.links] == [int(TRACEPARENT[36:52], 16)]
+
+    @pytest.mark.parametrize("number", [1, 5, "2", None])
+    def test_no_link_to_an_attempt_not_the_previous(
+        self, traces: InMemorySpanExporter, number: Any
+    ) -> None:
+        @job("t.plain")
+        def handler(payload: dict[str, Any], ctx: JobContext) -> None:
+            pass
+
+        kept = {"number": number, "traceparent": TRACEPARENT}
+        run("t.plain", trace_context=json.dumps({"attempt": kept}), attempt=3)
+        (span,) = traces.get_finished_spans()
+        assert span.links == ()
