@@ -1,34 +1,35 @@
 """OpenTelemetry traces: the enqueuing span's context kept with a job or an event, and a span for
 each attempt and each projected event, linked to it (docs/observability.md, "Traces").
 
-``opentelemetry`` is optional (the ``[otel]`` extra); without it every hook here is a cheap
-no-op. With the API installed but no SDK configured (no tracer provider set), nothing is stored
-and no span is started either. Nothing here may fail an enqueue, an attempt or a process: a
-propagator, an exporter or a span processor that raises, or a garbage context in a row written
-by hand, is logged once and the work goes on untraced.
+``opentelemetry`` is optional (the ``[otel]`` extra), and this module never imports it: a
+process whose code never imported ``opentelemetry.trace`` has no tracer provider configured, so
+every hook here is then a cheap no-op, without the API's import (a tenth of a second at start-up,
+and in each child of an isolated job type). Where the process did import it but set no tracer
+provider (no SDK configured), nothing is stored and no span is started either. Nothing here may
+fail an enqueue, an attempt or a process: a propagator, an exporter or a span processor that
+raises, or a garbage context in a row written by hand, is logged once and the work goes on
+untraced.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
+from functools import cache
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from django_pgoutbox.errors import JobTimeout
 from django_pgoutbox.models import JobStatus
 
 if TYPE_CHECKING:
     from django_pgoutbox.worker.execute import ClaimedJob, Outcome
-
-try:
-    from opentelemetry import context as otel_context
-    from opentelemetry import propagate, trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-except ImportError:  # the [otel] extra is not installed
-    trace = None  # type: ignore[assignment]
 
 logger = logging.getLogger("django_pgoutbox.tracing")
 
@@ -40,17 +41,44 @@ FIELDS = ("traceparent", "tracestate")
 #: keeps its span (its number and ``traceparent``), for the next attempt's link.
 ATTEMPT = "attempt"
 
-_W3C = TraceContextTextMapPropagator() if trace is not None else None
-_UNCONFIGURED = (trace.ProxyTracerProvider, trace.NoOpTracerProvider) if trace is not None else ()
 _warned: set[str] = set()
+_UNKNOWN = object()
+#: The API's way to name a provider without code: ``get_tracer_provider()`` loads it, so the
+#: API is imported here at once (if installed) for the first call to find.
+_PROVIDER_FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+if _PROVIDER_FROM_ENVIRONMENT:
+    with suppress(ImportError):
+        import opentelemetry.trace  # noqa: F401
+
+
+def _api() -> ModuleType | None:
+    """``opentelemetry.trace`` if this process imported it (its SDK's configuration did)."""
+    return sys.modules.get("opentelemetry.trace")
 
 
 def enabled() -> bool:
-    """Whether traces are made: the API is installed and a tracer provider is set (an SDK's).
+    """Whether traces are made: the process imported the API and set a tracer provider (an
+    SDK's). Never raises.
 
-    Asked once per attempt and per event: a global's read and an ``isinstance``.
+    Asked once per attempt and per event. ``trace.get_tracer_provider()`` looks
+    ``OTEL_PYTHON_TRACER_PROVIDER`` up in ``os.environ`` each time no provider is set: 2 µs, a
+    twentieth of a no-op job's time in the worker (docs/benchmarks.md, "What profiling found",
+    item 34). So the API's own global is read (a provider set, or None), and the function is
+    called only where it has something to do: that variable set, or an API without the global.
     """
-    return trace is not None and not isinstance(trace.get_tracer_provider(), _UNCONFIGURED)
+    trace = _api()
+    if trace is None:
+        return False
+    try:
+        provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+        if provider is None and not _PROVIDER_FROM_ENVIRONMENT:
+            return False
+        if provider is None or provider is _UNKNOWN:
+            provider = trace.get_tracer_provider()
+        return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    except Exception:  # an API half imported by another thread, or one that changed
+        _warn_once("asking for the tracer provider")
+        return False
 
 
 def _warn_once(what: str) -> None:
@@ -68,6 +96,7 @@ def current_context() -> str | None:
     """The W3C trace context of the span current here, as JSON text to store with a job or an
     event; None when no span is recording (no SDK, no span, a span not sampled), the common case.
     """
+    trace = _api()
     if trace is None:
         return None
     try:
@@ -83,6 +112,8 @@ def current_context() -> str | None:
 def _inject() -> str | None:
     """The current context by the configured propagator's W3C fields; by the W3C propagator if
     it writes none of them (another format configured) or raises."""
+    from opentelemetry import propagate
+
     carrier: dict[str, str] = {}
     try:
         propagate.inject(carrier)
@@ -91,8 +122,7 @@ def _inject() -> str | None:
         carrier = {}
     if not isinstance(carrier.get("traceparent"), str):
         carrier = {}
-        assert _W3C is not None
-        _W3C.inject(carrier)
+        _w3c().inject(carrier)
     kept = {name: carrier[name] for name in FIELDS if isinstance(carrier.get(name), str)}
     return json.dumps(kept, separators=(",", ":")) if "traceparent" in kept else None
 
@@ -100,6 +130,7 @@ def _inject() -> str | None:
 def span_context(stored: Any) -> Any:
     """The ``SpanContext`` that a stored context (JSON text or its parsed object) names, or None
     for none or for anything that is not a valid W3C context (a row written by hand)."""
+    trace = _api()
     if trace is None or stored is None:
         return None
     try:
@@ -109,8 +140,7 @@ def span_context(stored: Any) -> Any:
         fields = {name: carrier[name] for name in FIELDS if isinstance(carrier.get(name), str)}
         if "traceparent" not in fields:
             return None
-        assert _W3C is not None
-        found = trace.get_current_span(_W3C.extract(fields)).get_span_context()
+        found = trace.get_current_span(_w3c().extract(fields)).get_span_context()
         return found if found.is_valid else None
     except Exception:
         _warn_once("reading a stored trace context")
@@ -120,6 +150,8 @@ def span_context(stored: Any) -> Any:
 def _links(stored: Any, attempt: int | None = None) -> list[Any]:
     """The links of a span: to the span that enqueued (or published) it, and, for attempt
     ``attempt``, to the span of the attempt before it if that one was traced and failed."""
+    from opentelemetry import trace
+
     if stored is None:
         return []
     links = []
@@ -164,6 +196,9 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
     does. An attempt that ran as long as its job type's timeout was failed for it by the worker,
     whatever its handler returned at last: its outcome is "timed_out".
     """
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
     try:
         timeout = _timeout(job.job_type)
         span = _tracer().start_span(
@@ -203,13 +238,20 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
 
 
 def _timeout(job_type: str) -> float | None:
+    """The timeout that the worker enforces from outside the handler's thread, if any: with
+    ``isolation="process"`` the child is killed instead, and the outcome says so itself."""
     from django_pgoutbox.registry import get_job
 
     definition = get_job(job_type)
-    return definition.timeout if definition is not None and definition.timeout else None
+    if definition is None or not definition.timeout or definition.isolation == "process":
+        return None
+    return definition.timeout
 
 
 def _end_attempt(span: Any, token: Any, outcome: Outcome | None, timed_out: bool) -> None:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
     try:
         otel_context.detach(token)
     except Exception:
@@ -219,6 +261,7 @@ def _end_attempt(span: Any, token: Any, outcome: Outcome | None, timed_out: bool
             span.set_attribute("pgoutbox.job.outcome", "worker_error")
             span.set_status(trace.StatusCode.ERROR, "the worker failed around this attempt")
         else:
+            timed_out = timed_out or outcome.code == JobTimeout.code
             status = "timed_out" if timed_out else outcome.status.value
             span.set_attribute("pgoutbox.job.outcome", status)
             if outcome.code is not None and outcome.code != "snoozed":
@@ -238,6 +281,7 @@ def _end_attempt(span: Any, token: Any, outcome: Outcome | None, timed_out: bool
 def record_failure(error: BaseException) -> None:
     """Record what a handler raised on the current span, if it is recording; never raises (an
     exception whose ``str()`` raises is recorded by its type alone)."""
+    trace = _api()
     if trace is None:
         return
     try:
@@ -260,6 +304,9 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
     if not enabled():
         yield
         return
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
+
     try:
         span = _tracer().start_span(
             "process outbox",
@@ -301,7 +348,17 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
             _warn_once("ending a span (its processor or exporter)")
 
 
+@cache
+def _w3c() -> Any:
+    """W3C's own propagator: what the stored context is read with, whatever is configured."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()
+
+
 def _tracer() -> Any:
+    from opentelemetry import trace
+
     from django_pgoutbox import __version__
 
     return trace.get_tracer("django_pgoutbox", __version__)

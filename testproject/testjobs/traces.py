@@ -16,7 +16,12 @@ from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+    SpanExportResult,
+)
 
 
 def span_line(span: ReadableSpan) -> dict[str, Any]:
@@ -72,12 +77,24 @@ class RaisingPropagator(TextMapPropagator):
         return {"traceparent"}
 
 
+class NoExport(SpanExporter):
+    """An exporter that sends nothing: the cost of making the spans alone (benchmarks)."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        return SpanExportResult.SUCCESS
+
+
 def configure() -> None:
-    """Set the SDK up, with the spans written to the file ``PGOUTBOX_TEST_TRACES`` names."""
+    """Set the SDK up, with the spans written to the file ``PGOUTBOX_TEST_TRACES`` names; or,
+    for ``PGOUTBOX_TEST_TRACES=noexport``, batched to an exporter that sends nothing, as a
+    deployment's exporter would take them (benchmarks/drain_cpu.py)."""
     path = os.environ["PGOUTBOX_TEST_TRACES"]
     provider = TracerProvider()
     if os.environ.get("PGOUTBOX_TEST_TRACES_HOSTILE") == "1":
         provider.add_span_processor(RaisingProcessor())
         propagate.set_global_textmap(RaisingPropagator())
-    provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(path)))
+    if path == "noexport":
+        provider.add_span_processor(BatchSpanProcessor(NoExport()))
+    else:
+        provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(path)))
     trace.set_tracer_provider(provider)

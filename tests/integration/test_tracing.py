@@ -133,3 +133,60 @@ def test_an_outcome_keeps_a_traced_attempts_span_beside_the_enqueuing_context(
     assert Job.objects.get(pk=untraced.pk).trace_context == enqueued
     assert Job.objects.get(pk=garbage.pk).trace_context == {"attempt": json.loads(kept)}
     assert outcomes.params(batch[1:2], "w")["traces"] == []
+
+
+# A process with OpenTelemetry not installed (its import refused), which enqueues, publishes and
+# drains: the jobs and the event go through, untraced; and one with it installed that never
+# imports it itself: nothing of it is imported.
+_WITHOUT_OTEL = """
+import os, sys
+if sys.argv[1] == "blocked":
+    sys.modules["opentelemetry"] = None  # import opentelemetry raises ImportError
+import django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+django.setup()
+import uuid
+from django.db import transaction
+from django_pgoutbox import enqueue, enqueue_many, publish
+from django_pgoutbox.models import Job, OutboxEvent
+from django_pgoutbox.worker import Worker
+with transaction.atomic():
+    enqueue("tests.noop", {})
+    enqueue("tests.behave", {"fail": "permanent"})
+    enqueue_many([{"job_type": "tests.noop", "payload": {}}] * 70)
+    publish("tests.to_job", aggregate_type="t", aggregate_id=uuid.uuid4(), payload={})
+Worker(burst=True, roles=["relay"]).run()
+Worker(burst=True, roles=["jobs"], queues=["default"]).run()
+print(sorted(set(Job.objects.values_list("status", flat=True))))
+print(Job.objects.filter(trace_context__isnull=False).count(), Job.objects.count())
+print(OutboxEvent.objects.filter(processed_at__isnull=False).count())
+print(sorted(n for n, m in sys.modules.items() if n.startswith("opentelemetry") and m))
+"""
+
+
+@pytest.mark.django_db(transaction=True)  # the process is another: only commits are seen
+@pytest.mark.parametrize("how", ["blocked", "not imported"])
+def test_without_opentelemetry(how: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.processes import ROOT, database_url_for_tests, scaled
+
+    env = {**os.environ, "DATABASE_URL": database_url_for_tests(), "PYTHONPATH": str(ROOT)}
+    env.pop("PGOUTBOX_TEST_TRACES", None)
+    done = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_OTEL, how],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    statuses, traced, processed, imported = done.stdout.splitlines()[-4:]
+    assert statuses == "['completed', 'dead']"
+    assert traced == "0 73"
+    assert processed == "1"
+    assert imported == "[]"
