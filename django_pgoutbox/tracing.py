@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
-from functools import cache
+from functools import cache, lru_cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from django_pgoutbox.errors import JobTimeout
 from django_pgoutbox.models import JobStatus
+from django_pgoutbox.registry import get_job
 
 if TYPE_CHECKING:
     from django_pgoutbox.worker.execute import ClaimedJob, Outcome
@@ -240,8 +241,6 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
 def _timeout(job_type: str) -> float | None:
     """The timeout that the worker enforces from outside the handler's thread, if any: with
     ``isolation="process"`` the child is killed instead, and the outcome says so itself."""
-    from django_pgoutbox.registry import get_job
-
     definition = get_job(job_type)
     if definition is None or not definition.timeout or definition.isolation == "process":
         return None
@@ -359,6 +358,13 @@ def _w3c() -> Any:
 def _tracer() -> Any:
     from opentelemetry import trace
 
+    return _tracer_of(trace.get_tracer_provider())
+
+
+@lru_cache(maxsize=4)
+def _tracer_of(provider: Any) -> Any:
+    """This package's tracer from ``provider``: made once, not at each span (the SDK's
+    ``get_tracer()`` makes a new one at each call)."""
     from django_pgoutbox import __version__
 
-    return trace.get_tracer("django_pgoutbox", __version__)
+    return provider.get_tracer("django_pgoutbox", __version__)

@@ -42,7 +42,7 @@ CLAIM_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # jobs wait for it (workflows): its completion may hand them over (RECORD_HANDOFF_AND_CLAIM)
     ("dependants", "j.has_dependants IS TRUE", "boolean"),
     # the W3C context of the span that enqueued it (``tracing``): NULL, the common case, costs a
-    # row a bit of its null bitmap (docs/benchmarks.md, "What profiling found", item 36)
+    # row a bit of its null bitmap (docs/benchmarks.md, "What profiling found", item 34)
     ("trace_context", "j.trace_context::text", "text"),
 )
 

@@ -87,8 +87,11 @@ class NoExport(SpanExporter):
 def configure() -> None:
     """Set the SDK up, with the spans written to the file ``PGOUTBOX_TEST_TRACES`` names; or,
     for ``PGOUTBOX_TEST_TRACES=noexport``, batched to an exporter that sends nothing, as a
-    deployment's exporter would take them (benchmarks/drain_cpu.py)."""
+    deployment's exporter would take them; ``imported``: OpenTelemetry imported, no SDK set up
+    (the two for benchmarks/drain_cpu.py)."""
     path = os.environ["PGOUTBOX_TEST_TRACES"]
+    if path == "imported":  # the API imported (this module did), and no provider set
+        return
     provider = TracerProvider()
     if os.environ.get("PGOUTBOX_TEST_TRACES_HOSTILE") == "1":
         provider.add_span_processor(RaisingProcessor())
