@@ -151,8 +151,7 @@ def span_context(stored: Any) -> Any:
 def _links(stored: Any, attempt: int | None = None) -> list[Any]:
     """The links of a span: to the span that enqueued (or published) it, and, for attempt
     ``attempt``, to the span of the attempt before it if that one was traced and failed."""
-    from opentelemetry import trace
-
+    trace, _ = _otel()
     if stored is None:
         return []
     links = []
@@ -197,8 +196,7 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
     does. An attempt that ran as long as its job type's timeout was failed for it by the worker,
     whatever its handler returned at last: its outcome is "timed_out".
     """
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
+    trace, otel_context = _otel()
 
     try:
         timeout = _timeout(job.job_type)
@@ -248,8 +246,7 @@ def _timeout(job_type: str) -> float | None:
 
 
 def _end_attempt(span: Any, token: Any, outcome: Outcome | None, timed_out: bool) -> None:
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
+    trace, otel_context = _otel()
 
     try:
         otel_context.detach(token)
@@ -303,8 +300,7 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
     if not enabled():
         yield
         return
-    from opentelemetry import context as otel_context
-    from opentelemetry import trace
+    trace, otel_context = _otel()
 
     try:
         span = _tracer().start_span(
@@ -355,10 +351,17 @@ def _w3c() -> Any:
     return TraceContextTextMapPropagator()
 
 
-def _tracer() -> Any:
-    from opentelemetry import trace
+@cache
+def _otel() -> tuple[Any, Any]:
+    """``opentelemetry.trace`` and ``opentelemetry.context``, imported at the first span: no
+    import statement run again at each span."""
+    from opentelemetry import context, trace
 
-    return _tracer_of(trace.get_tracer_provider())
+    return trace, context
+
+
+def _tracer() -> Any:
+    return _tracer_of(_otel()[0].get_tracer_provider())
 
 
 @lru_cache(maxsize=4)
