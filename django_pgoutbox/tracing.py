@@ -196,9 +196,9 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
     does. An attempt that ran as long as its job type's timeout was failed for it by the worker,
     whatever its handler returned at last: its outcome is "timed_out".
     """
-    trace, otel_context = _otel()
-
+    span = None
     try:
+        trace, otel_context = _otel()
         timeout = _timeout(job.job_type)
         span = _tracer().start_span(
             f"process {job.queue}",
@@ -218,6 +218,9 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
         token = otel_context.attach(trace.set_span_in_context(span))
     except Exception:
         _warn_once("starting an attempt's span")
+        if span is not None:  # started, not made current: ended at once, never left open
+            with suppress(Exception):
+                span.end()
         return run()
     started = time.monotonic()
     outcome: Outcome | None = None
@@ -300,9 +303,9 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
     if not enabled():
         yield
         return
-    trace, otel_context = _otel()
-
+    span = None
     try:
+        trace, otel_context = _otel()
         span = _tracer().start_span(
             "process outbox",
             context=otel_context.Context(),
@@ -321,6 +324,9 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
         token = otel_context.attach(trace.set_span_in_context(span))
     except Exception:
         _warn_once("starting an event's span")
+        if span is not None:
+            with suppress(Exception):
+                span.end()
         yield
         return
     try:

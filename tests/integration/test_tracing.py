@@ -190,3 +190,18 @@ def test_without_opentelemetry(how: str) -> None:
     assert traced == "0 73"
     assert processed == "1"
     assert imported == "[]"
+
+
+def test_a_scheduled_slot_has_no_context(traces: Any) -> None:
+    """The scheduler's enqueue runs under no span (docs/observability.md, "Traces")."""
+    from datetime import UTC, datetime, timedelta
+
+    from django_pgoutbox.scheduler import enqueue_due
+    from django_pgoutbox.schedules import Schedule
+
+    start = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
+    tick = Schedule(name="traced-tick", job_type="tests.noop", every=timedelta(seconds=1))
+    assert enqueue_due(tick, using="default", now=start) == []
+    jobs = enqueue_due(tick, using="default", now=start + timedelta(seconds=1.5))
+    assert jobs
+    assert stored([j.pk for j in jobs]) == {None}

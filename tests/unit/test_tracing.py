@@ -218,3 +218,21 @@ class TestAttemptSpan:
         run("t.plain", trace_context=json.dumps({"attempt": kept}), attempt=3)
         (span,) = traces.get_finished_spans()
         assert span.links == ()
+
+    def test_a_context_that_cannot_be_made_current_ends_its_span(
+        self, traces: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from opentelemetry import context
+
+        def refuse(value: Any) -> Any:
+            raise RuntimeError("a context that cannot be attached")
+
+        monkeypatch.setattr(context, "attach", refuse)
+
+        @job("t.plain")
+        def handler(payload: dict[str, Any], ctx: JobContext) -> str:
+            return "ran"
+
+        assert run("t.plain").result_json == '"ran"'
+        (span,) = traces.get_finished_spans()
+        assert span.name == "process default"
