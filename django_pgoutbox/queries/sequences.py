@@ -41,10 +41,10 @@ FROM (
 #: that a worker or a cancel, locking both in id order, held while waiting for the first.
 #:
 #: Named parameters: id, organization_id, queue, job_type, payload (JSON text),
-#: idempotency_key, priority, run_at, delay, max_attempts, event_id, sequence_key, channel,
-#: notify. Returns (id, status, run_at, created_at, sequence_position, parent id) of the job
-#: written (the parent: the tail, to insert the edge from); no row for a repeated idempotency
-#: key.
+#: idempotency_key, priority, run_at, delay, max_attempts, event_id, trace_context (JSON text),
+#: sequence_key, channel, notify. Returns (id, status, run_at, created_at, sequence_position,
+#: parent id) of the job written (the parent: the tail, to insert the edge from); no row for a
+#: repeated idempotency key.
 ENQUEUE_IN_SEQUENCE = binary("""
 WITH tail AS MATERIALIZED (
     SELECT t.id FROM jobs AS t

@@ -47,9 +47,9 @@ RETURNING run_at, created_at, unique_key,
 #: One unique job: ENQUEUE_JOB's row, with its key and states.
 #:
 #: Named parameters: ENQUEUE_JOB's (id, organization_id, queue, job_type, payload,
-#: idempotency_key, priority, run_at, delay, max_attempts, event_id, notify, channel) and
-#: unique_key uuid (the policy's hash), unique_states int. The ``*_PERIOD_*`` versions take
-#: period bigint (seconds) and next_window boolean too. Sent in binary.
+#: idempotency_key, priority, run_at, delay, max_attempts, event_id, trace_context, notify,
+#: channel) and unique_key uuid (the policy's hash), unique_states int. The ``*_PERIOD_*``
+#: versions take period bigint (seconds) and next_window boolean too. Sent in binary.
 #:
 #: ``ON CONFLICT DO NOTHING`` names no index: a held key (``jobs_unique_uq``) and a repeated
 #: idempotency key both make it a no-op, also against a concurrent transaction inserting either
