@@ -7,8 +7,8 @@ every hook here is then a cheap no-op, without the API's import (a tenth of a se
 and in each child of an isolated job type). Where the process did import it but set no tracer
 provider (no SDK configured), nothing is stored and no span is started either. Nothing here may
 fail an enqueue, an attempt or a process: a propagator, an exporter or a span processor that
-raises, or a garbage context in a row written by hand, is logged once and the work goes on
-untraced.
+raises, or a garbage context in a row written by hand, is logged once per thread and the work
+goes on untraced.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -42,7 +43,8 @@ FIELDS = ("traceparent", "tracestate")
 #: keeps its span (its number and ``traceparent``), for the next attempt's link.
 ATTEMPT = "attempt"
 
-_warned: set[str] = set()
+#: What each thread has said failed (``_warn_once``): its own, shared with no other thread.
+_said = threading.local()
 _UNKNOWN = object()
 #: The API's way to name a provider without code: ``get_tracer_provider()`` loads it, so the
 #: API is imported here at once (if installed) for the first call to find.
@@ -83,13 +85,16 @@ def enabled() -> bool:
 
 
 def _warn_once(what: str) -> None:
-    """Log, once per process and kind, that tracing failed (with its traceback); never raises."""
-    if what in _warned:
+    """Log, once per thread and kind, that tracing failed (with its traceback); never raises."""
+    warned: set[str] = _said.__dict__.setdefault("warned", set())
+    if what in warned:
         return
-    _warned.add(what)
+    warned.add(what)
     with suppress(Exception):  # a broken handler of this logger must not fail the work either
         logger.warning(
-            "tracing: %s failed; the work goes on untraced (logged once)", what, exc_info=True
+            "tracing: %s failed; the work goes on untraced (logged once per thread)",
+            what,
+            exc_info=True,
         )
 
 
