@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 from django.db import close_old_connections
@@ -165,12 +166,11 @@ def execute(
     """
     try:
         if tracing.enabled():  # its span, current while the handler runs (docs/observability.md)
-            return tracing.traced_attempt(
-                job,
-                lambda: _execute(
-                    job, policy=policy, renew=renew, cancel=cancel, using=using, report=report
-                ),
+            # partial, not a lambda: a closure would make every argument a cell, at every call
+            attempt = partial(
+                _execute, job, policy=policy, renew=renew, cancel=cancel, using=using, report=report
             )
+            return tracing.traced_attempt(job, attempt)
         return _execute(job, policy=policy, renew=renew, cancel=cancel, using=using, report=report)
     except BaseException as error:  # a bug of this module: the guards below catch the rest
         logger.exception(
