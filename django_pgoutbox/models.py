@@ -152,7 +152,9 @@ class OutboxEvent(models.Model):
         ``aggregate_id``; ``time`` when it occurred; ``data`` its payload. ``source`` (a URI
         reference: ``"https://shop.example.com/orders"``) defaults to ``"/" + aggregate_type``.
         ``dataschema``, a URI, is added when given. The extension attributes ``aggregatetype``,
-        ``schemaversion`` and, when set, ``organizationid`` carry the rest.
+        ``schemaversion`` and, when set, ``organizationid`` carry the rest; ``traceparent`` and
+        ``tracestate`` (CloudEvents' distributed tracing extension) the trace context of the span
+        that published it, if one was recording (docs/observability.md, "Traces").
         """
         if source is None:
             source = f"/{self.aggregate_type}"
@@ -184,6 +186,11 @@ class OutboxEvent(models.Model):
         event["schemaversion"] = self.schema_version
         if self.organization_id is not None:
             event["organizationid"] = str(self.organization_id)
+        trace_context = self.trace_context
+        if isinstance(trace_context, dict) and isinstance(trace_context.get("traceparent"), str):
+            for name in ("traceparent", "tracestate"):  # only text: a row written by hand
+                if isinstance(trace_context.get(name), str):
+                    event[name] = trace_context[name]
         event["data"] = self.payload
         return event
 

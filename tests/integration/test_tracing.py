@@ -205,3 +205,16 @@ def test_a_scheduled_slot_has_no_context(traces: Any) -> None:
     jobs = enqueue_due(tick, using="default", now=start + timedelta(seconds=1.5))
     assert jobs
     assert stored([j.pk for j in jobs]) == {None}
+
+
+def test_a_cloudevent_carries_the_publishing_context(request_span: Any) -> None:
+    event = publish("tests.to_job", aggregate_type="t", aggregate_id=uuid.uuid4(), payload={})
+    cloud = OutboxEvent.objects.get(pk=event.pk).as_cloudevent()
+    assert cloud["traceparent"] == traceparent(request_span)
+    assert "tracestate" not in cloud
+    OutboxEvent.objects.filter(pk=event.pk).update(
+        trace_context={"traceparent": 5, "tracestate": "a=b"}
+    )
+    assert "traceparent" not in OutboxEvent.objects.get(pk=event.pk).as_cloudevent()
+    OutboxEvent.objects.filter(pk=event.pk).update(trace_context=["garbage"])
+    assert "tracestate" not in OutboxEvent.objects.get(pk=event.pk).as_cloudevent()
