@@ -43,6 +43,7 @@ def _client(conninfo: dict[str, Any], batch: int, worker_id: str) -> None:
                 "results": [None] * len(ids),
                 "progress": [None] * len(ids),
                 "meta": [None] * len(ids),
+                "traces": [],
                 "worker_id": worker_id,
                 "notify": True,
                 "queue": "default",

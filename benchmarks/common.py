@@ -116,6 +116,7 @@ def completed_outcomes(ids: list[Any], attempts: list[int]) -> dict[str, Any]:
         "notify": True,
         "progress": [None] * n,
         "meta": [None] * n,
+        "traces": [],
     }
 
 

@@ -146,7 +146,7 @@ class _CopyRows:
     #: The binary COPY header: signature, flags, header extension length.
     HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)
     TRAILER = b"\xff\xff"
-    _ID = struct.Struct(">hiQQ").pack  # 9 fields, then the id: 16 bytes as two halves
+    _ID = struct.Struct(">hiQQ").pack  # 10 fields, then the id: 16 bytes as two halves
     _JSONB = struct.Struct(">ib").pack  # length, jsonb format version 1
     _TAIL = struct.Struct(">iiiqii").pack  # priority, run_at (microseconds), max_attempts
     _NULL = b"\xff\xff\xff\xff"
@@ -157,7 +157,7 @@ class _CopyRows:
         self._now = now
         self._now_us = _micros(now)
         self._middles: dict[tuple[uuid.UUID | None, str, str], bytes] = {}
-        self._tails: dict[tuple[int, int, int, uuid.UUID | None], bytes] = {}
+        self._tails: dict[tuple[int, int, int, uuid.UUID | None, str | None], bytes] = {}
 
     def row(self, row: JobRow) -> bytes:
         key = (row.organization_id, row.queue, row.job_type)
@@ -169,23 +169,31 @@ class _CopyRows:
             if row.run_at is None and not row.delay
             else _micros(scheduled_run_at(row, self._now))
         )
-        tail_key = (row.priority, run_at, row.max_attempts, row.event_id)
+        tail_key = (row.priority, run_at, row.max_attempts, row.event_id, row.trace_context)
         tail = self._tails.get(tail_key)
         if tail is None:
             event = self._NULL if row.event_id is None else self._UUID + row.event_id.bytes
             tail = self._tails[tail_key] = (
-                self._TAIL(4, row.priority, 8, run_at, 4, row.max_attempts) + event
+                self._TAIL(4, row.priority, 8, run_at, 4, row.max_attempts)
+                + event
+                + self._jsonb(row.trace_context)
             )
         payload = row.payload_json.encode()
         return b"".join(
             (
-                self._ID(9, 16, row.id.int >> 64, row.id.int & 0xFFFF_FFFF_FFFF_FFFF),
+                self._ID(10, 16, row.id.int >> 64, row.id.int & 0xFFFF_FFFF_FFFF_FFFF),
                 middle,
                 self._JSONB(len(payload) + 1, 1),
                 payload,
                 tail,
             )
         )
+
+    def _jsonb(self, text: str | None) -> bytes:
+        if text is None:
+            return self._NULL
+        encoded = text.encode()
+        return self._JSONB(len(encoded) + 1, 1) + encoded
 
     def _middle(self, organization_id: uuid.UUID | None, queue: str, job_type: str) -> bytes:
         org = (

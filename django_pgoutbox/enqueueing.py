@@ -36,6 +36,7 @@ from django_pgoutbox.job_rows import (
 from django_pgoutbox.models import Job
 from django_pgoutbox.registry import Payload, statement_job_types
 from django_pgoutbox.sequences import enqueue_in_sequence
+from django_pgoutbox.tracing import current_context
 from django_pgoutbox.uniqueness import Unique
 from django_pgoutbox.workflows import UpstreamFailure, enqueue_after
 
@@ -299,6 +300,7 @@ def prepare_job(
     # The event whose subscriber is running, if one is: the job came from it, even if it is
     # written later (on commit).
     row.event_id = _current_event()
+    row.trace_context = current_context()
     return PreparedJob(row.id, alias, row)
 
 
@@ -323,8 +325,9 @@ def enqueue_many(items: Iterable[Mapping[str, Any]], *, using: str | None = None
     if not items:
         return []
     rows = validate_items(items, conf)
-    if (event_id := _current_event()) is not None:
-        rows = _from_event(rows, event_id)
+    event_id, trace_context = _current_event(), current_context()
+    if event_id is not None or trace_context is not None:
+        rows = _from_event(rows, event_id, trace_context)
     with tables_required(alias, EnqueueError):
         return _write_items(alias, items, rows, conf.notify)
 
@@ -358,9 +361,12 @@ def _write_with_sequences(alias: str, rows: Sequence[JobRow], notify: bool) -> l
     return [next(in_sequence if row.sequence_key is not None else written) for row in rows]
 
 
-def _from_event(rows: Iterator[JobRow], event_id: uuid.UUID) -> Iterator[JobRow]:
+def _from_event(
+    rows: Iterator[JobRow], event_id: uuid.UUID | None, trace_context: str | None
+) -> Iterator[JobRow]:
     for row in rows:
         row.event_id = event_id
+        row.trace_context = trace_context
         yield row
 
 

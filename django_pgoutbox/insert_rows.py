@@ -108,8 +108,9 @@ def row_params(rows: Sequence[JobRow], notify: bool) -> dict[str, Any]:
         "channel": JOBS_CHANNEL,
         "notify": notify,
     }
-    if any(r.event_id is not None for r in rows):
+    if any(r.event_id is not None or r.trace_context is not None for r in rows):
         params["event_ids"] = [r.event_id for r in rows]
+        params["trace_contexts"] = [r.trace_context for r in rows]
     return params
 
 
@@ -148,6 +149,7 @@ def one_row_params(row: JobRow, notify: bool) -> dict[str, Any]:
         "delay": row.delay,
         "max_attempts": row.max_attempts,
         "event_id": row.event_id,
+        "trace_context": row.trace_context,
         "notify": notify,
         "channel": JOBS_CHANNEL,
     }

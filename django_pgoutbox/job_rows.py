@@ -58,6 +58,9 @@ class JobRow:
     unique_key: uuid.UUID | None = None
     #: The sequence the job runs in (``sequences``), if any.
     sequence_key: str | None = None
+    #: The W3C trace context of the span that enqueued it, JSON text (``tracing``), if one was
+    #: recording.
+    trace_context: str | None = None
 
 
 #: The longest sequence key, in bytes (UTF-8).

@@ -96,6 +96,10 @@ class OutboxEvent(models.Model):
     # event is never claimed, and holds back the later events of its aggregate until an
     # operator re-drives or discards it.
     dead_at = models.DateTimeField(null=True, blank=True)
+    # Added (migration 0020): the W3C trace context (``traceparent``, ``tracestate``) of the
+    # span that published the event, when one was recording (docs/observability.md, "Traces");
+    # NULL otherwise, the common case.
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
 
     class Meta:
         db_table = "outbox_events"
@@ -148,7 +152,9 @@ class OutboxEvent(models.Model):
         ``aggregate_id``; ``time`` when it occurred; ``data`` its payload. ``source`` (a URI
         reference: ``"https://shop.example.com/orders"``) defaults to ``"/" + aggregate_type``.
         ``dataschema``, a URI, is added when given. The extension attributes ``aggregatetype``,
-        ``schemaversion`` and, when set, ``organizationid`` carry the rest.
+        ``schemaversion`` and, when set, ``organizationid`` carry the rest; ``traceparent`` and
+        ``tracestate`` (CloudEvents' distributed tracing extension) the trace context of the span
+        that published it, if one was recording (docs/observability.md, "Traces").
         """
         if source is None:
             source = f"/{self.aggregate_type}"
@@ -180,6 +186,11 @@ class OutboxEvent(models.Model):
         event["schemaversion"] = self.schema_version
         if self.organization_id is not None:
             event["organizationid"] = str(self.organization_id)
+        trace_context = self.trace_context
+        if isinstance(trace_context, dict) and isinstance(trace_context.get("traceparent"), str):
+            for name in ("traceparent", "tracestate"):  # only text: a row written by hand
+                if isinstance(trace_context.get(name), str):
+                    event[name] = trace_context[name]
         event["data"] = self.payload
         return event
 
@@ -267,6 +278,10 @@ class Job(models.Model):
     # (``QUEUES[...]["PRIORITY_AGING"]``, docs/workers.md); NULL while aging never did. Aging
     # works its raises out from it and the wait, so that a pass repeated changes nothing.
     base_priority = models.IntegerField(null=True, blank=True, editable=False)
+    # Added (migration 0020): the W3C trace context (``traceparent``, ``tracestate``) of the
+    # span that enqueued the job, when one was recording (docs/observability.md, "Traces");
+    # NULL otherwise, the common case. A retried dead letter keeps it.
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
 
     #: Not a column: whether the call that returned this job wrote it (True), or found it
     #: already there (False: a repeated idempotency key, or a unique job's key held, see

@@ -8,6 +8,7 @@ other views through its subscribers, exactly once.
 from __future__ import annotations
 
 import inspect
+import json
 import uuid
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from django_pgoutbox.db import tables_required, write_database
 from django_pgoutbox.errors import PublishError, SubscriberRegistrationError
 from django_pgoutbox.ids import uuid7
 from django_pgoutbox.models import OutboxEvent, saved_instance
+from django_pgoutbox.tracing import current_context
 from django_pgoutbox.validation import (
     MAX_NAME_BYTES,
     check_text,
@@ -78,6 +80,7 @@ def publish(
         checked_moment(available_at, "available_at", PublishError)
 
     event_id = uuid7()
+    trace_context = current_context()
     with tables_required(alias, PublishError), connections[alias].cursor() as cursor:
         cursor.execute(
             queries.PUBLISH_EVENT,
@@ -91,6 +94,7 @@ def publish(
                 "payload": payload_json,
                 "occurred_at": None,
                 "available_at": available_at,
+                "trace_context": trace_context,
                 "notify": conf.notify,
                 "channel": OUTBOX_CHANNEL,
             },
@@ -107,6 +111,7 @@ def publish(
         "occurred_at": occurred_at,
         "available_at": stored_available_at,
         "attempts": 0,
+        "trace_context": None if trace_context is None else json.loads(trace_context),
     }
     return saved_instance(OutboxEvent, alias, values)
 

@@ -61,6 +61,7 @@ def write_steps(
                 row_params(rows, notify)
                 | {
                     "event_ids": [r.event_id for r in rows],
+                    "trace_contexts": [r.trace_context for r in rows],
                     "waiting_for": [waiting.get(r.id, 0) for r in rows],
                     "has_dependants": [r.id in parents_of for r in rows],
                     "steps": [s.step for s in chunk],

@@ -30,6 +30,7 @@ from django_pgoutbox.ids import uuid7
 from django_pgoutbox.job_rows import JobRow, job_database, validate_job
 from django_pgoutbox.models import Job, Workflow
 from django_pgoutbox.registry import Payload
+from django_pgoutbox.tracing import current_context
 from django_pgoutbox.validation import check_text, optional_uuid, short_repr
 from django_pgoutbox.workflow_rows import PlacedStep, check_parents, write_steps
 
@@ -185,6 +186,10 @@ class WorkflowBuilder:
             _step_row(s.spec, f"steps[{index}]", organization_id, conf, undeclared)
             for index, s in enumerate(self.steps)
         ]
+        trace_context = current_context()
+        if trace_context is not None:
+            for row in rows:
+                row.trace_context = trace_context
         ids = {s.name: row.id for s, row in zip(self.steps, rows, strict=True)}
         edges: list[tuple[uuid.UUID, uuid.UUID, bool]] = []
         for index, (s, row) in enumerate(zip(self.steps, rows, strict=True)):

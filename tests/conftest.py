@@ -138,3 +138,20 @@ def lite() -> Iterator[str]:
         connections["lite"].close()
         del connections["lite"]
         del settings.DATABASES["lite"]
+
+
+@pytest.fixture
+def traces(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """An OpenTelemetry SDK tracer provider, global for this test only; the in-memory exporter
+    it returns keeps every span ended."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exported = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    yield exported
+    provider.shutdown()

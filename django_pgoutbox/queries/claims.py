@@ -41,6 +41,9 @@ CLAIM_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("run_at", "greatest(j.run_at, '1970-01-01 00:00:00+00'::timestamptz)", "timestamptz"),
     # jobs wait for it (workflows): its completion may hand them over (RECORD_HANDOFF_AND_CLAIM)
     ("dependants", "j.has_dependants IS TRUE", "boolean"),
+    # the W3C context of the span that enqueued it (``tracing``): NULL, the common case, costs a
+    # row a bit of its null bitmap (docs/benchmarks.md, "What profiling found", item 34)
+    ("trace_context", "j.trace_context::text", "text"),
 )
 
 
@@ -64,6 +67,7 @@ class ClaimRow(NamedTuple):
     #: handed over (RECORD_HANDOFF_AND_CLAIM): it was not read from the claim index.
     run_at: datetime | None = None
     dependants: bool = False  # jobs wait for it
+    trace_context: str | None = None  # JSON text: see ``tracing``
 
 
 def _claim_position(name: str, offset: int = 0) -> int:
@@ -151,6 +155,11 @@ _ERROR_SUMMARY = """CASE WHEN j.cancel_requested_at IS NOT NULL
 # causes page groups dead letters by it (jobs_dead_cause_idx). Worked out for dead rows only.
 _DEAD_CAUSE = """CASE WHEN u.status = 'dead' AND j.cancel_requested_at IS NULL
         THEN pgoutbox_error_fingerprint(j.job_type, u.code, u.summary) END"""
+# The span of a traced attempt that did not complete its job, for the next attempt's link
+# (``tracing``): kept under ``attempt`` beside the enqueuing context; NULL (untraced), nothing.
+_ATTEMPT_TRACE = """CASE WHEN u.trace IS NULL THEN j.trace_context
+        ELSE coalesce(CASE WHEN jsonb_typeof(j.trace_context) = 'object' THEN j.trace_context END,
+                      '{}'::jsonb) || jsonb_build_object('attempt', u.trace::jsonb) END"""
 _LOGGED = append_attempt(
     row="j.",
     # a snooze gives its attempt back: said apart from a failure that spends one
@@ -165,7 +174,9 @@ _LOGGED = append_attempt(
 #: Named parameters: ids uuid[], attempts int[], statuses text[] ('completed', 'retrying', 'dead' or
 #: 'cancelled'), gives_back_attempt boolean[], delays float8[] (seconds, for 'retrying'),
 #: codes text[], summaries text[], results text[] (JSON), progress text[] and meta text[] (JSON,
-#: or NULL: the column is left as it is), worker_id text, notify boolean.
+#: or NULL: the column is left as it is), traces text[] (JSON: a traced attempt's span, for the
+#: next attempt's link; or NULL), worker_id text, notify boolean. ``progress``, ``meta`` and
+#: ``traces`` may be empty arrays, which ``unnest`` pads with NULLs: the common case.
 #:
 #: Fenced: a row is written only while it is still leased by this worker *for this attempt*.
 #: ``attempts`` is the fencing token: every claim increments it, so once a lease expired and
@@ -207,14 +218,16 @@ u AS MATERIALIZED (
     -- one outcome per attempt, the first sent, whatever the batch holds (a batch with two
     -- would have PostgreSQL apply either to the one row)
     SELECT DISTINCT ON (id, attempt)
-        id, attempt, status, gives_back_attempt, delay, code, summary, result, progress, meta
+        id, attempt, status, gives_back_attempt, delay, code, summary, result, progress, meta,
+        trace
     FROM unnest(
         %(ids)s::uuid[], %(attempts)s::integer[], %(statuses)s::text[],
         %(gives_back_attempt)s::boolean[], %(delays)s::float8[], %(codes)s::text[],
-        %(summaries)s::text[], %(results)s::text[], %(progress)s::text[], %(meta)s::text[]
+        %(summaries)s::text[], %(results)s::text[], %(progress)s::text[], %(meta)s::text[],
+        %(traces)s::text[]
     ) WITH ORDINALITY AS u(
         id, attempt, status, gives_back_attempt, delay, code, summary, result, progress, meta,
-        sent
+        trace, sent
     )
     ORDER BY id, attempt, sent
 ),
@@ -238,6 +251,7 @@ recorded AS (
         result = u.result::jsonb,
         progress = coalesce(u.progress::jsonb, j.progress),
         meta = coalesce(u.meta::jsonb, j.meta),
+        trace_context = {_ATTEMPT_TRACE},
         lease_expires_at = NULL,
         -- Unchanged. A job with dependants turns the row trigger jobs_note_settled off
         -- (``pgoutbox.noting``) as it is written, before the trigger's WHEN is tested: this

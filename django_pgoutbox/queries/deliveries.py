@@ -152,7 +152,8 @@ FROM chosen AS c, outbox_events AS e
 WHERE o.id = c.id AND e.id = o.event_id
 RETURNING o.id, o.subscriber, o.attempts, o.claimed_at, c.reclaimed, c.spent,
           e.id, e.organization_id, e.aggregate_type, e.aggregate_id, e.event_type,
-          e.schema_version, e.payload::text, e.occurred_at, e.available_at, e.attempts
+          e.schema_version, e.payload::text, e.occurred_at, e.available_at, e.attempts,
+          e.trace_context
 """
 
 #: Lock the claimed deliveries this relay still holds: the fence, as LOCK_CLAIMED_EVENTS.

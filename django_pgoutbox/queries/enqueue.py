@@ -5,12 +5,18 @@ from __future__ import annotations
 from django_pgoutbox.queries.params import binary
 
 
-# The row insert and the wake-up that the enqueue statements share. ``event``: with the column
-# ``event_id`` (the statements ``*_FROM_EVENT``, for rows enqueued by a subscriber); without it,
-# no array of NULLs for the client to send and the server to unnest (2% of an INSERT of 63 rows).
+# The row insert and the wake-up that the enqueue statements share. ``event``: with the columns
+# ``event_id`` and ``trace_context`` (the statements ``*_FROM_EVENT``, for rows enqueued by a
+# subscriber or under a recording span); without them, no arrays of NULLs for the client to send
+# and the server to unnest (2% of an INSERT of 63 rows).
 def _insert_job_rows(*, event: bool) -> str:
     column, value, array, name = (
-        (", event_id", ", r.event_id", ", %(event_ids)s::uuid[]", ", event_id")
+        (
+            ", event_id, trace_context",
+            ", r.event_id, r.trace_context::jsonb",
+            ", %(event_ids)s::uuid[], %(trace_contexts)s::text[]",
+            ", event_id, trace_context",
+        )
         if event
         else ("", "", "", "")
     )
@@ -65,7 +71,8 @@ SELECT id, run_at, created_at, (SELECT count(*) FROM woken) FROM inserted
 
 ENQUEUE_JOBS = _enqueue_jobs(event=False)
 
-#: ENQUEUE_JOBS for rows that a subscriber enqueued, with one more parameter: event_ids uuid[].
+#: ENQUEUE_JOBS for rows that a subscriber enqueued or that carry a trace context, with two more
+#: parameters: event_ids uuid[], trace_contexts text[] (JSON, or NULL).
 ENQUEUE_JOBS_FROM_EVENT = _enqueue_jobs(event=True)
 
 
@@ -89,8 +96,8 @@ SELECT now(), (SELECT count(*) FROM woken)
 
 ENQUEUE_JOBS_UNKEYED = _enqueue_jobs_unkeyed(event=False)
 
-#: ENQUEUE_JOBS_UNKEYED for rows that a subscriber enqueued, with one more parameter:
-#: event_ids uuid[].
+#: ENQUEUE_JOBS_UNKEYED for rows that a subscriber enqueued or that carry a trace context, with
+#: two more parameters: event_ids uuid[], trace_contexts text[] (JSON, or NULL).
 ENQUEUE_JOBS_UNKEYED_FROM_EVENT = _enqueue_jobs_unkeyed(event=True)
 
 #: Run before COPY_JOBS in its transaction: the transaction's ``now()``, from which the client
@@ -103,7 +110,8 @@ COPY_JOBS_NOW = "SELECT now()"
 WAKE_QUEUES = "SELECT count(pg_notify(%b, q)) FROM unnest(%b::text[]) AS q"
 
 #: Many jobs without idempotency keys, in COPY's binary format, a row per job: id,
-#: organization_id, queue, job_type, payload (jsonb), priority, run_at, max_attempts, event_id.
+#: organization_id, queue, job_type, payload (jsonb), priority, run_at, max_attempts, event_id,
+#: trace_context (jsonb).
 #:
 #: ``enqueue_many`` and the relay's deferred jobs use it for batches of ``COPY_MIN_ROWS`` and more.
 #: The client packs each row with ``struct`` (no arrays for psycopg to dump element by element in
@@ -112,18 +120,19 @@ WAKE_QUEUES = "SELECT count(pg_notify(%b, q)) FROM unnest(%b::text[]) AS q"
 #: (docs/benchmarks.md, "What profiling found", item 11). Rows with keys cannot use it: COPY has no
 #: ``ON CONFLICT``. ``created_at`` is the column's default.
 COPY_JOBS = """COPY jobs (
-    id, organization_id, queue, job_type, payload, priority, run_at, max_attempts, event_id
+    id, organization_id, queue, job_type, payload, priority, run_at, max_attempts, event_id,
+    trace_context
 ) FROM STDIN (FORMAT BINARY)"""
 
 # The one-row insert and its RETURNING, shared by ENQUEUE_JOB and ENQUEUE_JOB_UNKEYED.
 _INSERT_JOB_ROW = """INSERT INTO jobs (
     id, organization_id, queue, job_type, payload, idempotency_key, priority, run_at, max_attempts,
-    event_id
+    event_id, trace_context
 )
 VALUES (%(id)b, %(organization_id)b, %(queue)b, %(job_type)b, %(payload)b::jsonb,
         %(idempotency_key)b, %(priority)b,
         COALESCE(%(run_at)b::timestamptz, now()) + make_interval(secs => %(delay)b::float8),
-        %(max_attempts)b, %(event_id)b::uuid)"""
+        %(max_attempts)b, %(event_id)b::uuid, %(trace_context)b::text::jsonb)"""
 _INSERT_JOB_ROW_RETURNING = (
     "RETURNING run_at, created_at,"
     " CASE WHEN %(notify)b THEN pg_notify(%(channel)b, queue)::text END"
@@ -133,7 +142,8 @@ _INSERT_JOB_ROW_RETURNING = (
 #:
 #: Named parameters: id uuid, organization_id uuid, queue text, job_type text, payload text (JSON),
 #: idempotency_key text, priority int, run_at timestamptz (NULL = now), delay float8 (seconds),
-#: max_attempts int, event_id uuid, notify boolean, channel text. Sent in binary, like
+#: max_attempts int, event_id uuid, trace_context text (JSON, or NULL), notify boolean, channel
+#: text. Sent in binary, like
 #: ENQUEUE_JOBS_UNKEYED.
 #:
 #: A plain ``VALUES`` row and ``pg_notify`` in ``RETURNING``: no ``unnest``, no CTE, no

@@ -9,7 +9,8 @@ from django_pgoutbox.queries.params import binary
 #:
 #: Named parameters: id uuid, organization_id uuid, aggregate_type text, aggregate_id uuid,
 #: event_type text, schema_version int, payload text (JSON), occurred_at timestamptz (NULL =
-#: now()), available_at timestamptz (NULL = now()), notify boolean, channel text.
+#: now()), available_at timestamptz (NULL = now()), trace_context text (JSON, or NULL: no span
+#: was recording), notify boolean, channel text.
 #:
 #: ``pg_notify`` runs in the same statement, inside the caller's transaction: the relay hears of
 #: the event only once it is committed, and never after a rollback. ``occurred_at`` defaults to
@@ -17,12 +18,12 @@ from django_pgoutbox.queries.params import binary
 PUBLISH_EVENT = """
 INSERT INTO outbox_events (
     id, organization_id, aggregate_type, aggregate_id, event_type, schema_version, payload,
-    occurred_at, available_at
+    occurred_at, available_at, trace_context
 )
 VALUES (
     %(id)s, %(organization_id)s, %(aggregate_type)s, %(aggregate_id)s, %(event_type)s,
     %(schema_version)s, %(payload)s::jsonb, COALESCE(%(occurred_at)s, now()),
-    COALESCE(%(available_at)s, now())
+    COALESCE(%(available_at)s, now()), %(trace_context)s::jsonb
 )
 RETURNING occurred_at, available_at,
           CASE WHEN %(notify)s THEN pg_notify(%(channel)s, left(event_type, 200))::text END
@@ -129,7 +130,7 @@ FROM chosen AS c
 WHERE o.id = c.id
 RETURNING o.id, o.organization_id, o.aggregate_type, o.aggregate_id, o.event_type,
           o.schema_version, o.payload::text, o.occurred_at, o.available_at, o.attempts,
-          o.claimed_at, c.reclaimed, c.spent, {waiting_subscribers}
+          o.trace_context, o.claimed_at, c.reclaimed, c.spent, {waiting_subscribers}
 """
 #: The full claim: _CLAIM_EVENTS from the start of ``outbox_claim_idx`` (its comment says all).
 CLAIM_EVENTS = _CLAIM_EVENTS.format(

@@ -41,10 +41,10 @@ FROM (
 #: that a worker or a cancel, locking both in id order, held while waiting for the first.
 #:
 #: Named parameters: id, organization_id, queue, job_type, payload (JSON text),
-#: idempotency_key, priority, run_at, delay, max_attempts, event_id, sequence_key, channel,
-#: notify. Returns (id, status, run_at, created_at, sequence_position, parent id) of the job
-#: written (the parent: the tail, to insert the edge from); no row for a repeated idempotency
-#: key.
+#: idempotency_key, priority, run_at, delay, max_attempts, event_id, trace_context (JSON text),
+#: sequence_key, channel, notify. Returns (id, status, run_at, created_at, sequence_position,
+#: parent id) of the job written (the parent: the tail, to insert the edge from); no row for a
+#: repeated idempotency key.
 ENQUEUE_IN_SEQUENCE = binary("""
 WITH tail AS MATERIALIZED (
     SELECT t.id FROM jobs AS t
@@ -56,13 +56,13 @@ WITH tail AS MATERIALIZED (
 inserted AS (
     INSERT INTO jobs (
         id, organization_id, queue, job_type, payload, idempotency_key, priority, run_at,
-        max_attempts, event_id, status, waiting_for, on_upstream_failure, sequence_key,
-        sequence_position
+        max_attempts, event_id, trace_context, status, waiting_for, on_upstream_failure,
+        sequence_key, sequence_position
     )
     SELECT %(id)s::uuid, %(organization_id)s::uuid, %(queue)s::text, %(job_type)s::text,
            %(payload)s::text::jsonb, %(idempotency_key)s::text, %(priority)s::integer,
            COALESCE(%(run_at)s::timestamptz, now()) + make_interval(secs => %(delay)s::float8),
-           %(max_attempts)s::integer, %(event_id)s::uuid,
+           %(max_attempts)s::integer, %(event_id)s::uuid, %(trace_context)s::text::jsonb,
            CASE WHEN p.id IS NULL THEN 'pending' ELSE 'waiting' END,
            CASE WHEN p.id IS NULL THEN NULL ELSE 1 END,
            'hold', %(sequence_key)s::text, nextval('pgoutbox_sequence_positions')

@@ -33,11 +33,11 @@ def _insert(run_at: str, key: str) -> str:
     return binary(f"""
 INSERT INTO jobs (
     id, organization_id, queue, job_type, payload, idempotency_key, priority, run_at, max_attempts,
-    event_id, unique_key, unique_states
+    event_id, trace_context, unique_key, unique_states
 )
 VALUES (%(id)s, %(organization_id)s, %(queue)s, %(job_type)s, %(payload)s::jsonb,
         %(idempotency_key)s, %(priority)s, {run_at}, %(max_attempts)s, %(event_id)s::uuid,
-        {key}, %(unique_states)s::integer)
+        %(trace_context)s::text::jsonb, {key}, %(unique_states)s::integer)
 ON CONFLICT DO NOTHING
 RETURNING run_at, created_at, unique_key,
     CASE WHEN %(notify)s THEN pg_notify(%(channel)s, queue)::text END
@@ -47,9 +47,9 @@ RETURNING run_at, created_at, unique_key,
 #: One unique job: ENQUEUE_JOB's row, with its key and states.
 #:
 #: Named parameters: ENQUEUE_JOB's (id, organization_id, queue, job_type, payload,
-#: idempotency_key, priority, run_at, delay, max_attempts, event_id, notify, channel) and
-#: unique_key uuid (the policy's hash), unique_states int. The ``*_PERIOD_*`` versions take
-#: period bigint (seconds) and next_window boolean too. Sent in binary.
+#: idempotency_key, priority, run_at, delay, max_attempts, event_id, trace_context, notify,
+#: channel) and unique_key uuid (the policy's hash), unique_states int. The ``*_PERIOD_*``
+#: versions take period bigint (seconds) and next_window boolean too. Sent in binary.
 #:
 #: ``ON CONFLICT DO NOTHING`` names no index: a held key (``jobs_unique_uq``) and a repeated
 #: idempotency key both make it a no-op, also against a concurrent transaction inserting either

@@ -10,9 +10,10 @@ from django_pgoutbox.queries.params import binary
 #: Insert the steps of a workflow (or one job that waits for others), with parallel arrays as
 #: ENQUEUE_JOBS does, and wake the queues of those that can run at once.
 #:
-#: Named parameters: ENQUEUE_JOBS's arrays, event_ids uuid[], and waiting_for int[] (how many
-#: parents each waits for; 0: none, so pending), has_dependants boolean[], steps text[],
-#: on_upstream_failure text[], workflow_id uuid, channel text, notify boolean. Sent in binary.
+#: Named parameters: ENQUEUE_JOBS's arrays, event_ids uuid[], trace_contexts text[] (JSON, or
+#: NULL), and waiting_for int[] (how many parents each waits for; 0: none, so pending),
+#: has_dependants boolean[], steps text[], on_upstream_failure text[], workflow_id uuid, channel
+#: text, notify boolean. Sent in binary.
 #:
 #: A step with parents is 'waiting', in no claim index, until the triggers release it. A
 #: repeated idempotency key returns no row (only ``enqueue(after=...)`` passes keys; the caller
@@ -21,12 +22,12 @@ INSERT_STEPS = binary("""
 WITH inserted AS (
     INSERT INTO jobs (
         id, organization_id, queue, job_type, payload, idempotency_key, priority, run_at,
-        max_attempts, event_id, status, waiting_for, has_dependants, workflow_id, step,
-        on_upstream_failure
+        max_attempts, event_id, trace_context, status, waiting_for, has_dependants,
+        workflow_id, step, on_upstream_failure
     )
     SELECT r.id, r.organization_id, r.queue, r.job_type, r.payload::jsonb, r.idempotency_key,
            r.priority, COALESCE(r.run_at, now()) + make_interval(secs => r.delay),
-           r.max_attempts, r.event_id,
+           r.max_attempts, r.event_id, r.trace_context::jsonb,
            CASE WHEN r.waiting_for > 0 THEN 'waiting' ELSE 'pending' END,
            nullif(r.waiting_for, 0), nullif(r.has_dependants, false), %(workflow_id)s::uuid,
            r.step, r.on_upstream_failure
@@ -34,10 +35,10 @@ WITH inserted AS (
         %(ids)s::uuid[], %(organization_ids)s::uuid[], %(queues)s::text[], %(job_types)s::text[],
         %(payloads)s::text[], %(idempotency_keys)s::text[], %(priorities)s::integer[],
         %(run_ats)s::timestamptz[], %(delays)s::float8[], %(max_attempts)s::integer[],
-        %(event_ids)s::uuid[], %(waiting_for)s::integer[], %(has_dependants)s::boolean[],
-        %(steps)s::text[], %(on_upstream_failure)s::text[]
+        %(event_ids)s::uuid[], %(trace_contexts)s::text[], %(waiting_for)s::integer[],
+        %(has_dependants)s::boolean[], %(steps)s::text[], %(on_upstream_failure)s::text[]
     ) AS r(id, organization_id, queue, job_type, payload, idempotency_key, priority, run_at,
-           delay, max_attempts, event_id, waiting_for, has_dependants, step,
+           delay, max_attempts, event_id, trace_context, waiting_for, has_dependants, step,
            on_upstream_failure)
     ON CONFLICT (organization_id, job_type, idempotency_key)
         WHERE idempotency_key IS NOT NULL

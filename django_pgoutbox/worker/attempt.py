@@ -108,6 +108,7 @@ class Attempt:
             row.created_at,
             row.waited,
             worker_ids,
+            row.trace_context,
         )
 
 

@@ -100,6 +100,7 @@ EVENT_COLUMNS = (
     "occurred_at",
     "available_at",
     "attempts",
+    "trace_context",
 )
 
 

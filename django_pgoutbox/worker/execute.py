@@ -12,13 +12,14 @@ import uuid
 from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime
+from functools import partial
 from typing import Any, TypeVar
 
 from django.db import close_old_connections
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
 
-from django_pgoutbox import metrics, signals
+from django_pgoutbox import metrics, signals, tracing
 from django_pgoutbox.conf import RetrySettings, get_settings
 from django_pgoutbox.context import CancelFlag, JobContext, ProgressNote
 from django_pgoutbox.errors import InvalidResult, JobFailure, ResultTooLarge, Snooze
@@ -48,6 +49,8 @@ class ClaimedJob:
     created_at: datetime
     waited: float = 0.0  # seconds from run_at to the claim, by the database clock
     worker_ids: tuple[str, ...] | list[str] = ()  # the worker of each attempt, this one last
+    #: The W3C context of the span that enqueued the job, JSON text (``tracing``), if any.
+    trace_context: str | None = None
 
     @classmethod
     def from_claim(
@@ -63,6 +66,7 @@ class ClaimedJob:
         created_at: datetime,
         waited: float,
         worker_ids: tuple[str, ...] | list[str],
+        trace_context: str | None = None,
     ) -> ClaimedJob:
         """The job of a claim's row: the same object as calling the class (see ``_frozen``)."""
         return _frozen(
@@ -79,6 +83,7 @@ class ClaimedJob:
                 "created_at": created_at,
                 "waited": waited,
                 "worker_ids": worker_ids,
+                "trace_context": trace_context,
             },
         )
 
@@ -103,6 +108,9 @@ class Outcome:
     #: the outcome (None: leave the column as it is).
     progress_json: str | None = None
     meta_json: str | None = None
+    #: The span of a traced attempt that did not complete its job, JSON text written to
+    #: ``jobs.trace_context`` for the next attempt's link (``tracing``); None if untraced.
+    attempt_trace: str | None = None
 
     @classmethod
     def completed(cls, job: ClaimedJob, result_json: str | None = None) -> Outcome:
@@ -161,6 +169,19 @@ def execute(
     attempt ends with an outcome.
     """
     try:
+        if tracing.enabled():  # its span, current while the handler runs (docs/observability.md)
+            # partial, not a lambda: a closure would make every argument a cell, at every call
+            attempt = partial(
+                _execute,
+                job,
+                policy=policy,
+                renew=renew,
+                cancel=cancel,
+                using=using,
+                report=report,
+                on_error=on_error,
+            )
+            return tracing.traced_attempt(job, attempt)
         return _execute(
             job,
             policy=policy,
@@ -433,6 +454,7 @@ def _run(
             gives_back_attempt=True,
         )
     except BaseException as error:
+        tracing.record_failure(error)
         if on_error is not None:
             _call_hook(lambda job, error: on_error(error), job=job, error=error)
         failed = failure_outcome(

@@ -45,11 +45,15 @@ def second_outcome(outcome: Outcome, queue: str) -> None:
 
 def params(batch: Sequence[Outcome], worker_id: str) -> dict[str, Any]:
     """RECORD_OUTCOMES's parameters for ``batch``. ``progress`` and ``meta`` are empty where no
-    attempt set them, the common case: ``unnest`` pads them with NULLs."""
+    attempt set them, and ``traces`` where no attempt was traced, the common case: ``unnest``
+    pads them with NULLs."""
     progress = [o.progress_json for o in batch]
     meta = [o.meta_json for o in batch]
     if not any(progress) and not any(meta):
         progress = meta = []
+    traces = [o.attempt_trace for o in batch]
+    if not any(traces):
+        traces = []
     return {
         "ids": [o.job.id for o in batch],
         "attempts": [o.job.attempt for o in batch],
@@ -61,6 +65,7 @@ def params(batch: Sequence[Outcome], worker_id: str) -> dict[str, Any]:
         "results": [o.result_json for o in batch],
         "progress": progress,
         "meta": meta,
+        "traces": traces,
         "worker_id": worker_id,
         "notify": get_settings().notify,  # wakes Job.wait() (queries.results)
     }

@@ -20,6 +20,7 @@ from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.models import OutboxEvent
 from django_pgoutbox.outbox import Subscriber, subscribers_for
 from django_pgoutbox.retry import Kind, bound, error_code, summarize
+from django_pgoutbox.tracing import traced_event
 
 logger = logging.getLogger("django_pgoutbox.relay")
 
@@ -150,7 +151,7 @@ def run_one(projection: Subscriber, event: OutboxEvent, using: str) -> None:
     connection it closed as ``ClosedBySubscriber``."""
     wrapper = connections[using]
     try:
-        with for_event(event.id):
+        with for_event(event.id), traced_event(event, projection.name):
             projection(event)
     except KeyboardInterrupt:
         raise

@@ -1,3 +1,5 @@
+import os
+
 from django.apps import AppConfig
 
 
@@ -5,3 +7,10 @@ class TestJobsConfig(AppConfig):
     name = "testproject.testjobs"
     label = "testjobs"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Only then: the project runs without OpenTelemetry installed too.
+        if os.environ.get("PGOUTBOX_TEST_TRACES"):
+            from testproject.testjobs import traces
+
+            traces.configure()

@@ -487,3 +487,36 @@ def sequence_step(payload: dict[str, Any], ctx: JobContext) -> Any:
     with connection.cursor() as cursor:
         cursor.execute(sql, [*where, "end", *who])
     return {"n": payload.get("n")}
+
+
+class Unprintable(Exception):
+    """An exception whose ``str()`` and ``repr()`` raise."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("cannot print this exception")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("cannot print this exception")
+
+
+@job("tests.traced", timeout=1, max_attempts=2)
+def traced(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """For the tests of traces. ``kind``: "ok" opens a span of its own and enqueues a
+    ``tests.noop`` under it; "fail_once" fails its first attempt; "exit" raises SystemExit;
+    "hang" sleeps 2.5 s, past its 1 s timeout; "unprintable" raises ``Unprintable``."""
+    kind = payload["kind"]
+    if kind == "ok":
+        from opentelemetry import trace
+
+        with trace.get_tracer("testjobs").start_as_current_span("handler work"):
+            enqueue("tests.noop", {"from": str(ctx.job_id)})
+        return None
+    if kind == "fail_once" and ctx.attempt == 1:
+        raise TransientError("the first attempt fails")
+    if kind == "exit":
+        raise SystemExit(3)
+    if kind == "hang":
+        time.sleep(2.5)
+    if kind == "unprintable":
+        raise Unprintable()
+    return None

@@ -372,6 +372,7 @@ class TestTheCauseColumn:
                     "results": [None, None],
                     "progress": [None, None],
                     "meta": [None, None],
+                    "traces": [],
                     "worker_id": "w",
                     "notify": True,
                 },

@@ -213,6 +213,7 @@ def record_later(
                     "results": [json.dumps(result)] * n,
                     "progress": [None] * n,
                     "meta": [None] * n,
+                    "traces": [],
                     "worker_id": "w",
                     "notify": notify,
                 },

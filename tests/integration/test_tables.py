@@ -108,7 +108,9 @@ def test_added_columns() -> None:
         "sequence_key",
         "sequence_position",
         "base_priority",
+        "trace_context",
     }
+    assert columns("jobs")["trace_context"] == ("jsonb", "YES", None)  # no default: no rewrite
     assert columns("jobs")["base_priority"] == ("integer", "YES", None)  # no default: no rewrite
     assert columns("queue_aging") == {"queue": ("text", "NO", None), "aged_at": (TS, "NO", "now()")}
     assert columns("jobs")["workflow_id"] == ("uuid", "YES", None)
@@ -125,7 +127,12 @@ def test_added_columns() -> None:
     assert columns("jobs")["attempt_log"] == ("jsonb", "YES", None)
     assert columns("jobs")["dead_cause"] == ("text", "YES", None)
     assert columns("jobs")["event_id"] == ("uuid", "YES", None)
-    assert set(columns("outbox_events")) - set(SEED_OUTBOX) == {"last_error_code", "dead_at"}
+    assert set(columns("outbox_events")) - set(SEED_OUTBOX) == {
+        "last_error_code",
+        "dead_at",
+        "trace_context",
+    }
+    assert columns("outbox_events")["trace_context"] == ("jsonb", "YES", None)
     assert set(columns("worker_heartbeats")) == {
         "worker_id",
         "hostname",

@@ -204,6 +204,7 @@ class TestClaiming:
                 "results": [None] * n,
                 "progress": [None] * n,
                 "meta": [None] * n,
+                "traces": [],
                 "worker_id": "new",
                 "notify": True,
             }
@@ -248,6 +249,7 @@ class TestClaiming:
                 "results": nones,
                 "progress": nones,
                 "meta": nones,
+                "traces": [],
                 "worker_id": "w",
                 "notify": True,
             }
@@ -473,6 +475,7 @@ class TestLeases:
                         "results": [None],
                         "progress": [None],
                         "meta": [None],
+                        "traces": [],
                         "worker_id": worker,
                         "notify": True,
                     },

@@ -1,0 +1,384 @@
+"""OpenTelemetry traces: the enqueuing span's context kept with a job or an event, and a span for
+each attempt and each projected event, linked to it (docs/observability.md, "Traces").
+
+``opentelemetry`` is optional (the ``[otel]`` extra), and this module never imports it: a
+process whose code never imported ``opentelemetry.trace`` has no tracer provider configured, so
+every hook here is then a cheap no-op, without the API's import (a tenth of a second at start-up,
+and in each child of an isolated job type). Where the process did import it but set no tracer
+provider (no SDK configured), nothing is stored and no span is started either. Nothing here may
+fail an enqueue, an attempt or a process: a propagator, an exporter or a span processor that
+raises, or a garbage context in a row written by hand, is logged once per thread and the work
+goes on untraced.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import replace
+from functools import cache, lru_cache
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from django_pgoutbox.errors import JobTimeout
+from django_pgoutbox.models import JobStatus
+from django_pgoutbox.registry import get_job
+
+if TYPE_CHECKING:
+    from django_pgoutbox.worker.execute import ClaimedJob, Outcome
+
+logger = logging.getLogger("django_pgoutbox.tracing")
+
+#: ``messaging.system`` of every span.
+SYSTEM = "pgoutbox"
+#: The stored context's keys: the W3C Trace Context fields.
+FIELDS = ("traceparent", "tracestate")
+#: The key of ``jobs.trace_context`` under which a traced attempt that did not complete its job
+#: keeps its span (its number and ``traceparent``), for the next attempt's link.
+ATTEMPT = "attempt"
+
+#: What each thread has said failed (``_warn_once``): its own, shared with no other thread.
+_said = threading.local()
+_UNKNOWN = object()
+#: The API's way to name a provider without code: ``get_tracer_provider()`` loads it, so the
+#: API is imported here at once (if installed) for the first call to find.
+_PROVIDER_FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+if _PROVIDER_FROM_ENVIRONMENT:
+    with suppress(ImportError):
+        import opentelemetry.trace  # noqa: F401
+
+
+def _api() -> ModuleType | None:
+    """``opentelemetry.trace`` if this process imported it (its SDK's configuration did)."""
+    return sys.modules.get("opentelemetry.trace")
+
+
+def enabled() -> bool:
+    """Whether traces are made: the process imported the API and set a tracer provider (an
+    SDK's). Never raises.
+
+    Asked once per attempt and per event. ``trace.get_tracer_provider()`` looks
+    ``OTEL_PYTHON_TRACER_PROVIDER`` up in ``os.environ`` each time no provider is set: 2 µs, a
+    twentieth of a no-op job's time in the worker (docs/benchmarks.md, "What profiling found",
+    item 34). So the API's own global is read (a provider set, or None), and the function is
+    called only where it has something to do: that variable set, or an API without the global.
+    """
+    trace = _api()
+    if trace is None:
+        return False
+    try:
+        provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+        if provider is None and not _PROVIDER_FROM_ENVIRONMENT:
+            return False
+        if provider is None or provider is _UNKNOWN:
+            provider = trace.get_tracer_provider()
+        return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
+    except Exception:  # an API half imported by another thread, or one that changed
+        _warn_once("asking for the tracer provider")
+        return False
+
+
+def _warn_once(what: str) -> None:
+    """Log, once per thread and kind, that tracing failed (with its traceback); never raises."""
+    warned: set[str] = _said.__dict__.setdefault("warned", set())
+    if what in warned:
+        return
+    warned.add(what)
+    with suppress(Exception):  # a broken handler of this logger must not fail the work either
+        logger.warning(
+            "tracing: %s failed; the work goes on untraced (logged once per thread)",
+            what,
+            exc_info=True,
+        )
+
+
+def current_context() -> str | None:
+    """The W3C trace context of the span current here, as JSON text to store with a job or an
+    event; None when no span is recording (no SDK, no span, a span not sampled), the common case.
+    """
+    trace = _api()
+    if trace is None:
+        return None
+    try:
+        span = trace.get_current_span()
+        if not span.is_recording() or not span.get_span_context().is_valid:
+            return None
+        return _inject()
+    except Exception:
+        _warn_once("reading the current span's context")
+        return None
+
+
+def _inject() -> str | None:
+    """The current context by the configured propagator's W3C fields; by the W3C propagator if
+    it writes none of them (another format configured) or raises."""
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    try:
+        propagate.inject(carrier)
+    except Exception:
+        _warn_once("the configured propagator")
+        carrier = {}
+    if not isinstance(carrier.get("traceparent"), str):
+        carrier = {}
+        _w3c().inject(carrier)
+    kept = {name: carrier[name] for name in FIELDS if isinstance(carrier.get(name), str)}
+    return json.dumps(kept, separators=(",", ":")) if "traceparent" in kept else None
+
+
+def span_context(stored: Any) -> Any:
+    """The ``SpanContext`` that a stored context (JSON text or its parsed object) names, or None
+    for none or for anything that is not a valid W3C context (a row written by hand)."""
+    trace = _api()
+    if trace is None or stored is None:
+        return None
+    try:
+        carrier = json.loads(stored) if isinstance(stored, str) else stored
+        if not isinstance(carrier, dict):
+            return None
+        fields = {name: carrier[name] for name in FIELDS if isinstance(carrier.get(name), str)}
+        if "traceparent" not in fields:
+            return None
+        found = trace.get_current_span(_w3c().extract(fields)).get_span_context()
+        return found if found.is_valid else None
+    except Exception:
+        _warn_once("reading a stored trace context")
+        return None
+
+
+def _links(stored: Any, attempt: int | None = None) -> list[Any]:
+    """The links of a span: to the span that enqueued (or published) it, and, for attempt
+    ``attempt``, to the span of the attempt before it if that one was traced and failed."""
+    trace, _ = _otel()
+    if stored is None:
+        return []
+    links = []
+    found = span_context(stored)
+    if found is not None:
+        links.append(trace.Link(found, {"pgoutbox.link": "enqueued"}))
+    if attempt is not None:
+        previous = _previous_attempt(stored, attempt)
+        if previous is not None:
+            links.append(trace.Link(previous, {"pgoutbox.link": "previous_attempt"}))
+    return links
+
+
+def _previous_attempt(stored: Any, attempt: int) -> Any:
+    """The span of the attempt before ``attempt`` that the row keeps (``ATTEMPT``), if it is
+    that one: the same number after a snooze, which gives its number back; one less else. An
+    older attempt's (the one between was not traced: a timeout, a lost lease) is no link."""
+    try:
+        carrier = json.loads(stored) if isinstance(stored, str) else stored
+        kept = carrier.get(ATTEMPT) if isinstance(carrier, dict) else None
+        if not isinstance(kept, dict) or kept.get("number") not in (attempt - 1, attempt):
+            return None
+        return span_context(kept)
+    except Exception:
+        _warn_once("reading a stored trace context")
+        return None
+
+
+def attempt_trace(span: Any, attempt: int) -> str | None:
+    """What the outcome of a traced attempt that did not complete its job writes under
+    ``ATTEMPT`` in ``jobs.trace_context`` (RECORD_OUTCOMES), for the next attempt's link."""
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+    return json.dumps({"number": attempt, "traceparent": traceparent}, separators=(",", ":"))
+
+
+def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
+    """``run()`` (one attempt) inside its span: ``process <queue>``, kind CONSUMER, linked to
+    the span that enqueued the job, current while the handler runs; ended whatever ``run()``
+    does. An attempt that ran as long as its job type's timeout was failed for it by the worker,
+    whatever its handler returned at last: its outcome is "timed_out".
+    """
+    span = None
+    try:
+        trace, otel_context = _otel()
+        timeout = _timeout(job.job_type)
+        span = _tracer().start_span(
+            f"process {job.queue}",
+            context=otel_context.Context(),  # a root: the enqueuing span is a link, not a parent
+            kind=trace.SpanKind.CONSUMER,
+            links=_links(job.trace_context, job.attempt),
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.destination.name": job.queue,
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.message.id": str(job.id),
+                "pgoutbox.job.type": job.job_type,
+                "pgoutbox.job.attempt": job.attempt,
+            },
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+    except Exception:
+        _warn_once("starting an attempt's span")
+        if span is not None:  # started, not made current: ended at once, never left open
+            with suppress(Exception):
+                span.end()
+        return run()
+    started = time.monotonic()
+    outcome: Outcome | None = None
+    try:
+        outcome = run()
+    finally:
+        _end_attempt(
+            span, token, outcome, timeout is not None and time.monotonic() - started >= timeout
+        )
+    if outcome.status is JobStatus.COMPLETED:
+        return outcome
+    try:
+        return replace(outcome, attempt_trace=attempt_trace(span, job.attempt))
+    except Exception:
+        _warn_once("keeping an attempt's span for the next one")
+        return outcome
+
+
+def _timeout(job_type: str) -> float | None:
+    """The timeout that the worker enforces from outside the handler's thread, if any: with
+    ``isolation="process"`` the child is killed instead, and the outcome says so itself."""
+    definition = get_job(job_type)
+    if definition is None or not definition.timeout or definition.isolation == "process":
+        return None
+    return definition.timeout
+
+
+def _end_attempt(span: Any, token: Any, outcome: Outcome | None, timed_out: bool) -> None:
+    trace, otel_context = _otel()
+
+    try:
+        otel_context.detach(token)
+    except Exception:
+        _warn_once("detaching an attempt's context")
+    try:
+        if outcome is None:
+            span.set_attribute("pgoutbox.job.outcome", "worker_error")
+            span.set_status(trace.StatusCode.ERROR, "the worker failed around this attempt")
+        else:
+            timed_out = timed_out or outcome.code == JobTimeout.code
+            status = "timed_out" if timed_out else outcome.status.value
+            span.set_attribute("pgoutbox.job.outcome", status)
+            if outcome.code is not None and outcome.code != "snoozed":
+                span.set_attribute("error.type", "timeout" if timed_out else outcome.code)
+                span.set_status(trace.StatusCode.ERROR, outcome.summary)
+            elif timed_out:
+                span.set_attribute("error.type", "timeout")
+                span.set_status(trace.StatusCode.ERROR, "the attempt ran past its timeout")
+    except Exception:
+        _warn_once("setting an attempt's outcome on its span")
+    try:
+        span.end()
+    except Exception:
+        _warn_once("ending a span (its processor or exporter)")
+
+
+def record_failure(error: BaseException) -> None:
+    """Record what a handler raised on the current span, if it is recording; never raises (an
+    exception whose ``str()`` raises is recorded by its type alone)."""
+    trace = _api()
+    if trace is None:
+        return
+    try:
+        span = trace.get_current_span()
+        if not span.is_recording():
+            return
+        try:
+            span.record_exception(error, escaped=True)
+        except Exception:
+            span.add_event("exception", {"exception.type": type(error).__qualname__})
+    except Exception:
+        _warn_once("recording an exception on a span")
+
+
+@contextmanager
+def traced_event(event: Any, subscriber: str) -> Iterator[None]:
+    """The relay's span of one subscriber's run on ``event`` (``process outbox``, kind
+    CONSUMER, linked to the span that published it), current while the subscriber runs: the
+    jobs it enqueues carry its context. Nothing when traces are not made."""
+    if not enabled():
+        yield
+        return
+    span = None
+    try:
+        trace, otel_context = _otel()
+        span = _tracer().start_span(
+            "process outbox",
+            context=otel_context.Context(),
+            kind=trace.SpanKind.CONSUMER,
+            links=_links(getattr(event, "trace_context", None)),
+            attributes={
+                "messaging.system": SYSTEM,
+                "messaging.destination.name": "outbox",
+                "messaging.operation.type": "process",
+                "messaging.operation.name": "process",
+                "messaging.message.id": str(event.id),
+                "pgoutbox.event.type": event.event_type,
+                "pgoutbox.subscriber": subscriber,
+            },
+        )
+        token = otel_context.attach(trace.set_span_in_context(span))
+    except Exception:
+        _warn_once("starting an event's span")
+        if span is not None:
+            with suppress(Exception):
+                span.end()
+        yield
+        return
+    try:
+        yield
+    except BaseException as error:
+        record_failure(error)
+        try:
+            span.set_status(trace.StatusCode.ERROR, type(error).__qualname__)
+        except Exception:
+            _warn_once("setting an event's status on its span")
+        raise
+    finally:
+        try:
+            otel_context.detach(token)
+        except Exception:
+            _warn_once("detaching an event's context")
+        try:
+            span.end()
+        except Exception:
+            _warn_once("ending a span (its processor or exporter)")
+
+
+@cache
+def _w3c() -> Any:
+    """W3C's own propagator: what the stored context is read with, whatever is configured."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()
+
+
+@cache
+def _otel() -> tuple[Any, Any]:
+    """``opentelemetry.trace`` and ``opentelemetry.context``, imported at the first span: no
+    import statement run again at each span."""
+    from opentelemetry import context, trace
+
+    return trace, context
+
+
+def _tracer() -> Any:
+    return _tracer_of(_otel()[0].get_tracer_provider())
+
+
+@lru_cache(maxsize=4)
+def _tracer_of(provider: Any) -> Any:
+    """This package's tracer from ``provider``: made once, not at each span (the SDK's
+    ``get_tracer()`` makes a new one at each call)."""
+    from django_pgoutbox import __version__
+
+    return provider.get_tracer("django_pgoutbox", __version__)
