@@ -245,6 +245,10 @@ def job(
     retried by the policy. ``isolation="process"`` runs each attempt in a child process that is
     killed at the timeout or on cancellation (see docs/jobs.md, "Timeouts").
 
+    An ``async def`` handler runs as a coroutine on its queue's event loop, up to
+    ``ASYNC_CONCURRENCY`` at once (docs/jobs.md, "Async handlers"); ``isolation="process"`` is
+    refused for it.
+
     ``unique``, ``on_conflict``, ``debounce`` and ``throttle`` make every job of the type unique
     (docs/uniqueness.md); ``enqueue()`` may override each.
 

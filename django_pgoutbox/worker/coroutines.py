@@ -30,12 +30,19 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections, connections
 
+from django_pgoutbox.registry import get_job
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.handlers import cancelled_unstarted
 from django_pgoutbox.worker.mailbox import BEAT, ENDED, RETURNED, Mailbox
 
 logger = logging.getLogger("django_pgoutbox.worker")
+
+_task_runs_on_loop: Callable[[str], bool] | None
+try:
+    from django_pgoutbox.backend import task_runs_on_loop as _task_runs_on_loop
+except ImportError:  # neither django.tasks nor the django-tasks backport is installed
+    _task_runs_on_loop = None
 
 #: Seconds between two beats of a loop that has work (and between two looks at the
 #: cancellations requested of its coroutines).
@@ -49,6 +56,15 @@ MIN_STALL_AFTER = 1.0
 CLOSE_TIMEOUT = 1.0
 
 AttemptCoroutine = Callable[[Attempt], Coroutine[Any, Any, Outcome]]
+
+
+def runs_on_loop(job_type: str) -> bool:
+    """Whether the attempts of ``job_type`` run on the queue's event loop: an ``async def``
+    handler of ``@job``, or an ``async def`` django.tasks task (``backend.task_runs_on_loop``)."""
+    definition = get_job(job_type)
+    if definition is not None:
+        return definition.on_loop
+    return _task_runs_on_loop is not None and _task_runs_on_loop(job_type)
 
 
 def stall_after(lease_seconds: float) -> float:

@@ -32,12 +32,11 @@ from django_pgoutbox.conf import QueueSettings, RetrySettings
 from django_pgoutbox.db import ErrorKind
 from django_pgoutbox.errors import LeaseLost
 from django_pgoutbox.queue_controls import Control
-from django_pgoutbox.registry import get_job
 from django_pgoutbox.worker import deadlines, mailbox
 from django_pgoutbox.worker.attempt import HELD, LOST, QUEUED, TIMED_OUT, Attempt, Key
 from django_pgoutbox.worker.claims import FLUSH_SIZE, Claims, RecordAndClaim
 from django_pgoutbox.worker.controls import Controls, ReadControl
-from django_pgoutbox.worker.coroutines import Coroutines
+from django_pgoutbox.worker.coroutines import Coroutines, runs_on_loop
 from django_pgoutbox.worker.deadlines import STUCK_AFTER
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.handlers import AttemptRunner, Handlers, HandlerThreads
@@ -328,8 +327,7 @@ class QueueRunner:
 
     def _submit(self, attempt: Attempt) -> None:
         """Start ``attempt``: on the event loop for an ``async def`` handler, else a thread."""
-        definition = get_job(attempt.row.job_type)
-        if definition is not None and definition.on_loop:
+        if runs_on_loop(attempt.row.job_type):
             attempt.on_loop = True
             if not self._async_slots:
                 self._count_async_slots()
@@ -341,8 +339,7 @@ class QueueRunner:
         """``_submit`` on the lane that fired the idle queue's claim (``standby``): the handler
         threads' queue takes an attempt from any thread; the event loop's attempts are the
         coordinator's to send (``_on_recorded``)."""
-        definition = get_job(attempt.row.job_type)
-        if definition is None or not definition.on_loop:
+        if not runs_on_loop(attempt.row.job_type):
             self._handlers.submit(attempt)
 
     def _count_async_slots(self) -> None:
@@ -547,8 +544,7 @@ class QueueRunner:
             left = []  # those of async def handlers: the lane left them to this thread
             for attempt in new:
                 state.hold(attempt, QUEUED)
-                definition = get_job(attempt.row.job_type)
-                if definition is not None and definition.on_loop:
+                if runs_on_loop(attempt.row.job_type):
                     left.append(attempt)
             if not self._stopping:
                 for attempt in left:
