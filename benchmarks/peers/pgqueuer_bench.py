@@ -3,7 +3,7 @@
     .venv-bench/bin/python benchmarks/peers/pgqueuer_bench.py --dsn postgres://...:5432/DB \\
         [--jobs 100000] [--single 2000] [--latency-jobs 500] [--gap-ms 10] [--workers 1 2] [--quick]
     .venv-bench/bin/python benchmarks/peers/pgqueuer_bench.py --dsn ... --sleep-ms 10 \
-        --jobs 10000 --max-concurrent-tasks 100 [--runs 3]
+        --jobs 10000 --max-concurrent-tasks 100 [--batch-size 100] [--runs 3]
 
 PgQueuer's own objects in that database are dropped and re-installed at start; nothing else in
 the database is touched. Progress goes to stderr; the last line on stdout is one JSON object.
@@ -21,8 +21,9 @@ the database is touched. Progress goes to stderr; the last line on stdout is one
   enqueued ``--gap-ms`` apart; latency is handler start minus enqueue return, in ms.
 - ``--sleep-ms``: only drains, ``--runs`` times, of ``--jobs`` jobs whose handler is
   ``async def sleep(job): await asyncio.sleep(ms / 1000)``, by one worker with
-  ``max_concurrent_tasks=--max-concurrent-tasks`` (PgQueuer's default batch size): coroutines in
-  flight, as ``benchmarks/drain_cpu.py --job-type tests.async_sleep`` drains them here.
+  ``max_concurrent_tasks=--max-concurrent-tasks`` (and ``--batch-size``, else PgQueuer's
+  default): coroutines in flight, as ``benchmarks/drain_cpu.py --job-type tests.async_sleep``
+  drains them here.
 """
 
 from __future__ import annotations
@@ -420,7 +421,9 @@ async def run_sleeps(
     try:
         bench = Bench(args.dsn, connection, Queries(AsyncpgDriver(connection)), pool, scratch)
         await bench.reinstall()
-        config = WorkerConfig(max_concurrent_tasks=args.max_concurrent_tasks)
+        config = WorkerConfig(
+            batch_size=args.batch_size, max_concurrent_tasks=args.max_concurrent_tasks
+        )
         rates = []
         for _ in range(args.runs):
             result = await bench.drain(args.jobs, 1, config, BULK_CHUNK, SLEEP)
@@ -560,7 +563,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # Internal: how the benchmark starts its worker processes (DSN in the environment).
     hidden = argparse.SUPPRESS
     parser.add_argument("--worker", choices=[m.value for m in QueueExecutionMode], help=hidden)
-    parser.add_argument("--batch-size", type=int, help=hidden)
+    parser.add_argument("--batch-size", type=int, help="--sleep-ms: PgQueuer's batch size")
     parser.add_argument("--max-concurrent-tasks", type=int, help="--sleep-ms: the cap")
     args = parser.parse_args(argv)
     if args.worker:
