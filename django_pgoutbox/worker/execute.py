@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 import os
@@ -14,6 +13,7 @@ import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime
+from types import CoroutineType
 from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
@@ -481,7 +481,7 @@ def _call(begun: Begun) -> tuple[Any, BaseException | None]:
             finally:
                 if os.getpid() != pid:
                     _leave_forked_child(job)
-            if inspect.iscoroutine(returned):
+            if returned is not None and type(returned) is CoroutineType:
                 returned = async_to_sync(_awaited)(returned)
     except BaseException as error:
         return None, error

@@ -176,7 +176,10 @@ class AttemptRunner:
         job = attempt.job()
         if attempt.cancel.is_set():
             return cancelled_unstarted(job)
-        self._start_clock(attempt, job.job_type)
+        definition = get_job(job.job_type)
+        if definition is not None and definition.timeout and definition.isolation == "thread":
+            deadline = time.monotonic() + definition.timeout
+            self._mailbox.post((STARTED, attempt, deadline), urgent=False)
         return execute(
             job,
             policy=self.policy,
