@@ -42,7 +42,6 @@ class Attempt:
         "id",
         "lease_lost",
         "low_water",
-        "on_loop",
         "row",
         "slot",
         "state",
@@ -75,8 +74,6 @@ class Attempt:
         #: when its handler starts: a prefetched job waits without its clock running.
         self.deadline: float | None = None
         self.lease_lost = False
-        #: Sent to the queue's event loop (an ``async def`` handler), not a handler thread.
-        self.on_loop = False
 
     @property
     def key(self) -> Key:

@@ -192,7 +192,7 @@ def execute(
     attempt ends with an outcome.
     """
     try:
-        begun = begin(job, renew=renew, cancel=cancel, using=using, report=report)
+        begun = begin(job, renew, cancel, using, report)
         if begun.refused is not None:
             return finish(begun, begun.refused)
         returned, error = _call(begun)
@@ -214,7 +214,7 @@ async def execute_async(
     steps before and after the call. Never raises; a cancellation of the coroutine (the job's
     ``cancel`` set, its timeout) becomes the attempt's outcome, as any other exception."""
     try:
-        begun = begin(job, renew=renew, cancel=cancel, using=using, report=report)
+        begun = begin(job, renew, cancel, using, report)
         if begun.refused is not None:
             return finish(begun, begun.refused)
         assert begun.definition is not None
@@ -262,7 +262,6 @@ def _worker_failed(job: ClaimedJob, error: BaseException, policy: RetrySettings)
 
 def begin(
     job: ClaimedJob,
-    *,
     renew: Callable[[], None],
     cancel: CancelFlag | None,
     using: str,

@@ -32,6 +32,7 @@ from django_pgoutbox.conf import QueueSettings, RetrySettings
 from django_pgoutbox.db import ErrorKind
 from django_pgoutbox.errors import LeaseLost
 from django_pgoutbox.queue_controls import Control
+from django_pgoutbox.registry import get_job
 from django_pgoutbox.worker import deadlines, mailbox
 from django_pgoutbox.worker.attempt import HELD, LOST, QUEUED, TIMED_OUT, Attempt, Key
 from django_pgoutbox.worker.claims import FLUSH_SIZE, Claims, RecordAndClaim
@@ -107,6 +108,8 @@ class QueueRunner:
         #: The coroutine slots the claims count beside the threads: the queue's
         #: ASYNC_CONCURRENCY from its first attempt of an ``async def`` handler on.
         self._async_slots = 0
+        #: Job type -> whether its attempts run on the event loop (``_on_loop``).
+        self._loop_types: dict[str, bool] = {}
         self._claims = Claims(settings, self.concurrency, worker_id, now)
         self._upkeep = Upkeep(settings, worker_id, now)
         self._reporting = Reporting(worker_id)
@@ -278,7 +281,7 @@ class QueueRunner:
             )
         if state.timed:
             for attempt in state.expired(now):
-                if attempt.on_loop:
+                if self._coroutines.on_loop.get(attempt.slot) is attempt:
                     self._coroutines.cancel(attempt)  # its slot is free from now
                 else:
                     self._handlers.add_thread()  # in place of the one its handler still holds
@@ -327,13 +330,26 @@ class QueueRunner:
 
     def _submit(self, attempt: Attempt) -> None:
         """Start ``attempt``: on the event loop for an ``async def`` handler, else a thread."""
-        if runs_on_loop(attempt.row.job_type):
-            attempt.on_loop = True
-            if not self._async_slots:
-                self._count_async_slots()
-            self._coroutines.submit(attempt, self._clock())
+        if self._on_loop(attempt.row.job_type):
+            self._submit_to_loop(attempt)
         else:
             self._handlers.submit(attempt)
+
+    def _on_loop(self, job_type: str) -> bool:
+        """``runs_on_loop``, remembered for the job types ``@job`` declares (a task's answer
+        changes once its module is imported: asked each time)."""
+        known = self._loop_types.get(job_type)
+        if known is not None:
+            return known
+        on_loop = runs_on_loop(job_type)
+        if get_job(job_type) is not None:
+            self._loop_types[job_type] = on_loop
+        return on_loop
+
+    def _submit_to_loop(self, attempt: Attempt) -> None:
+        if not self._async_slots:
+            self._count_async_slots()
+        self._coroutines.submit(attempt, self._clock())
 
     def _lane_submit(self, attempt: Attempt) -> None:
         """``_submit`` on the lane that fired the idle queue's claim (``standby``): the handler
@@ -558,10 +574,16 @@ class QueueRunner:
                 attempt.state = LOST
             state.to_unclaim += new + suspects
             return
-        submit, idle = self._submit, not state.attempts
+        submit, idle = self._handlers.submit, not state.attempts
+        loop_types, on_loop = self._loop_types, self._on_loop
         for attempt in new:
             state.hold(attempt, QUEUED)
-            submit(attempt)
+            # The job type's answer inline (a dictionary's): this runs once a job claimed.
+            job_type = attempt.row.job_type
+            if loop_types.get(job_type, None) is False or not on_loop(job_type):
+                submit(attempt)
+            else:
+                self._submit_to_loop(attempt)
         hand_off(idle and bool(new))
         for attempt in suspects:  # each waits to run alone, one at a time
             if self._suspects.holding:
