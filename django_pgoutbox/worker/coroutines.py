@@ -200,6 +200,11 @@ class EventLoop:
         if self._retired:
             return
         self.loop.call_later(BEAT_INTERVAL, self._beat)
+        if self._ended_since_close and self._closing is None:
+            # The async ORM runs in asgiref's one thread-sensitive thread, not this one: its
+            # connection is looked at there, once a beat rather than after each attempt.
+            self._ended_since_close = False
+            self._closing = self.loop.create_task(self._close_old_connections())
         if not (self._tasks or self._waiting):
             return
         self._post((BEAT, self), urgent=False)
@@ -207,11 +212,6 @@ class EventLoop:
             if attempt.cancel.is_set() and task not in self._cancelled:
                 self._cancelled.add(task)
                 task.cancel()
-        if self._ended_since_close and self._closing is None:
-            # The async ORM runs in asgiref's one thread-sensitive thread, not this one: its
-            # connection is looked at there, once a beat rather than after each attempt.
-            self._ended_since_close = False
-            self._closing = self.loop.create_task(self._close_old_connections())
 
     async def _close_old_connections(self) -> None:
         try:
