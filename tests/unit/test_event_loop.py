@@ -9,10 +9,11 @@ import time
 from typing import Any
 
 from django_pgoutbox.worker.attempt import Attempt
+from django_pgoutbox.worker.claims import RecordAndClaim
 from django_pgoutbox.worker.coroutines import Coroutines, stall_after
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.mailbox import BEAT, ENDED, RETURNED, Mailbox
-from tests.unit.fakes import claim_row
+from tests.unit.fakes import Harness, claim_row
 
 
 def _messages(mailbox: Mailbox, kind: str, count: int, timeout: float = 5.0) -> list[Any]:
@@ -125,3 +126,28 @@ def test_a_loop_with_work_beats() -> None:
     assert coroutines.heard_from(loop, 123.0)
     assert coroutines.heard == 123.0
     coroutines.shutdown()
+
+
+def _async_row() -> Any:
+    return claim_row()._replace(job_type="tests.async_noop")
+
+
+def test_the_claims_count_the_coroutine_slots_from_the_first_async_attempt() -> None:
+    """A queue claims for its threads until it runs an ``async def`` handler; from then on for
+    its threads and its coroutine slots. Its threads are not handed the async attempt, whose
+    outcome comes from the loop as a thread's would."""
+    harness = Harness(concurrency=4, async_concurrency=10)
+    harness.start_up()
+    (claim,) = [request for request in harness.sent(RecordAndClaim) if request.limit]
+    assert claim.limit == 4
+    harness.answer(RecordAndClaim, rows=[_async_row()])
+    harness.step()
+    assert harness.threads.submitted == []
+    (again,) = [request for request in harness.sent(RecordAndClaim) if request.limit]
+    assert again.limit == 4 + 10 - 1  # the async attempt holds one of the slots
+    deadline = time.monotonic() + 5
+    while harness.runner.snapshot().outcomes_waiting == 0:
+        assert time.monotonic() < deadline, "the coroutine's outcome never came"
+        time.sleep(0.01)
+        harness.step()
+    harness.runner._coroutines.shutdown()
