@@ -12,7 +12,8 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCH_DB = "pgoutbox_bench"
+#: The benchmarks' database (dropped and made again by most): ``PGOUTBOX_BENCH_DB`` if set.
+BENCH_DB = os.environ.get("PGOUTBOX_BENCH_DB", "pgoutbox_bench")
 
 
 def setup_django(name: str = BENCH_DB) -> None:
@@ -59,8 +60,11 @@ def truncate(*tables: str) -> None:
         cursor.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
 
 
-def pending_noops(jobs: int) -> None:
-    """An empty jobs table, then ``jobs`` pending no-op jobs with fresh statistics.
+def pending_noops(
+    jobs: int, job_type: str = "tests.noop", payload: dict[str, Any] | None = None
+) -> None:
+    """An empty jobs table, then ``jobs`` pending no-op jobs (or of ``job_type`` with
+    ``payload``) with fresh statistics.
 
     Enqueued 100,000 at a time; ``VACUUM ANALYZE`` after, since this development server runs
     with autovacuum off and a claim planned without statistics may sort the whole backlog.
@@ -71,7 +75,8 @@ def pending_noops(jobs: int) -> None:
 
     truncate("jobs")
     for start in range(0, jobs, 100_000):
-        enqueue_many([{"job_type": "tests.noop", "payload": {}}] * min(100_000, jobs - start))
+        batch = min(100_000, jobs - start)
+        enqueue_many([{"job_type": job_type, "payload": payload or {}}] * batch)
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE jobs")
 

@@ -2,6 +2,7 @@
 
     python benchmarks/drain_cpu.py [--jobs 100000] [--concurrency 4] [--runs 3]
         [--settings '{"QUEUES": {"default": {"PREFETCH": 2000}}}'] [--gc-threshold N]
+        [--job-type tests.async_noop] [--payload '{"seconds": 0.01}']
 
 N pending no-op jobs, then one ``runworkers --burst`` process, as in ``benchmarks/worker.py``.
 Besides the rate, it prints the worker process's CPU time (``wait4``) and the CPU time of the
@@ -10,7 +11,10 @@ a backend's counters go with it when it exits), each per job and as a share of t
 time: a drain where neither is near 100% waits on round trips, not on either side. Needs the
 server on this host (it reads its processes). ``--settings`` is merged into ``PGOUTBOX`` for the
 worker (``QUEUES`` per queue), for sweeps of a setting; ``--gc-threshold`` goes to ``runworkers``
-(``0``: Python's own collector settings).
+(``0``: Python's own collector settings). ``--job-type`` drains jobs of another type
+(``tests.async_noop``: an ``async def`` no-op, run on the queue's event loop;
+``tests.async_sleep`` with ``--payload '{"seconds": 0.01}'``: coroutines that each await a
+sleep), with ``--payload`` as each job's payload. ``PGOUTBOX_BENCH_DB`` names the database.
 """
 
 from __future__ import annotations
@@ -45,9 +49,14 @@ def _server_ticks() -> dict[str, int]:
 
 
 def drain(
-    jobs: int, concurrency: int, settings: dict[str, object], gc_threshold: int | None = None
+    jobs: int,
+    concurrency: int,
+    settings: dict[str, object],
+    gc_threshold: int | None = None,
+    job_type: str = "tests.noop",
+    payload: dict[str, object] | None = None,
 ) -> dict[str, float]:
-    pending_noops(jobs)
+    pending_noops(jobs, job_type, payload)
     env = {**os.environ, "PGOUTBOX_TEST_SETTINGS": json.dumps(settings), "PGOUTBOX_DEBUG": "0"}
     command = [sys.executable, str(ROOT / "manage.py"), "runworkers", "-v", "0", "--roles"]
     command += ["jobs", "--burst", "--queues", "default", "--concurrency", str(concurrency)]
@@ -88,11 +97,20 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--settings", type=json.loads, default={}, help="JSON, into PGOUTBOX")
     parser.add_argument("--gc-threshold", type=int, help="runworkers --gc-threshold")
+    parser.add_argument("--job-type", default="tests.noop", help="default tests.noop")
+    parser.add_argument("--payload", type=json.loads, default={}, help="JSON, each job's")
     args = parser.parse_args()
     setup_django()
     rates = []
     for _ in range(args.runs):
-        row = drain(args.jobs, args.concurrency, args.settings, args.gc_threshold)
+        row = drain(
+            args.jobs,
+            args.concurrency,
+            args.settings,
+            args.gc_threshold,
+            args.job_type,
+            args.payload,
+        )
         rates.append(row["jobs_per_second"])
         print(
             f"{row['jobs_per_second']:>9,.0f} jobs/s  worker {row['worker_cpu_us_per_job']:.1f} µs"

@@ -11,6 +11,7 @@ metrics and the admin apply to tasks as to any job. On Django 5.2 the same works
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import traceback
@@ -215,6 +216,16 @@ def task_result(job: Job, *, backend: str, status: Any = None) -> TaskResult:
 # -- running tasks in the worker -----------------------------------------------------------------
 
 
+def task_runs_on_loop(job_type: str) -> bool:
+    """Whether ``job_type`` names an ``async def`` task of a module already imported: its jobs
+    run on the queue's event loop. Imports nothing (the worker's coordinator asks, for each job
+    of a type no ``@job`` declares); a task of a module not imported yet runs on a handler
+    thread (through ``async_to_sync``), which imports it for the next ones."""
+    module, _, name = job_type.rpartition(".")
+    found = getattr(sys.modules.get(module), name, None)
+    return isinstance(found, Task) and inspect.iscoroutinefunction(found.func)
+
+
 def task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | None:
     """A handler that runs the task stored in a job, or None if the job is not a task.
 
@@ -240,8 +251,18 @@ def task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | N
             )
         return task.call(*args, **kwargs)
 
+    async def run_async(payload: dict[str, Any], ctx: JobContext) -> Any:
+        args, kwargs = payload.get("args", []), payload.get("kwargs", {})
+        if task.takes_context:
+            return await task.acall(
+                TaskContext(task_result=_running_result(ctx, task, payload)), *args, **kwargs
+            )
+        return await task.acall(*args, **kwargs)
+
+    # An async def task runs as a coroutine on the queue's event loop (docs/tasks.md).
+    handler = run_async if inspect.iscoroutinefunction(task.func) else run
     definition = JobDefinition(
-        run, name=job_type, queue=task.queue_name, max_attempts=None, priority=task.priority
+        handler, name=job_type, queue=task.queue_name, max_attempts=None, priority=task.priority
     )
     definition.error_details = _error_details
     definition.on_started = _on_job_started

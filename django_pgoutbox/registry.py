@@ -53,6 +53,9 @@ class JobDefinition:
         #: "thread" (the worker's handler threads) or "process" (a child process per attempt,
         #: killed at the timeout or on cancellation).
         self.isolation = isolation
+        #: An ``async def`` handler: its attempts run as coroutines on the queue's event loop
+        #: (``worker.coroutines``), not on a handler thread.
+        self.on_loop = inspect.iscoroutinefunction(func) and isolation == "thread"
         #: What ``@job`` said of uniqueness (``unique``, ``on_conflict``, ``debounce``,
         #: ``throttle``), checked; each enqueue of the type applies it unless it overrides it.
         self.unique = unique
@@ -242,6 +245,10 @@ def job(
     retried by the policy. ``isolation="process"`` runs each attempt in a child process that is
     killed at the timeout or on cancellation (see docs/jobs.md, "Timeouts").
 
+    An ``async def`` handler runs as a coroutine on its queue's event loop, up to
+    ``ASYNC_CONCURRENCY`` at once (docs/jobs.md, "Async handlers"); ``isolation="process"`` is
+    refused for it.
+
     ``unique``, ``on_conflict``, ``debounce`` and ``throttle`` make every job of the type unique
     (docs/uniqueness.md); ``enqueue()`` may override each.
 
@@ -332,6 +339,12 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
     if options.isolation not in ISOLATION_MODES:
         raise JobRegistrationError(
             f"@job {job_name!r}: isolation must be 'thread' or 'process', not {options.isolation!r}"
+        )
+    if options.isolation == "process" and inspect.iscoroutinefunction(func):
+        raise JobRegistrationError(
+            f"@job {job_name!r}: isolation='process' runs a plain function in a child process; "
+            "an async def handler runs on the queue's event loop: drop isolation='process', or "
+            "make the handler a def that calls asyncio.run()"
         )
     given = options.unique
     declared: Declared | None = None

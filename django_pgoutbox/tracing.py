@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from functools import cache, lru_cache
@@ -201,6 +201,33 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
     does. An attempt that ran as long as its job type's timeout was failed for it by the worker,
     whatever its handler returned at last: its outcome is "timed_out".
     """
+    started = _start_attempt(job)
+    if started is None:
+        return run()
+    outcome: Outcome | None = None
+    try:
+        outcome = run()
+    finally:
+        _end_attempt(*started, outcome)
+    return _kept(started[0], job, outcome)
+
+
+async def traced_attempt_async(job: ClaimedJob, run: Callable[[], Awaitable[Outcome]]) -> Outcome:
+    """``traced_attempt`` for a coroutine: its span is current in the coroutine's own task."""
+    started = _start_attempt(job)
+    if started is None:
+        return await run()
+    outcome: Outcome | None = None
+    try:
+        outcome = await run()
+    finally:
+        _end_attempt(*started, outcome)
+    return _kept(started[0], job, outcome)
+
+
+def _start_attempt(job: ClaimedJob) -> tuple[Any, Any, float | None, float] | None:
+    """The attempt's span started and made current (its span, the token that detaches it, the
+    job type's timeout, when it started); None if that failed (the attempt runs untraced)."""
     span = None
     try:
         trace, otel_context = _otel()
@@ -226,15 +253,13 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
         if span is not None:  # started, not made current: ended at once, never left open
             with suppress(Exception):
                 span.end()
-        return run()
-    started = time.monotonic()
-    outcome: Outcome | None = None
-    try:
-        outcome = run()
-    finally:
-        _end_attempt(
-            span, token, outcome, timeout is not None and time.monotonic() - started >= timeout
-        )
+        return None
+    return span, token, timeout, time.monotonic()
+
+
+def _kept(span: Any, job: ClaimedJob, outcome: Outcome) -> Outcome:
+    """``outcome``, carrying the attempt's span for the next attempt's link unless it completed
+    the job."""
     if outcome.status is JobStatus.COMPLETED:
         return outcome
     try:
@@ -253,8 +278,11 @@ def _timeout(job_type: str) -> float | None:
     return definition.timeout
 
 
-def _end_attempt(span: Any, token: Any, outcome: Outcome | None, timed_out: bool) -> None:
+def _end_attempt(
+    span: Any, token: Any, timeout: float | None, started: float, outcome: Outcome | None
+) -> None:
     trace, otel_context = _otel()
+    timed_out = timeout is not None and time.monotonic() - started >= timeout
 
     try:
         otel_context.detach(token)

@@ -2,6 +2,8 @@
 
     .venv-bench/bin/python benchmarks/peers/pgqueuer_bench.py --dsn postgres://...:5432/DB \\
         [--jobs 100000] [--single 2000] [--latency-jobs 500] [--gap-ms 10] [--workers 1 2] [--quick]
+    .venv-bench/bin/python benchmarks/peers/pgqueuer_bench.py --dsn ... --sleep-ms 10 \
+        --jobs 10000 --max-concurrent-tasks 100 [--batch-size 100] [--runs 3]
 
 PgQueuer's own objects in that database are dropped and re-installed at start; nothing else in
 the database is touched. Progress goes to stderr; the last line on stdout is one JSON object.
@@ -17,6 +19,11 @@ the database is touched. Progress goes to stderr; the last line on stdout is one
   by the database clock).
 - latency: one idle worker (continuous mode, PgQueuer's defaults, LISTEN/NOTIFY wake-up); jobs
   enqueued ``--gap-ms`` apart; latency is handler start minus enqueue return, in ms.
+- ``--sleep-ms``: only drains, ``--runs`` times, of ``--jobs`` jobs whose handler is
+  ``async def sleep(job): await asyncio.sleep(ms / 1000)``, by one worker with
+  ``max_concurrent_tasks=--max-concurrent-tasks`` (and ``--batch-size``, else PgQueuer's
+  default): coroutines in flight, as ``benchmarks/drain_cpu.py --job-type tests.async_sleep``
+  drains them here.
 """
 
 from __future__ import annotations
@@ -57,7 +64,9 @@ SCRIPT = Path(__file__).resolve()
 
 NOOP = "noop"
 STAMP = "stamp"
+SLEEP = "sleep"
 ENV_DSN = "PGQ_BENCH_DSN"
+ENV_SLEEP_S = "PGQ_BENCH_SLEEP_S"
 ENV_STAMP_FILE = "PGQ_BENCH_STAMP_FILE"
 
 BULK_CHUNK = 5_000
@@ -91,6 +100,12 @@ async def worker_factory() -> AsyncIterator[QueueManager]:
             sequence = (job.payload or b"").decode()
             with open(stamp_file, "a", encoding="ascii") as out:
                 out.write(f"{sequence} {started!r}\n")
+
+        sleep_s = float(os.environ.get(ENV_SLEEP_S, "0"))
+
+        @manager.entrypoint(SLEEP)
+        async def sleep(job: Job) -> None:
+            await asyncio.sleep(sleep_s)
 
         yield manager
     finally:
@@ -289,16 +304,18 @@ class Bench:
         await self.reset()
         return count / elapsed
 
-    async def enqueue_bulk(self, count: int, chunk: int) -> float:
+    async def enqueue_bulk(self, count: int, chunk: int, entrypoint: str = NOOP) -> float:
         started = time.perf_counter()
         for offset in range(0, count, chunk):
             size = min(chunk, count - offset)
-            await self.queries.enqueue([NOOP] * size, [None] * size, [0] * size)
+            await self.queries.enqueue([entrypoint] * size, [None] * size, [0] * size)
         return count / (time.perf_counter() - started)
 
-    async def drain(self, jobs: int, workers: int, config: WorkerConfig, chunk: int) -> DrainRun:
+    async def drain(
+        self, jobs: int, workers: int, config: WorkerConfig, chunk: int, entrypoint: str = NOOP
+    ) -> DrainRun:
         await self.reset()
-        enqueue_rate = await self.enqueue_bulk(jobs, chunk)
+        enqueue_rate = await self.enqueue_bulk(jobs, chunk, entrypoint)
         await self.connection.execute(f"VACUUM ANALYZE {self.queue_table}, {self.log_table}")
 
         started = time.monotonic()
@@ -394,6 +411,39 @@ async def connect(dsn: str) -> asyncpg.Connection:
         return await asyncpg.connect(dsn, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         raise BenchError(f"cannot connect to {redact(dsn)}: {exc}") from exc
+
+
+async def run_sleeps(
+    args: argparse.Namespace, pool: WorkerPool, scratch: Path
+) -> dict[str, object]:
+    """``--sleep-ms``: drains of coroutines that each await a sleep, one worker."""
+    connection = await connect(args.dsn)
+    try:
+        bench = Bench(args.dsn, connection, Queries(AsyncpgDriver(connection)), pool, scratch)
+        await bench.reinstall()
+        config = WorkerConfig(
+            batch_size=args.batch_size, max_concurrent_tasks=args.max_concurrent_tasks
+        )
+        rates = []
+        for _ in range(args.runs):
+            result = await bench.drain(args.jobs, 1, config, BULK_CHUNK, SLEEP)
+            rates.append(result.per_s)
+            progress(
+                f"drain {args.jobs} x await asyncio.sleep({args.sleep_ms / 1000:g}), "
+                f"{config.label()}: {result.per_s:,.0f} jobs/s over {result.seconds:.2f} s"
+            )
+        await bench.reset()
+    finally:
+        await connection.close()
+    return {
+        "peer": PEER,
+        "version": VERSION,
+        "sleep_ms": args.sleep_ms,
+        "jobs": args.jobs,
+        "config": config.label(),
+        "per_s": [round(rate, 1) for rate in rates],
+        "median_per_s": round(statistics.median(rates), 1),
+    }
 
 
 async def run(args: argparse.Namespace, pool: WorkerPool, scratch: Path) -> dict[str, object]:
@@ -508,11 +558,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gap-ms", type=float, default=10.0)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--quick", action="store_true", help="jobs=5000, single=500, latency=100")
+    parser.add_argument("--sleep-ms", type=float, help="only drains of async sleeps (see above)")
+    parser.add_argument("--runs", type=int, default=3, help="drains of --sleep-ms")
     # Internal: how the benchmark starts its worker processes (DSN in the environment).
     hidden = argparse.SUPPRESS
     parser.add_argument("--worker", choices=[m.value for m in QueueExecutionMode], help=hidden)
-    parser.add_argument("--batch-size", type=int, help=hidden)
-    parser.add_argument("--max-concurrent-tasks", type=int, help=hidden)
+    parser.add_argument("--batch-size", type=int, help="--sleep-ms: PgQueuer's batch size")
+    parser.add_argument("--max-concurrent-tasks", type=int, help="--sleep-ms: the cap")
     args = parser.parse_args(argv)
     if args.worker:
         return args
@@ -549,7 +601,11 @@ def main(argv: list[str] | None = None) -> int:
     pool = WorkerPool(args.dsn, scratch)
     try:
         with sigterm_as_exit():
-            result = asyncio.run(run(args, pool, scratch))
+            if args.sleep_ms is not None:
+                os.environ[ENV_SLEEP_S] = str(args.sleep_ms / 1000)
+                result = asyncio.run(run_sleeps(args, pool, scratch))
+            else:
+                result = asyncio.run(run(args, pool, scratch))
     except BenchError as exc:
         print(f"pgqueuer_bench: error: {exc}", file=sys.stderr)
         return 2

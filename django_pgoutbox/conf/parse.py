@@ -15,6 +15,7 @@ from django.conf import settings
 from django_pgoutbox.conf.values import (
     DEFAULTS,
     LIMIT_BY_CHOICES,
+    MAX_ASYNC_CONCURRENCY,
     MAX_CONCURRENCY,
     MAX_DELAY_CEILING,
     MAX_INT32,
@@ -156,7 +157,12 @@ def parse_settings(raw: Any) -> tuple[PgOutboxSettings, list[SettingsProblem]]:
         top["LEASE_SECONDS"], f"{SETTING_NAME}['LEASE_SECONDS']", minimum=MIN_LEASE_SECONDS
     )
     poll = parser.seconds(top["POLL_INTERVAL"], f"{SETTING_NAME}['POLL_INTERVAL']")
-    queues = _parse_queues(parser, top["QUEUES"], concurrency, lease, poll)
+    async_concurrency = parser.positive_int(
+        top["ASYNC_CONCURRENCY"],
+        f"{SETTING_NAME}['ASYNC_CONCURRENCY']",
+        maximum=MAX_ASYNC_CONCURRENCY,
+    )
+    queues = _parse_queues(parser, top["QUEUES"], concurrency, async_concurrency, lease, poll)
 
     retry_key = f"{SETTING_NAME}['RETRY']"
     retry_raw = parser.section(top["RETRY"], DEFAULTS["RETRY"], retry_key)
@@ -363,7 +369,7 @@ def _parse_views_auth(parser: Parser, raw: dict[str, Any], key: str) -> ViewsAut
 
 
 def _parse_queues(
-    parser: Parser, raw: Any, concurrency: int, lease: float, poll: float
+    parser: Parser, raw: Any, concurrency: int, async_concurrency: int, lease: float, poll: float
 ) -> dict[str, QueueSettings]:
     key = f"{SETTING_NAME}['QUEUES']"
     if not isinstance(raw, Mapping):
@@ -383,6 +389,7 @@ def _parse_queues(
             continue
         inherited = {
             "CONCURRENCY": concurrency,
+            "ASYNC_CONCURRENCY": async_concurrency,
             "LEASE_SECONDS": lease,
             "POLL_INTERVAL": poll,
             **QUEUE_ONLY_DEFAULTS,
@@ -432,6 +439,11 @@ def _parse_queues(
             ),
             concurrency=parser.positive_int(
                 merged["CONCURRENCY"], f"{queue_key}['CONCURRENCY']", maximum=MAX_CONCURRENCY
+            ),
+            async_concurrency=parser.positive_int(
+                merged["ASYNC_CONCURRENCY"],
+                f"{queue_key}['ASYNC_CONCURRENCY']",
+                maximum=MAX_ASYNC_CONCURRENCY,
             ),
             lease_seconds=parser.seconds(
                 merged["LEASE_SECONDS"], f"{queue_key}['LEASE_SECONDS']", minimum=MIN_LEASE_SECONDS

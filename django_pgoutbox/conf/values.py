@@ -42,6 +42,10 @@ MIN_LEASE_SECONDS = 0.5
 #: ``runworkers --concurrency``): each is an operating system thread with its own stack.
 MAX_CONCURRENCY = 1000
 
+#: The most coroutines of ``async def`` handlers one queue of one process may run at once
+#: (``ASYNC_CONCURRENCY``): they share one event loop thread, so this bounds memory, not threads.
+MAX_ASYNC_CONCURRENCY = 10_000
+
 #: ``attempts`` and ``max_attempts`` are 32-bit integer columns.
 MAX_INT32 = 2**31 - 1
 
@@ -53,13 +57,17 @@ MAX_JSONB_BYTES = 2**28 - 1
 DEFAULT_MAX_JSON_BYTES = 2**20
 
 #: Keys a queue may override; each defaults to the top-level key of the same name.
-QUEUE_KEYS = ("CONCURRENCY", "LEASE_SECONDS", "POLL_INTERVAL")
+QUEUE_KEYS = ("CONCURRENCY", "ASYNC_CONCURRENCY", "LEASE_SECONDS", "POLL_INTERVAL")
 
 DEFAULTS: dict[str, Any] = {
-    # Queue name -> overrides of CONCURRENCY, LEASE_SECONDS and POLL_INTERVAL for that queue.
+    # Queue name -> overrides of CONCURRENCY, ASYNC_CONCURRENCY, LEASE_SECONDS and POLL_INTERVAL
+    # for that queue.
     "QUEUES": {"default": {}},
     # Handler threads per queue in one ``runworkers`` process.
     "CONCURRENCY": 4,
+    # Coroutines of ``async def`` handlers in flight per queue in one process, on the queue's one
+    # event loop thread (started when the queue first runs one).
+    "ASYNC_CONCURRENCY": 100,
     # How long a claim lasts before another worker may take the job over; renewed while it runs.
     "LEASE_SECONDS": 60,
     # Seconds between reconciliation polls; NOTIFY only shortens the wait.
@@ -193,6 +201,8 @@ class QueueSettings:
     limit_by: str | None = None
     #: Raise the priority of the jobs that wait (see ``PriorityAging``); None: off.
     priority_aging: PriorityAging | None = None
+    #: Coroutines of ``async def`` handlers in flight at once on the queue's event loop.
+    async_concurrency: int = 100
 
     @property
     def limited(self) -> bool:

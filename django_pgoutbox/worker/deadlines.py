@@ -34,9 +34,11 @@ def next_deadline(
     suspects: Suspects,
     lease_seconds: float,
     stop_deadline: float | None,
+    loop_deadline: float | None = None,
 ) -> float:
     """The earliest deadline (``ending``: the queue stops, or a burst ends; ``progress``: when
-    the next write of progress may go, if one is waited for)."""
+    the next write of progress may go, if one is waited for; ``loop_deadline``: when the
+    queue's event loop, unheard, is left behind)."""
     deadlines = [now + poll_interval]
     if lane_free:
         # Only what a turn would act on: ending, the coordinator neither polls, recovers nor
@@ -56,6 +58,8 @@ def next_deadline(
         if (held := controls.hold_deadline(now)) is not None:
             deadlines.append(held)  # claims held back by a notification not yet read
     deadlines += lanes.backing_off(now)
+    if loop_deadline is not None:
+        deadlines.append(loop_deadline)
     deadlines += [a.deadline for a in state.timed.values() if a.deadline is not None]
     if suspects.held is not None and now < suspects.held_since + lease_seconds:
         deadlines.append(suspects.held_since + lease_seconds)

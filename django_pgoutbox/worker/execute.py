@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -9,12 +10,14 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import MISSING, dataclass, fields, replace
 from datetime import datetime
 from functools import partial
+from types import CoroutineType
 from typing import Any, TypeVar
 
+from asgiref.sync import async_to_sync
 from django.db import close_old_connections
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
@@ -22,7 +25,14 @@ from django.dispatch import receiver
 from django_pgoutbox import metrics, signals, tracing
 from django_pgoutbox.conf import RetrySettings, get_settings
 from django_pgoutbox.context import CancelFlag, JobContext, ProgressNote
-from django_pgoutbox.errors import InvalidResult, JobFailure, ResultTooLarge, Snooze
+from django_pgoutbox.errors import (
+    Cancelled,
+    InvalidResult,
+    JobFailure,
+    JobTimeout,
+    ResultTooLarge,
+    Snooze,
+)
 from django_pgoutbox.failures import FailureOutcome, failure_outcome
 from django_pgoutbox.log import job_fields, job_logger
 from django_pgoutbox.models import JobStatus
@@ -147,6 +157,29 @@ def _note_connection(sender: Any, **kwargs: Any) -> None:
     _thread_state.connected = True
 
 
+class Begun:
+    """An attempt whose handler is about to be called: what ``execute()`` and
+    ``execute_async()`` share between the steps before the call and after it."""
+
+    __slots__ = ("ctx", "definition", "job", "refused", "sender", "started")
+
+    def __init__(
+        self,
+        job: ClaimedJob,
+        definition: JobDefinition | None,
+        sender: Any,
+        refused: Outcome | None,
+        ctx: JobContext | None,
+    ) -> None:
+        self.job = job
+        self.definition = definition
+        self.sender = sender
+        #: The attempt's outcome without a call (no handler for its job type, an invalid task).
+        self.refused = refused
+        self.ctx = ctx
+        self.started = time.perf_counter()
+
+
 def execute(
     job: ClaimedJob,
     *,
@@ -165,53 +198,118 @@ def execute(
     with what the handler raised (or the ``InvalidResult`` of what it returned), its traceback
     intact, before the outcome is decided: the outcome keeps only a code and a summary
     (``django_pgoutbox.testing`` raises it again in a test).
+    An ``async def`` handler called here (on a thread with no event loop: a test's, a worker's
+    fallback) runs to its end through ``async_to_sync``.
     Never raises: whatever the handler, its hooks or the receivers of the job signals do, the
     attempt ends with an outcome.
     """
     try:
         if tracing.enabled():  # its span, current while the handler runs (docs/observability.md)
             # partial, not a lambda: a closure would make every argument a cell, at every call
-            attempt = partial(
-                _execute,
-                job,
-                policy=policy,
-                renew=renew,
-                cancel=cancel,
-                using=using,
-                report=report,
-                on_error=on_error,
-            )
+            attempt = partial(_execute, job, policy, renew, cancel, using, report, on_error)
             return tracing.traced_attempt(job, attempt)
-        return _execute(
-            job,
-            policy=policy,
-            renew=renew,
-            cancel=cancel,
-            using=using,
-            report=report,
-            on_error=on_error,
-        )
+        return _execute(job, policy, renew, cancel, using, report, on_error)
     except BaseException as error:  # a bug of this module: the guards below catch the rest
-        logger.exception(
-            "job %s (%s) attempt %d: the worker failed around its handler",
-            job.id,
-            job.job_type,
-            job.attempt,
-            extra=job_fields(job),
-        )
-        return _failed(job, error, policy)
+        return _worker_failed(job, error, policy)
 
 
 def _execute(
     job: ClaimedJob,
-    *,
     policy: RetrySettings,
     renew: Callable[[], None],
     cancel: CancelFlag | None,
     using: str,
     report: Callable[[ProgressNote], None] | None,
-    on_error: Callable[[BaseException], None] | None = None,
+    on_error: Callable[[BaseException], None] | None,
 ) -> Outcome:
+    begun = begin(job, renew, cancel, using, report)
+    if begun.refused is not None:
+        return finish(begun, begun.refused)
+    returned, error = _call(begun)
+    return finish(begun, settle(begun, returned, error, policy, on_error=on_error))
+
+
+async def execute_async(
+    job: ClaimedJob,
+    *,
+    policy: RetrySettings,
+    renew: Callable[[], None],
+    cancel: CancelFlag | None = None,
+    using: str = "default",
+    report: Callable[[ProgressNote], None] | None = None,
+) -> Outcome:
+    """``execute()`` for an ``async def`` handler, awaited on the queue's event loop: the same
+    steps before and after the call. Never raises; a cancellation of the coroutine (the job's
+    ``cancel`` set, its timeout) becomes the attempt's outcome, as any other exception."""
+    try:
+        if tracing.enabled():  # its span, current while the coroutine runs
+            attempt = partial(_execute_async, job, policy, renew, cancel, using, report)
+            return await tracing.traced_attempt_async(job, attempt)
+        return await _execute_async(job, policy, renew, cancel, using, report)
+    except BaseException as error:
+        return _worker_failed(job, error, policy)
+
+
+async def _execute_async(
+    job: ClaimedJob,
+    policy: RetrySettings,
+    renew: Callable[[], None],
+    cancel: CancelFlag | None,
+    using: str,
+    report: Callable[[ProgressNote], None] | None,
+) -> Outcome:
+    begun = begin(job, renew, cancel, using, report)
+    if begun.refused is not None:
+        return finish(begun, begun.refused)
+    assert begun.definition is not None
+    assert begun.ctx is not None
+    returned: Any = None
+    error: BaseException | None = None
+    try:
+        returned = await begun.definition(job.payload, begun.ctx)
+    except BaseException as raised:
+        error = raised
+    if isinstance(error, asyncio.CancelledError) or (
+        error is None and _cancel_requested(begun.ctx)
+    ):
+        error = _cancellation(begun.ctx, job)
+    return finish(begun, settle(begun, returned, error, policy, close_connections=False))
+
+
+def _cancel_requested(ctx: JobContext) -> bool:
+    """The job's cancellation was requested and its coroutine cancelled, which returned anyway
+    (it swallowed the ``CancelledError``): the outcome is the cancellation's all the same."""
+    task = asyncio.current_task()
+    return ctx.cancelled and task is not None and task.cancelling() > 0
+
+
+def _cancellation(ctx: JobContext, job: ClaimedJob) -> BaseException:
+    """The error of a cancelled coroutine: ``Cancelled`` when the job's cancellation was
+    requested, else the timeout's (the coordinator has written that outcome already)."""
+    if ctx.cancelled:
+        return Cancelled(f"job {job.id} was cancelled while it ran; its coroutine was cancelled")
+    return JobTimeout(f"attempt {job.attempt} ran past its timeout; its coroutine was cancelled")
+
+
+def _worker_failed(job: ClaimedJob, error: BaseException, policy: RetrySettings) -> Outcome:
+    logger.exception(
+        "job %s (%s) attempt %d: the worker failed around its handler",
+        job.id,
+        job.job_type,
+        job.attempt,
+        extra=job_fields(job),
+    )
+    return _failed(job, error, policy)
+
+
+def begin(
+    job: ClaimedJob,
+    renew: Callable[[], None],
+    cancel: CancelFlag | None,
+    using: str,
+    report: Callable[[ProgressNote], None] | None,
+) -> Begun:
+    """Before the handler: its definition, the start's metrics, signal and hook, its context."""
     definition, refused = _definition(job)
     metrics.JOB_START_DELAY.observe_key((job.queue,), max(job.waited, 0.0))
     sender = definition if definition is not None else signals.NO_HANDLER
@@ -221,18 +319,30 @@ def _execute(
         _call_hook(signals.job_started.send_robust, sender=sender, job=job)
     if definition is not None and definition.on_started is not None:
         _call_hook(definition.on_started, job=job)
-    started = time.perf_counter()
-    outcome = refused or _run(
-        job,
-        definition,
-        policy=policy,
-        renew=renew,
-        cancel=cancel or CancelFlag(),
-        using=using,
-        report=report,
-        on_error=on_error,
-    )
-    duration = time.perf_counter() - started
+    ctx = None
+    if definition is None:
+        refused = refused or _unknown_job_type(job)
+    elif refused is None:
+        ctx = JobContext(
+            job_id=job.id,
+            job_type=job.job_type,
+            attempt=job.attempt,
+            organization_id=job.organization_id,
+            queue=job.queue,
+            logger=job_logger(job),
+            renew=renew,
+            cancel=cancel or CancelFlag(),
+            worker_ids=list(job.worker_ids),
+            using=using,
+            report=report,
+        )
+    return Begun(job, definition, sender, refused, ctx)
+
+
+def finish(begun: Begun, outcome: Outcome) -> Outcome:
+    """After the outcome is decided: the duration's metric, the finish's signal and hook."""
+    job, definition, sender = begun.job, begun.definition, begun.sender
+    duration = time.perf_counter() - begun.started
     metrics.JOB_DURATION.observe_key((job.queue, job.job_type, outcome.status.value), duration)
     if signals.job_finished.receivers:
         _call_hook(
@@ -379,51 +489,32 @@ def _task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | 
     return task_definition(job_type, payload)
 
 
-def _run(
-    job: ClaimedJob,
-    definition: JobDefinition | None,
-    *,
-    policy: RetrySettings,
-    renew: Callable[[], None],
-    cancel: CancelFlag,
-    using: str,
-    report: Callable[[ProgressNote], None] | None,
-    on_error: Callable[[BaseException], None] | None = None,
-) -> Outcome:
-    """Run the handler of ``job`` and decide its outcome, with the progress and metadata it
-    set last; never raises."""
-    if definition is None:
-        logger.error(
-            "no handler for job type %r (job %s); dead-lettered with its payload intact",
-            job.job_type,
-            job.id,
-            extra={**job_fields(job), "outcome": "dead"},
-        )
-        return Outcome(
-            job,
-            JobStatus.DEAD,
-            code="unknown_job_type",
-            summary=bound(
-                f"no handler is registered for job type {job.job_type!r} in this worker; "
-                "deploy it, then retry this dead letter"
-            ),
-        )
-    ctx = JobContext(
-        job_id=job.id,
-        job_type=job.job_type,
-        attempt=job.attempt,
-        organization_id=job.organization_id,
-        queue=job.queue,
-        logger=job_logger(job),
-        renew=renew,
-        cancel=cancel,
-        worker_ids=list(job.worker_ids),
-        using=using,
-        report=report,
+def _unknown_job_type(job: ClaimedJob) -> Outcome:
+    logger.error(
+        "no handler for job type %r (job %s); dead-lettered with its payload intact",
+        job.job_type,
+        job.id,
+        extra={**job_fields(job), "outcome": "dead"},
     )
+    return Outcome(
+        job,
+        JobStatus.DEAD,
+        code="unknown_job_type",
+        summary=bound(
+            f"no handler is registered for job type {job.job_type!r} in this worker; "
+            "deploy it, then retry this dead letter"
+        ),
+    )
+
+
+def _call(begun: Begun) -> tuple[Any, BaseException | None]:
+    """Call the handler on this thread: what it returned, or what it raised."""
+    job, definition, ctx = begun.job, begun.definition, begun.ctx
+    assert definition is not None
+    assert ctx is not None
     try:
         if definition.isolation == "process":
-            returned = run_isolated(job, definition, cancel, using, ctx._adopt)
+            returned = run_isolated(job, definition, ctx._cancel, ctx.using, ctx._adopt)
         else:
             pid = os.getpid()
             try:
@@ -431,6 +522,35 @@ def _run(
             finally:
                 if os.getpid() != pid:
                     _leave_forked_child(job)
+            if returned is not None and type(returned) is CoroutineType:
+                returned = async_to_sync(_awaited)(returned)
+    except BaseException as error:
+        return None, error
+    return returned, None
+
+
+async def _awaited(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    return await coroutine
+
+
+def settle(
+    begun: Begun,
+    returned: Any,
+    error: BaseException | None,
+    policy: RetrySettings,
+    *,
+    close_connections: bool = True,
+    on_error: Callable[[BaseException], None] | None = None,
+) -> Outcome:
+    """The outcome of the handler's call (what it returned, or raised), with the progress and
+    metadata it set last; never raises. ``close_connections``: the thread's connections are
+    checked after the attempt (not on an event loop, whose thread opens none)."""
+    job, definition, ctx = begun.job, begun.definition, begun.ctx
+    assert definition is not None
+    assert ctx is not None
+    try:
+        if error is not None:
+            raise error
         if isinstance(returned, Snooze):
             raise returned
         outcome = Outcome.completed(job, None if returned is None else _result_json(returned))
@@ -453,24 +573,24 @@ def _run(
             summary=f"snoozed for {seconds:g}s by attempt {job.attempt}",
             gives_back_attempt=True,
         )
-    except BaseException as error:
-        tracing.record_failure(error)
+    except BaseException as raised:
+        tracing.record_failure(raised)
         if on_error is not None:
-            _call_hook(lambda job, error: on_error(error), job=job, error=error)
+            _call_hook(lambda job, error: on_error(error), job=job, error=raised)
         failed = failure_outcome(
-            error, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
+            raised, attempt=job.attempt, max_attempts=job.max_attempts, policy=policy
         )
         status = failed.status
-        log_failure(job, error, failed)
+        log_failure(job, raised, failed)
         code, summary = failed.code, failed.summary
-        if definition.error_details is not None and not isinstance(error, InvalidResult):
-            code, summary = _error_details(definition, error, job, code, summary)
+        if definition.error_details is not None and not isinstance(raised, InvalidResult):
+            code, summary = _error_details(definition, raised, job, code, summary)
         outcome = Outcome(job, status, delay=failed.delay, code=code, summary=summary)
     finally:
         # Once per attempt, after it: a connection the handler left broken, in a transaction,
         # or past CONN_MAX_AGE is closed before the thread's next job (as after a request).
         # Only in threads that ever opened one: looking costs more than a no-op job.
-        if getattr(_thread_state, "connected", False):
+        if close_connections and getattr(_thread_state, "connected", False):
             try:
                 close_old_connections()
             except Exception:

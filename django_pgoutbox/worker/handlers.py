@@ -21,7 +21,7 @@ from django_pgoutbox.models import JobStatus
 from django_pgoutbox.registry import get_job
 from django_pgoutbox.retry import Kind, bound, summarize
 from django_pgoutbox.worker.attempt import Attempt, Key
-from django_pgoutbox.worker.execute import Outcome, execute
+from django_pgoutbox.worker.execute import ClaimedJob, Outcome, execute, execute_async
 from django_pgoutbox.worker.mailbox import FINISHED, LOST, PROGRESS, STARTED, Mailbox
 
 logger = logging.getLogger("django_pgoutbox.worker")
@@ -30,6 +30,13 @@ logger = logging.getLogger("django_pgoutbox.worker")
 #: (docs/workers.md, "When the worker itself fails").
 WORKER_ERROR = "worker_error"
 UNREADABLE_JOB = "unreadable_job"
+
+
+def cancelled_unstarted(job: ClaimedJob) -> Outcome:
+    """The outcome of an attempt whose cancellation was requested before its handler started."""
+    return Outcome(
+        job, JobStatus.CANCELLED, code="cancelled", summary="cancelled before its handler started"
+    )
 
 
 class Handlers(Protocol):
@@ -168,12 +175,7 @@ class AttemptRunner:
     def _run(self, attempt: Attempt) -> Outcome:
         job = attempt.job()
         if attempt.cancel.is_set():
-            return Outcome(
-                job,
-                JobStatus.CANCELLED,
-                code="cancelled",
-                summary="cancelled before its handler started",
-            )
+            return cancelled_unstarted(job)
         definition = get_job(job.job_type)
         if definition is not None and definition.timeout and definition.isolation == "thread":
             deadline = time.monotonic() + definition.timeout
@@ -186,6 +188,31 @@ class AttemptRunner:
             using=self.using,
             report=self._report,
         )
+
+    async def run_async(self, attempt: Attempt) -> Outcome:
+        """``__call__`` for an ``async def`` handler, awaited on the queue's event loop."""
+        try:
+            job = attempt.job()
+            if attempt.cancel.is_set():
+                return cancelled_unstarted(job)
+            self._start_clock(attempt, job.job_type)
+            return await execute_async(
+                job,
+                policy=self.policy,
+                renew=lambda: self._renew(attempt.key),
+                cancel=attempt.cancel,
+                using=self.using,
+                report=self._report,
+            )
+        except BaseException as error:
+            return self.worker_error(attempt, error)
+
+    def _start_clock(self, attempt: Attempt, job_type: str) -> None:
+        """Tell the coordinator when the attempt's timeout starts to run, if it has one."""
+        definition = get_job(job_type)
+        if definition is not None and definition.timeout and definition.isolation == "thread":
+            deadline = time.monotonic() + definition.timeout
+            self._mailbox.post((STARTED, attempt, deadline), urgent=False)
 
     def worker_error(self, attempt: Attempt, error: BaseException) -> Outcome:
         """The outcome of an attempt that failed in the worker rather than in its handler,

@@ -34,6 +34,11 @@ STARTED = "started"
 FINISHED = "finished"
 LOST = "lost"
 PROGRESS = "progress"
+# Posted by a queue's event loop (``coroutines``): ``(ENDED, loop, attempt, outcome or None)``,
+# ``(RETURNED, loop, attempts)`` (given back unstarted), ``(BEAT, loop)``.
+ENDED = "ended"
+RETURNED = "returned"
+BEAT = "beat"
 #: Posted by a lane: ``(REPLY, lane index, request, result, error, connection open)``.
 REPLY = "reply"
 # Posted by the listener, the supervisor, a handler's ``ctx.renew_lease()``, a test: ``(WAKE,)``,

@@ -32,10 +32,12 @@ from django_pgoutbox.conf import QueueSettings, RetrySettings
 from django_pgoutbox.db import ErrorKind
 from django_pgoutbox.errors import LeaseLost
 from django_pgoutbox.queue_controls import Control
+from django_pgoutbox.registry import get_job
 from django_pgoutbox.worker import deadlines, mailbox
-from django_pgoutbox.worker.attempt import HELD, LOST, QUEUED, Attempt, Key
+from django_pgoutbox.worker.attempt import HELD, LOST, QUEUED, TIMED_OUT, Attempt, Key
 from django_pgoutbox.worker.claims import FLUSH_SIZE, Claims, RecordAndClaim
 from django_pgoutbox.worker.controls import Controls, ReadControl
+from django_pgoutbox.worker.coroutines import Coroutines, runs_on_loop
 from django_pgoutbox.worker.deadlines import STUCK_AFTER
 from django_pgoutbox.worker.execute import Outcome
 from django_pgoutbox.worker.handlers import AttemptRunner, Handlers, HandlerThreads
@@ -103,6 +105,11 @@ class QueueRunner:
         # -- the coordinator's own (its thread alone touches these) -------------------------------
         now = clock()
         self._state = QueueState(self.queue)
+        #: The coroutine slots the claims count beside the threads: the queue's
+        #: ASYNC_CONCURRENCY from its first attempt of an ``async def`` handler on.
+        self._async_slots = 0
+        #: Job type -> whether its attempts run on the event loop (``_on_loop``).
+        self._loop_types: dict[str, bool] = {}
         self._claims = Claims(settings, self.concurrency, worker_id, now)
         self._upkeep = Upkeep(settings, worker_id, now)
         self._reporting = Reporting(worker_id)
@@ -129,9 +136,13 @@ class QueueRunner:
             )
         else:
             self._handlers = handlers(self.concurrency, self._mailbox, run)
+        #: The queue's event loop, for the attempts of ``async def`` handlers (``coroutines``).
+        self._coroutines = Coroutines(
+            self.queue, settings.async_concurrency, run.run_async, self._mailbox, self.lease_seconds
+        )
         #: The claim left on the first lane while the queue is idle (``standby``).
         self._standby = StandbyLane(
-            self._lanes, self._claims, self._state, self._own_worker_ids, self._handlers.submit
+            self._lanes, self._claims, self._state, self._own_worker_ids, self._lane_submit
         )
         self._wakes = itertools.count(1)  # numbers the wake-ups, from any thread
 
@@ -203,6 +214,7 @@ class QueueRunner:
             self._suspects.give_token_back()
             self._lanes.stop(timeout=1.0)
             self._handlers.shutdown()
+            self._coroutines.shutdown()
             connections[self.using].close()
             self.finished.set()
 
@@ -242,6 +254,12 @@ class QueueRunner:
             elif kind is mailbox.SNAPSHOT:
                 message[1]["snapshot"] = self._snapshot()
                 message[1]["done"].set()
+            elif kind is mailbox.ENDED:
+                self._coroutine_ended(message[1], message[2], message[3], now)
+            elif kind is mailbox.BEAT:
+                self._coroutines.heard_from(message[1], now)
+            elif kind is mailbox.RETURNED:
+                state.give_back(self._coroutines.returned(message[1], message[2]))
         self._turn(now)
 
     def _turn(self, now: float) -> None:
@@ -258,12 +276,15 @@ class QueueRunner:
                 now,
                 self.lease_seconds,
                 can_send=self._free_lane(now) is not None,
-                submit=self._handlers.submit,
+                submit=self._submit,
                 mark=lambda key: self._send_if_free(now, lambda: MarkAlone(key, self.worker_id)),
             )
         if state.timed:
             for attempt in state.expired(now):
-                self._handlers.add_thread()  # in place of the one its handler still holds
+                if self._coroutines.on_loop.get(attempt.slot) is attempt:
+                    self._coroutines.cancel(attempt)  # its slot is free from now
+                else:
+                    self._handlers.add_thread()  # in place of the one its handler still holds
                 outcome = self._reporting.last_values(attempt, timed_out(attempt, self.policy))
                 state.timed_out(attempt, outcome)
         stuck = len(state.abandoned) >= self.concurrency
@@ -292,6 +313,9 @@ class QueueRunner:
             self._renew_if_due(now)
         if self._reporting.due(now):
             self._write_progress(now)
+        if self._coroutines.on_loop:
+            self._leave_stalled_loop(now)
+        self._coroutines.flush()
         if self._exiting and (state.outcomes or state.attempts):
             self._exiting = False  # a write failed meanwhile: its outcomes go first
         if self._exiting and not self._lanes.busy():
@@ -301,6 +325,71 @@ class QueueRunner:
         elif not (self._stopping or self._exiting or self.burst):
             holding = self._suspects.holding or not self._controls.may_claim(now)
             self._standby.arm_if_idle(now, holding=holding)
+
+    # -- coroutines ----------------------------------------------------------------------------
+
+    def _submit(self, attempt: Attempt) -> None:
+        """Start ``attempt``: on the event loop for an ``async def`` handler, else a thread."""
+        if self._on_loop(attempt.row.job_type):
+            self._submit_to_loop(attempt)
+        else:
+            self._handlers.submit(attempt)
+
+    def _on_loop(self, job_type: str) -> bool:
+        """``runs_on_loop``, remembered for the job types ``@job`` declares (a task's answer
+        changes once its module is imported: asked each time)."""
+        known = self._loop_types.get(job_type)
+        if known is not None:
+            return known
+        on_loop = runs_on_loop(job_type)
+        if get_job(job_type) is not None:
+            self._loop_types[job_type] = on_loop
+        return on_loop
+
+    def _submit_to_loop(self, attempt: Attempt) -> None:
+        if not self._async_slots:
+            self._count_async_slots()
+        self._coroutines.submit(attempt, self._clock())
+
+    def _lane_submit(self, attempt: Attempt) -> None:
+        """``_submit`` on the lane that fired the idle queue's claim (``standby``): the handler
+        threads' queue takes an attempt from any thread; the event loop's attempts are the
+        coordinator's to send (``_on_recorded``)."""
+        if not runs_on_loop(attempt.row.job_type):
+            self._handlers.submit(attempt)
+
+    def _count_async_slots(self) -> None:
+        """From now on the claims fill the coroutine slots too (docs/workers.md, "Capacity")."""
+        self._async_slots = self._coroutines.capacity
+        self._claims.concurrency = self.concurrency + self._async_slots
+        self._claims.wanted = True
+
+    def _coroutine_ended(
+        self, loop: Any, attempt: Attempt, outcome: Outcome | None, now: float
+    ) -> None:
+        """A coroutine ended (``coroutines``): its outcome is written as a thread's is."""
+        self._coroutines.ended(loop, attempt, now)
+        if outcome is None:
+            self._state.lost(attempt, False)
+        elif not self._state.finished(attempt, outcome):
+            self._state.late(attempt, outcome)
+
+    def _leave_stalled_loop(self, now: float) -> None:
+        """The event loop stopped answering: its attempts are no longer this queue's (their
+        leases expire into recovery; one lost twice in a row runs alone, as a suspect)."""
+        state = self._state
+        for attempt in self._coroutines.stalled(now):
+            if attempt.state == TIMED_OUT:
+                state.abandoned.pop(attempt.slot, None)
+            elif attempt.state in (QUEUED, HELD):
+                state.forget(attempt)
+                logger.error(
+                    "job %s attempt %d: its coroutine was on an event loop that stopped "
+                    "answering; its lease is no longer renewed and will expire",
+                    attempt.id,
+                    attempt.attempt,
+                    extra={"job_id": str(attempt.id), "queue": self.queue, "outcome": "lost"},
+                )
 
     def _renew_if_due(self, now: float) -> None:
         state, upkeep = self._state, self._upkeep
@@ -333,6 +422,7 @@ class QueueRunner:
             suspects=self._suspects,
             lease_seconds=self.lease_seconds,
             stop_deadline=self._stop_deadline,
+            loop_deadline=self._coroutines.deadline(),
         )
 
     # -- lanes ---------------------------------------------------------------------------------
@@ -407,7 +497,7 @@ class QueueRunner:
                 self.lease_seconds,
                 stopping=self._stopping or not self._controls.claimable,
                 state=self._state,
-                submit=self._handlers.submit,
+                submit=self._submit,
             )
 
     def _on_error(
@@ -467,9 +557,15 @@ class QueueRunner:
             request.rows, self._own_worker_ids, low_water, made.attempts if made else None
         )
         if made is not None and made.starts:  # its lane starts them: held as any claim's
+            left = []  # those of async def handlers: the lane left them to this thread
             for attempt in new:
                 state.hold(attempt, QUEUED)
-            new = self._handlers.take_waiting() if self._stopping else []
+                if runs_on_loop(attempt.row.job_type):
+                    left.append(attempt)
+            if not self._stopping:
+                for attempt in left:
+                    self._submit(attempt)
+            new = self._handlers.take_waiting() + left if self._stopping else []
             for attempt in new:  # stopping: those no thread started yet go back
                 state.forget(attempt)
         if self._stopping or not self._controls.claimable:
@@ -479,9 +575,15 @@ class QueueRunner:
             state.to_unclaim += new + suspects
             return
         submit, idle = self._handlers.submit, not state.attempts
+        loop_types, on_loop = self._loop_types, self._on_loop
         for attempt in new:
             state.hold(attempt, QUEUED)
-            submit(attempt)
+            # The job type's answer inline (a dictionary's): this runs once a job claimed.
+            job_type = attempt.row.job_type
+            if loop_types.get(job_type, None) is False or not on_loop(job_type):
+                submit(attempt)
+            else:
+                self._submit_to_loop(attempt)
         hand_off(idle and bool(new))
         for attempt in suspects:  # each waits to run alone, one at a time
             if self._suspects.holding:
@@ -508,11 +610,11 @@ class QueueRunner:
             (self._handlers.add_thread if change.threads > 0 else self._handlers.retire_thread)()
         if change.threads:
             self.concurrency += change.threads
-            self._claims.concurrency = self.concurrency
+            self._claims.concurrency = self.concurrency + self._async_slots
             self._claims.wanted = True  # work for the threads added now, not at the poll
         if change.paused:  # what no thread started yet goes back (the held suspect: ``_turn``)
             self._standby.disarm()
-            self._state.give_back(self._handlers.take_waiting())
+            self._state.give_back(self._handlers.take_waiting() + self._coroutines.take_waiting())
         elif change.paused is False:
             self._claims.wanted = True
 
@@ -552,7 +654,9 @@ class QueueRunner:
             self._stop_deadline = now + self.grace_period
         # A claim in flight (a fair one may wait long on the queue's lock) gives back what it
         # lands with; the held suspect goes once its MARK_ALONE, if in flight, came back.
-        waiting = [] if self._gave_back_waiting else self._handlers.take_waiting()
+        waiting = []
+        if not self._gave_back_waiting:  # the event loop's come back later (RETURNED)
+            waiting = self._handlers.take_waiting() + self._coroutines.take_waiting()
         self._gave_back_waiting = True
         if self._suspects.held is not None and not self._suspects.marking:
             waiting.append(self._suspects.held)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import sys
 import threading
 import time
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import DatabaseError, connection
 
 from django_pgoutbox import (
@@ -520,3 +523,113 @@ def traced(payload: dict[str, Any], ctx: JobContext) -> Any:
     if kind == "unprintable":
         raise Unprintable()
     return None
+
+
+# -- async def handlers (tests/processes/test_async_processes.py) ----------------------------------
+
+
+async def _arecord(ctx: JobContext, event: str) -> None:
+    await SideEffect.objects.acreate(
+        job_id=ctx.job_id,
+        attempt=ctx.attempt,
+        event=event,
+        pid=os.getpid(),
+        worker_thread=threading.current_thread().name,
+    )
+
+
+@job("tests.async_behave", max_attempts=3)
+async def async_behave(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """``tests.behave`` as a coroutine: record (through the async ORM, or ``sync_to_async``
+    with ``"through": "sync_to_async"``), sleep without blocking the loop, fail, snooze."""
+    if payload.get("record", True):
+        if payload.get("through") == "sync_to_async":
+            await sync_to_async(record, thread_sensitive=False)(ctx, "start")
+        else:
+            await _arecord(ctx, "start")
+    await asyncio.sleep(payload.get("sleep", 0))
+    if payload.get("fail") and ctx.attempt <= payload.get("fail_attempts", 10**6):
+        raise _failure(payload["fail"], payload)
+    if payload.get("snooze") and ctx.attempt == 1:
+        starts = await SideEffect.objects.filter(job_id=ctx.job_id, event="start").acount()
+        if starts < payload["snooze"]:
+            raise Snooze(0.1)
+    if payload.get("record", True):
+        await _arecord(ctx, "end")
+    if "result" in payload:
+        return payload["result"]
+    return {"thread": threading.current_thread().name}
+
+
+@job("tests.async_noop")
+async def async_noop(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Does nothing, as a coroutine: for throughput measurements."""
+
+
+@job("tests.async_sleep")
+async def async_sleep(payload: dict[str, Any], ctx: JobContext) -> None:
+    """``await asyncio.sleep(seconds)``: for throughput measurements of coroutines in flight."""
+    await asyncio.sleep(payload.get("seconds", 0.01))
+
+
+@job("tests.async_timeout", timeout=1, max_attempts=1)
+async def async_timeout(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Sleep ``sleep`` seconds past its 1 s timeout; ``swallow``: catch the cancellation and
+    go on sleeping as if nothing happened."""
+    await _arecord(ctx, "start")
+    try:
+        await asyncio.sleep(payload["sleep"])
+    except asyncio.CancelledError:
+        if not payload.get("swallow"):
+            await _arecord(ctx, "cancelled")
+            raise
+        await asyncio.sleep(payload.get("after", 0.5))
+    return {"slept": payload["sleep"]}
+
+
+@job("tests.async_cancellable", max_attempts=1)
+async def async_cancellable(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Record a start, then wait (for ever) to be cancelled; ``swallow``: return a value once
+    cancelled instead of letting the cancellation through."""
+    await _arecord(ctx, "start")
+    try:
+        while True:
+            await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        if payload.get("swallow"):
+            return {"swallowed": True}
+        raise
+
+
+@job("tests.async_hostile", max_attempts=1)
+async def async_hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """What a coroutine should not do, by ``kind``: raise what is not an Exception, return what
+    is not JSON, raise an exception that cannot be printed, stop or close its event loop, block
+    the loop's thread (``time.sleep``)."""
+    kind = payload["kind"]
+    await asyncio.sleep(payload.get("sleep", 0))
+    if kind == "system_exit":
+        raise SystemExit(3)
+    if kind == "keyboard_interrupt":
+        raise KeyboardInterrupt
+    if kind == "base_exception":
+        raise BaseException("a bare BaseException")
+    if kind == "non_json":
+        return object()
+    if kind == "unprintable":
+        raise _HostileClassError("boom")
+    if kind == "stop_loop":
+        asyncio.get_event_loop().stop()
+        await asyncio.sleep(0.05)
+        return {"stopped": True}
+    if kind == "close_loop":
+        asyncio.get_running_loop().close()
+        return {"closed": True}
+    if kind == "callback_exit":
+        asyncio.get_running_loop().call_soon(sys.exit, 4)
+        await asyncio.sleep(0.05)
+        return {"exited": False}
+    if kind == "block":
+        time.sleep(payload.get("seconds", 1000))
+        return None
+    raise AssertionError(kind)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from django_pgoutbox import PermanentError, TransientError
@@ -23,6 +24,13 @@ def report(name: str, *, rows: int = 10) -> dict[str, Any]:
 async def async_double(value: int) -> int:
     await asyncio.sleep(0)
     return value * 2
+
+
+@task(takes_context=True)
+async def async_where(context: TaskContext) -> dict[str, Any]:
+    """Where an async task runs: its thread's name and its attempt."""
+    await asyncio.sleep(0)
+    return {"thread": threading.current_thread().name, "attempt": context.attempt}
 
 
 @task(takes_context=True)

@@ -48,6 +48,14 @@ class TestDefaults:
         assert (parsed.queues["a"].concurrency, parsed.queues["a"].lease_seconds) == (8, 120.0)
         assert (parsed.queues["b"].concurrency, parsed.queues["b"].poll_interval) == (1, 0.5)
 
+    def test_async_concurrency_is_inherited_and_overridden(self) -> None:
+        parsed, problems = parse_settings(
+            {"ASYNC_CONCURRENCY": 20, "QUEUES": {"default": {}, "b": {"ASYNC_CONCURRENCY": 500}}}
+        )
+        assert problems == []
+        assert parsed.queues["default"].async_concurrency == 20
+        assert parsed.queues["b"].async_concurrency == 500
+
     def test_partial_sections_merge_over_defaults(self) -> None:
         parsed, problems = parse_settings(
             {"RETRY": {"MAX_DELAY": 60}, "RETENTION": {"COMPLETED_JOBS": None}}
@@ -124,6 +132,24 @@ class TestProblems:
                 "pgoutbox.E004",
                 "PGOUTBOX['QUEUES']['default']['MAX_RUNNING']",
                 "integer >= 1",
+            ),
+            (
+                {"ASYNC_CONCURRENCY": 0},
+                "pgoutbox.E004",
+                "PGOUTBOX['ASYNC_CONCURRENCY']",
+                "integer >= 1",
+            ),
+            (
+                {"QUEUES": {"default": {"ASYNC_CONCURRENCY": "many"}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['default']['ASYNC_CONCURRENCY']",
+                "integer >= 1",
+            ),
+            (
+                {"QUEUES": {"default": {"ASYNC_CONCURRENCY": 10_001}}},
+                "pgoutbox.E004",
+                "PGOUTBOX['QUEUES']['default']['ASYNC_CONCURRENCY']",
+                "integer <= 10000",
             ),
             (
                 {"QUEUES": {"default": {"CONNECTIONS": 0}}},

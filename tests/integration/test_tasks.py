@@ -158,6 +158,14 @@ class TestRunning:
         run_worker()
         assert tasks.async_double.get_result(result.id).return_value == 42
 
+    def test_async_tasks_run_on_the_queues_event_loop(self) -> None:
+        results = [tasks.async_where.enqueue() for _ in range(5)]
+        run_worker()
+        for result in results:
+            value = tasks.async_where.get_result(result.id).return_value
+            assert value["attempt"] == 1
+            assert value["thread"].startswith("pgoutbox-default-loop-")
+
     def test_aenqueue_and_aget_result(self) -> None:
         from asgiref.sync import async_to_sync
 
