@@ -236,3 +236,60 @@ class TestAttemptSpan:
         assert run("t.plain").result_json == '"ran"'
         (span,) = traces.get_finished_spans()
         assert span.name == "process default"
+
+
+@job("tracing.async_span", max_attempts=2)
+async def async_span(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Open a span of its own after an await; fail with ``fail``."""
+    import asyncio
+
+    await asyncio.sleep(payload.get("sleep", 0))
+    with trace.get_tracer("t").start_as_current_span(f"inner {payload['n']}"):
+        await asyncio.sleep(0)
+    if payload.get("fail"):
+        raise TransientError("an async attempt fails")
+    return payload["n"]
+
+
+class TestAsyncAttempts:
+    """An ``async def`` handler's attempt (``execute_async``) is a span of its own, current in
+    its coroutine's task only: two coroutines in flight on one loop each nest their own spans."""
+
+    def test_two_coroutines_on_one_loop_keep_their_own_spans(
+        self, traces: InMemorySpanExporter
+    ) -> None:
+        import asyncio
+
+        from django_pgoutbox.worker.execute import execute_async
+
+        async def both() -> list[Any]:
+            return list(
+                await asyncio.gather(
+                    *(
+                        execute_async(
+                            claimed_job("tracing.async_span", payload=payload),
+                            policy=POLICY,
+                            renew=lambda: None,
+                        )
+                        for payload in ({"n": 1, "sleep": 0.02}, {"n": 2, "fail": True})
+                    )
+                )
+            )
+
+        first, second = asyncio.run(both())
+        assert (first.status, second.status) == (JobStatus.COMPLETED, JobStatus.RETRYING)
+        spans = {span.name: span for span in traces.get_finished_spans()}
+        assert set(spans) == {"inner 1", "inner 2", "process default"}
+        attempts = [s for s in traces.get_finished_spans() if s.kind is SpanKind.CONSUMER]
+        assert len(attempts) == 2
+        by_id = {a.attributes["messaging.message.id"]: a for a in attempts}
+        assert set(by_id) == {str(first.job.id), str(second.job.id)}
+        for outcome, inner in ((first, spans["inner 1"]), (second, spans["inner 2"])):
+            parent = by_id[str(outcome.job.id)]
+            assert inner.parent is not None
+            assert inner.parent.span_id == parent.context.span_id
+        failed = by_id[str(second.job.id)]
+        assert failed.status.status_code is StatusCode.ERROR
+        assert failed.attributes["pgoutbox.job.outcome"] == "retrying"
+        assert second.attempt_trace is not None
+        assert trace.get_current_span() is trace.INVALID_SPAN
