@@ -282,7 +282,7 @@ class TestAsyncAttempts:
         assert set(spans) == {"inner 1", "inner 2", "process default"}
         attempts = [s for s in traces.get_finished_spans() if s.kind is SpanKind.CONSUMER]
         assert len(attempts) == 2
-        by_id = {a.attributes["messaging.message.id"]: a for a in attempts}
+        by_id = {(a.attributes or {})["messaging.message.id"]: a for a in attempts}
         assert set(by_id) == {str(first.job.id), str(second.job.id)}
         for outcome, inner in ((first, spans["inner 1"]), (second, spans["inner 2"])):
             parent = by_id[str(outcome.job.id)]
@@ -290,6 +290,6 @@ class TestAsyncAttempts:
             assert inner.parent.span_id == parent.context.span_id
         failed = by_id[str(second.job.id)]
         assert failed.status.status_code is StatusCode.ERROR
-        assert failed.attributes["pgoutbox.job.outcome"] == "retrying"
+        assert (failed.attributes or {})["pgoutbox.job.outcome"] == "retrying"
         assert second.attempt_trace is not None
         assert trace.get_current_span() is trace.INVALID_SPAN
