@@ -33,7 +33,7 @@ from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from django_pgoutbox import queries
+from django_pgoutbox import queries, session_settings
 from django_pgoutbox.conf import QueueSettings, RetrySettings, get_settings
 from django_pgoutbox.context import CancelFlag
 from django_pgoutbox.db import ErrorKind, classify_error
@@ -427,61 +427,37 @@ def _aborted(wrapper: BaseDatabaseWrapper) -> bool:
     )
 
 
-#: The settings a handler may ``SET`` that would change what the helpers' statements, or the
-#: test's, do: where tables are found, how long a statement may take, who runs it, whether
-#: triggers fire (``session_replication_role``), how values are read and written.
-SESSION_SETTINGS = (
-    "search_path",
-    "statement_timeout",
-    "lock_timeout",
-    "idle_in_transaction_session_timeout",
-    "role",
-    "session_replication_role",
-    "default_transaction_read_only",
-    "TimeZone",
-    "DateStyle",
-    "IntervalStyle",
-)
-_SESSION_SETTINGS = "SELECT " + ", ".join(f"current_setting('{name}')" for name in SESSION_SETTINGS)
-
-#: This thread's open connections, each with its ``SESSION_SETTINGS`` before a handler ran.
+#: This thread's open connections, each with its ``session_settings.WATCHED`` before a handler
+#: ran: the settings a handler may ``SET`` that would change what the helpers' statements, or
+#: the test's, do (where tables are found, how long a statement may take, who runs it, whether
+#: triggers fire, how values are read and written).
 Snapshot = list[tuple[BaseDatabaseWrapper, "psycopg.Connection[Any]", tuple[str, ...]]]
 
 
 def _session_settings() -> Snapshot:
-    """The ``SESSION_SETTINGS`` of each of this thread's open PostgreSQL connections (a
-    handler run by ``drain(using="secondary")`` may ``SET`` on ``default``'s), read on the
-    psycopg connection itself: nothing is opened, and nothing logged."""
+    """The watched settings of each of this thread's open PostgreSQL connections (a handler run
+    by ``drain(using="secondary")`` may ``SET`` on ``default``'s), read on the psycopg
+    connection itself: nothing is opened, and nothing logged."""
     snapshot: Snapshot = []
     for wrapper in connections.all(initialized_only=True):
         raw = wrapper.connection
         if wrapper.vendor != "postgresql" or raw is None or raw.closed or _aborted(wrapper):
             continue
-        row = raw.execute(_SESSION_SETTINGS).fetchone()
-        if row is not None:
-            snapshot.append((wrapper, raw, tuple(row)))
+        snapshot.append((wrapper, raw, session_settings.read(raw)))
     return snapshot
 
 
 def _restore_session_settings(snapshot: Snapshot) -> None:
-    """Undo what a handler ``SET`` on a connection (``SESSION_SETTINGS``: a tenant's
-    ``search_path``, a ``statement_timeout``, a ``ROLE``): in a worker it does not outlive the
-    attempt, whose connection is closed after it (``CONN_MAX_AGE = 0``) and is never the one
-    the outcome is written on; here it would run the helpers' next statements, and the
-    test's, under it. A connection closed since, or whose transaction is aborted (a rollback
-    undoes it), is left alone."""
+    """Undo what a handler ``SET`` on a connection (a tenant's ``search_path``, a
+    ``statement_timeout``, a ``ROLE``): in a worker it does not outlive the attempt, whose
+    connection is closed after it (``CONN_MAX_AGE = 0``) and is never the one the outcome is
+    written on; here it would run the helpers' next statements, and the test's, under it. A
+    connection closed since, or whose transaction is aborted (a rollback undoes it), is left
+    alone."""
     for wrapper, raw, before in snapshot:
         if wrapper.connection is not raw or raw.closed or _aborted(wrapper):
             continue
-        after = raw.execute(_SESSION_SETTINGS).fetchone()
-        if after is None or tuple(after) == before:
-            continue
-        changed = [i for i, value in enumerate(after) if value != before[i]]
-        raw.execute(
-            "SELECT set_config(name, value, false)"
-            " FROM unnest(%s::text[], %s::text[]) AS u(name, value)",
-            [[SESSION_SETTINGS[i] for i in changed], [before[i] for i in changed]],
-        )
+        session_settings.put_back(raw, before)
 
 
 def _keep(*_: Any) -> None:

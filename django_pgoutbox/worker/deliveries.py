@@ -25,13 +25,13 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_pgoutbox import metrics, queries
+from django_pgoutbox import metrics, queries, session_settings
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
 from django_pgoutbox.db import ErrorKind, classify_error, server_side_cursor
 from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
 from django_pgoutbox.models import OutboxEvent, saved_instance
 from django_pgoutbox.outbox import Subscriber, subscribers_for
-from django_pgoutbox.worker import session_settings, subscribers
+from django_pgoutbox.worker import subscribers
 
 logger = logging.getLogger("django_pgoutbox.relay")
 

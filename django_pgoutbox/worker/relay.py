@@ -49,13 +49,13 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_pgoutbox import metrics, queries
+from django_pgoutbox import metrics, queries, session_settings
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
 from django_pgoutbox.db import ERROR_BACKOFF, ErrorKind, classify_error, server_side_cursor
 from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
 from django_pgoutbox.models import OutboxEvent
 from django_pgoutbox.retry import summarize
-from django_pgoutbox.worker import session_settings, subscribers
+from django_pgoutbox.worker import subscribers
 from django_pgoutbox.worker.deliveries import (
     ConnectionLost,
     DeliveryRunner,

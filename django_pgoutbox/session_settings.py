@@ -1,4 +1,5 @@
-"""The session settings a subscriber may leave on the relay's connection, put back.
+"""Session settings that user code may ``SET`` on a connection the package's own statements
+run on next, read before that code runs and put back after it.
 
 A subscriber runs on the relay's own connection, in the relay's transaction. A ``SET`` of its
 (not ``SET LOCAL``) outlives that transaction once it commits: ``SET search_path TO tenant``
@@ -10,7 +11,8 @@ much. So the relay reads these settings when a connection first serves it (``arm
 subscriber ran on it) and, after the subscribers of a batch ran and before its own statements,
 puts back whichever differ (``restore``: one statement). The subscriber's own work stands: what it
 wrote under its settings is written. The state is kept on the thread's own connection wrapper,
-which no other thread touches.
+which no other thread touches. ``django_pgoutbox.testing`` does the same around each handler it
+runs on a test's connection (``read``, ``put_back``).
 """
 
 from __future__ import annotations
@@ -39,12 +41,10 @@ WATCHED = (
     "TimeZone",
 )
 
-_READ = (
-    "SELECT current_setting(name) FROM unnest(%s::text[]) WITH ORDINALITY AS s(name, n) ORDER BY n"
-)
+_READ = "SELECT " + ", ".join(f"current_setting('{name}')" for name in WATCHED)
 #: ``OFFSET 0`` keeps the comparison below the ``set_config()`` calls, so that only the settings
 #: that differ are set, and named.
-_RESTORE = (
+_PUT_BACK = (
     "SELECT name, set_config(name, value, false) FROM ("
     " SELECT name, value, n"
     " FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS s(name, value, n)"
@@ -52,8 +52,21 @@ _RESTORE = (
 )
 
 #: The attribute of Django's connection wrapper (one per thread and alias) holding the psycopg
-#: connection the settings were read on, and their values.
+#: connection the relay's settings were read on, and their values.
 _ATTRIBUTE = "_pgoutbox_session_settings"
+
+
+def read(raw: Any) -> tuple[str, ...]:
+    """The ``WATCHED`` settings of the psycopg connection ``raw`` (one statement on it, outside
+    Django's cursor: nothing logged, nothing opened)."""
+    row = raw.execute(_READ).fetchone()
+    return tuple(row) if row is not None else ()
+
+
+def put_back(raw: Any, values: tuple[str, ...]) -> list[str]:
+    """Set back each ``WATCHED`` setting of ``raw`` that differs from ``values`` (what ``read``
+    returned); the names of those set, in one statement."""
+    return [row[0] for row in raw.execute(_PUT_BACK, [list(WATCHED), list(values)]).fetchall()]
 
 
 def arm(using: str) -> None:
@@ -66,23 +79,18 @@ def arm(using: str) -> None:
     known = getattr(wrapper, _ATTRIBUTE, None)
     if known is not None and known[0] is raw:
         return
-    with wrapper.cursor() as cursor:
-        cursor.execute(_READ, [list(WATCHED)])
-        values = [row[0] for row in cursor.fetchall()]
-    setattr(wrapper, _ATTRIBUTE, (raw, values))
+    setattr(wrapper, _ATTRIBUTE, (raw, read(raw)))
 
 
 def restore(using: str, what: str) -> list[str]:
     """Put back the settings that differ from those ``arm`` read (none if it read none on this
-    connection); the names of those put back, logged once with ``what`` ran (the subscribers of
-    a batch, say)."""
+    connection); the names of those put back, logged once with what ran (the subscribers of a
+    batch, say)."""
     wrapper = connections[using]
     known: Any = getattr(wrapper, _ATTRIBUTE, None)
     if known is None or known[0] is not wrapper.connection:
         return []
-    with wrapper.cursor() as cursor:
-        cursor.execute(_RESTORE, [list(WATCHED), known[1]])
-        changed = [row[0] for row in cursor.fetchall()]
+    changed = put_back(known[0], known[1])
     if changed:
         logger.warning(
             "%s changed the relay connection's session settings (%s) with SET rather than "
