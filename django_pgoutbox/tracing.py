@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -126,11 +127,43 @@ def _inject() -> str | None:
     except Exception:
         _warn_once("the configured propagator")
         carrier = {}
-    if not isinstance(carrier.get("traceparent"), str):
+    kept = w3c_fields(carrier)
+    if kept is None or len(kept) != sum(isinstance(carrier.get(name), str) for name in FIELDS):
+        # none written (another format configured), or what no reader takes: a NUL or a lone
+        # surrogate (which PostgreSQL's jsonb refuses: the enqueue failed), uppercase hex, a
+        # traceparent of another form, a tracestate of megabytes stored with every job
         carrier = {}
         _w3c().inject(carrier)
-    kept = {name: carrier[name] for name in FIELDS if isinstance(carrier.get(name), str)}
-    return json.dumps(kept, separators=(",", ":")) if "traceparent" in kept else None
+        kept = w3c_fields(carrier)
+    return None if kept is None else json.dumps(kept, separators=(",", ":"))
+
+
+#: A W3C ``traceparent`` as this package stores and hands on: version, trace id, parent id and
+#: flags, lowercase hex (version ff is invalid; the all-zero ids are checked apart).
+_TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+#: A ``tracestate``: printable ASCII, at most what W3C's 32 members of 256-character keys and
+#: values make.
+_TRACESTATE = re.compile(r"[\x20-\x7e]{0,16447}")
+
+
+def w3c_fields(carrier: Any) -> dict[str, str] | None:
+    """The W3C fields of ``carrier`` that are valid: its ``traceparent`` (None without a valid
+    one) and its ``tracestate`` if valid too. Needs no OpenTelemetry (``as_cloudevent()``)."""
+    if not isinstance(carrier, dict):
+        return None
+    traceparent = carrier.get("traceparent")
+    if (
+        not isinstance(traceparent, str)
+        or _TRACEPARENT.fullmatch(traceparent) is None
+        or traceparent[3:35] == "0" * 32
+        or traceparent[36:52] == "0" * 16
+    ):
+        return None
+    kept = {"traceparent": traceparent}
+    tracestate = carrier.get("tracestate")
+    if isinstance(tracestate, str) and _TRACESTATE.fullmatch(tracestate) is not None:
+        kept["tracestate"] = tracestate
+    return kept
 
 
 def span_context(stored: Any) -> Any:
