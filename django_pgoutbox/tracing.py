@@ -80,9 +80,23 @@ def enabled() -> bool:
         if provider is None or provider is _UNKNOWN:
             provider = trace.get_tracer_provider()
         return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
-    except Exception:  # an API half imported by another thread, or one that changed
+    except BaseException as raised:  # an API half imported by another thread, or one that changed
+        if not _tolerated(raised):
+            raise
         _warn_once("asking for the tracer provider")
         return False
+
+
+def _tolerated(error: BaseException) -> bool:
+    """Whether tracing swallows ``error``, raised by OpenTelemetry or what it calls (a span
+    processor, an exporter, a propagator, a sampler): anything, ``SystemExit`` and a
+    ``KeyboardInterrupt`` raised on another thread included (that processor's code, not the
+    process's: on a handler's thread it replaced the outcome of an attempt that had run, and its
+    job ran again), but Ctrl-C's ``KeyboardInterrupt`` on the main thread, which stops the run
+    wherever it arrives."""
+    return not isinstance(error, KeyboardInterrupt) or (
+        threading.current_thread() is not threading.main_thread()
+    )
 
 
 def _warn_once(what: str) -> None:
@@ -111,7 +125,9 @@ def current_context() -> str | None:
         if not span.is_recording() or not span.get_span_context().is_valid:
             return None
         return _inject()
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("reading the current span's context")
         return None
 
@@ -124,7 +140,9 @@ def _inject() -> str | None:
     carrier: dict[str, str] = {}
     try:
         propagate.inject(carrier)
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("the configured propagator")
         carrier = {}
     kept = w3c_fields(carrier)
@@ -181,7 +199,9 @@ def span_context(stored: Any) -> Any:
             return None
         found = trace.get_current_span(_w3c().extract(fields)).get_span_context()
         return found if found.is_valid else None
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("reading a stored trace context")
         return None
 
@@ -213,7 +233,9 @@ def _previous_attempt(stored: Any, attempt: int) -> Any:
         if not isinstance(kept, dict) or kept.get("number") not in (attempt - 1, attempt):
             return None
         return span_context(kept)
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("reading a stored trace context")
         return None
 
@@ -254,10 +276,12 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
             },
         )
         token = otel_context.attach(trace.set_span_in_context(span))
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("starting an attempt's span")
         if span is not None:  # started, not made current: ended at once, never left open
-            with suppress(Exception):
+            with suppress(BaseException):
                 span.end()
         return run()
     started = time.monotonic()
@@ -272,7 +296,9 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
         return outcome
     try:
         return replace(outcome, attempt_trace=attempt_trace(span, job.attempt))
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("keeping an attempt's span for the next one")
         return outcome
 
@@ -291,7 +317,9 @@ def _end_attempt(span: Any, token: Any, outcome: Outcome | None, timed_out: bool
 
     try:
         otel_context.detach(token)
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("detaching an attempt's context")
     try:
         if outcome is None:
@@ -307,11 +335,15 @@ def _end_attempt(span: Any, token: Any, outcome: Outcome | None, timed_out: bool
             elif timed_out:
                 span.set_attribute("error.type", "timeout")
                 span.set_status(trace.StatusCode.ERROR, "the attempt ran past its timeout")
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("setting an attempt's outcome on its span")
     try:
         span.end()
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("ending a span (its processor or exporter)")
 
 
@@ -329,7 +361,9 @@ def record_failure(error: BaseException) -> None:
             span.record_exception(error, escaped=True)
         except Exception:
             span.add_event("exception", {"exception.type": type(error).__qualname__})
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("recording an exception on a span")
 
 
@@ -360,10 +394,12 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
             },
         )
         token = otel_context.attach(trace.set_span_in_context(span))
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("starting an event's span")
         if span is not None:
-            with suppress(Exception):
+            with suppress(BaseException):
                 span.end()
         yield
         return
@@ -373,17 +409,23 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
         record_failure(error)
         try:
             span.set_status(trace.StatusCode.ERROR, type(error).__qualname__)
-        except Exception:
+        except BaseException as raised:
+            if not _tolerated(raised):
+                raise
             _warn_once("setting an event's status on its span")
         raise
     finally:
         try:
             otel_context.detach(token)
-        except Exception:
+        except BaseException as raised:
+            if not _tolerated(raised):
+                raise
             _warn_once("detaching an event's context")
         try:
             span.end()
-        except Exception:
+        except BaseException as raised:
+            if not _tolerated(raised):
+                raise
             _warn_once("ending a span (its processor or exporter)")
 
 

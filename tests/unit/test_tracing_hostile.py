@@ -1,10 +1,11 @@
-"""Traces against what a propagator writes and what a row written by hand holds, with no
-database: what PostgreSQL's jsonb or a reader of a CloudEvent cannot take is never stored or
-handed on."""
+"""Traces against hostile configurations and rows, with no database: span processors and
+propagators that raise what is no ``Exception``, propagators that write what PostgreSQL or a
+reader cannot take, contexts written by hand."""
 
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -12,11 +13,12 @@ import pytest
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from django_pgoutbox import tracing
+from django_pgoutbox import JobContext, job, tracing
 from django_pgoutbox.conf import RetrySettings
-from django_pgoutbox.models import OutboxEvent
+from django_pgoutbox.models import JobStatus, OutboxEvent
 from django_pgoutbox.worker.execute import execute
 from tests.conftest import claimed_job
 
@@ -27,6 +29,19 @@ TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 def run(job_type: str, **fields: Any) -> Any:
     return execute(claimed_job(job_type, **fields), policy=POLICY, renew=lambda: None)
+
+
+class BaseExceptionProcessor(SpanProcessor):
+    def __init__(self, error: type[BaseException], at: str) -> None:
+        self.error, self.at = error, at
+
+    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
+        if self.at == "start":
+            raise self.error("a span processor's")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.at == "end":
+            raise self.error("a span processor's")
 
 
 class WritingPropagator(TextMapPropagator):
@@ -44,6 +59,86 @@ class WritingPropagator(TextMapPropagator):
     @property
     def fields(self) -> set[str]:
         return set(self.written)
+
+
+class ExitingPropagator(WritingPropagator):
+    def inject(self, carrier: Any, context: Context | None = None, setter: Any = None) -> None:
+        raise SystemExit("a propagator's")
+
+
+def provider_with(monkeypatch: pytest.MonkeyPatch, processor: SpanProcessor) -> None:
+    provider = TracerProvider()
+    provider.add_span_processor(processor)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+
+
+@pytest.mark.usefixtures("registry")
+class TestProcessorsRaisingBaseException:
+    @pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt, GeneratorExit])
+    @pytest.mark.parametrize("at", ["start", "end"])
+    def test_the_attempt_keeps_its_outcome_on_a_handler_thread(
+        self, monkeypatch: pytest.MonkeyPatch, error: type[BaseException], at: str
+    ) -> None:
+        provider_with(monkeypatch, BaseExceptionProcessor(error, at))
+        calls: list[int] = []
+
+        @job("t.once")
+        def handler(payload: dict[str, Any], ctx: JobContext) -> str:
+            calls.append(1)
+            return "ran"
+
+        outcomes: list[Any] = []
+        thread = threading.Thread(target=lambda: outcomes.append(run("t.once")))
+        thread.start()
+        thread.join()
+        (outcome,) = outcomes
+        assert outcome.status == JobStatus.COMPLETED
+        assert outcome.result_json == '"ran"'
+        assert calls == [1]
+
+    @pytest.mark.parametrize("at", ["start", "end"])
+    def test_system_exit_on_the_main_thread_too(
+        self, monkeypatch: pytest.MonkeyPatch, at: str
+    ) -> None:
+        provider_with(monkeypatch, BaseExceptionProcessor(SystemExit, at))
+
+        @job("t.once")
+        def handler(payload: dict[str, Any], ctx: JobContext) -> str:
+            return "ran"
+
+        assert run("t.once").result_json == '"ran"'
+
+    @pytest.mark.parametrize("at", ["start", "end"])
+    def test_a_keyboard_interrupt_on_the_main_thread_still_stops(
+        self, monkeypatch: pytest.MonkeyPatch, at: str
+    ) -> None:
+        # Ctrl-C reaches the main thread alone, wherever it is: it is not tracing's to swallow
+        provider_with(monkeypatch, BaseExceptionProcessor(KeyboardInterrupt, at))
+        with (
+            pytest.raises(KeyboardInterrupt),
+            tracing.traced_event(OutboxEvent(event_type="t"), "s"),
+        ):
+            pass
+
+    @pytest.mark.parametrize("error", [SystemExit, GeneratorExit])
+    @pytest.mark.parametrize("at", ["start", "end"])
+    def test_an_events_span(
+        self, monkeypatch: pytest.MonkeyPatch, error: type[BaseException], at: str
+    ) -> None:
+        provider_with(monkeypatch, BaseExceptionProcessor(error, at))
+        ran = []
+        with tracing.traced_event(OutboxEvent(event_type="t"), "s"):
+            ran.append(1)
+        assert ran == [1]
+
+    def test_a_propagator_raising_system_exit(
+        self, traces: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(propagate, "_HTTP_TEXT_FORMAT", ExitingPropagator())
+        with trace.get_tracer("t").start_as_current_span("request"):
+            stored = tracing.current_context()
+        assert stored is not None
+        assert tracing.span_context(stored) is not None
 
 
 class TestWhatAPropagatorWrites:
