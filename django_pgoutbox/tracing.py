@@ -283,7 +283,7 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
         if span is not None:  # started, not made current: ended at once, never left open
             with suppress(BaseException):
                 span.end()
-        return run()
+        return _untraced(run)
     started = time.monotonic()
     outcome: Outcome | None = None
     try:
@@ -301,6 +301,23 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
             raise
         _warn_once("keeping an attempt's span for the next one")
         return outcome
+
+
+def _untraced(run: Callable[[], Outcome]) -> Outcome:
+    """``run()`` with no span, in a context of its own all the same: one that its handler makes
+    current and never detaches is not the next attempt's on the thread (nor its jobs')."""
+    try:
+        _, otel_context = _otel()
+        token = otel_context.attach(otel_context.Context())
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
+        return run()
+    try:
+        return run()
+    finally:
+        with suppress(Exception):
+            otel_context.detach(token)
 
 
 def _timeout(job_type: str) -> float | None:

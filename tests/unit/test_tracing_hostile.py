@@ -1,6 +1,6 @@
 """Traces against hostile configurations and rows, with no database: span processors and
 propagators that raise what is no ``Exception``, propagators that write what PostgreSQL or a
-reader cannot take, contexts written by hand."""
+reader cannot take, a handler that leaves a context current, contexts written by hand."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from opentelemetry import propagate, trace
+from opentelemetry import context, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
@@ -182,6 +182,71 @@ class TestWhatAPropagatorWrites:
             stored = tracing.current_context()
         assert stored is not None
         assert json.loads(stored) == {"traceparent": traceparent}
+
+
+class TestHandlersThatLeaveAContext:
+    def leaky(self) -> None:
+        @job("t.leaky")
+        def leaky(payload: dict[str, Any], ctx: JobContext) -> None:
+            span = trace.get_tracer("t").start_span("leaked")
+            context.attach(trace.set_span_in_context(span))  # never detached
+
+        @job("t.reader")
+        def reader(payload: dict[str, Any], ctx: JobContext) -> str | None:
+            return tracing.current_context()
+
+    @pytest.mark.usefixtures("registry")
+    def test_the_next_attempt_on_the_thread_inherits_nothing(
+        self, traces: InMemorySpanExporter
+    ) -> None:
+        self.leaky()
+        results: list[Any] = []
+
+        def worker_thread() -> None:
+            results.append(run("t.leaky"))
+            results.append(run("t.reader"))
+            results.append(trace.get_current_span().is_recording())
+
+        thread = threading.Thread(target=worker_thread)
+        thread.start()
+        thread.join()
+        _, reader, after = results
+        # the span of the reader's attempt: its own, not the one the first handler left current
+        spans = [s for s in traces.get_finished_spans() if s.name == "process default"]
+        assert len(spans) == 2
+        assert after is False
+        stored = json.loads(json.loads(reader.result_json))
+        assert int(stored["traceparent"][36:52], 16) == spans[1].context.span_id
+
+    @pytest.mark.usefixtures("registry")
+    def test_untraced_by_a_refusing_processor_inherits_nothing(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        # the attempt's span cannot start (its processor raises): the handler's own spans can
+        # (another provider), and one it left current must not be the next job's
+        from testproject.testjobs.traces import RaisingProcessor
+
+        provider_with(monkeypatch, RaisingProcessor())
+        own = TracerProvider()
+        self.leaky()
+
+        @job("t.leaky2")
+        def leaky(payload: dict[str, Any], ctx: JobContext) -> None:
+            span = own.get_tracer("t").start_span("leaked")
+            context.attach(trace.set_span_in_context(span))
+
+        results: list[Any] = []
+
+        def worker_thread() -> None:
+            results.append(run("t.leaky2"))
+            results.append(run("t.reader"))
+            results.append(trace.get_current_span().is_recording())
+
+        thread = threading.Thread(target=worker_thread)
+        thread.start()
+        thread.join()
+        assert results[1].result_json is None
+        assert results[2] is False
 
 
 class TestStoredRows:
