@@ -244,8 +244,8 @@ def attempt_trace(span: Any, attempt: int) -> str | None:
     """What the outcome of a traced attempt that did not complete its job writes under
     ``ATTEMPT`` in ``jobs.trace_context`` (RECORD_OUTCOMES), for the next attempt's link."""
     context = span.get_span_context()
-    if not context.is_valid:
-        return None
+    if not context.is_valid or not context.trace_flags.sampled:
+        return None  # a span not sampled is exported nowhere: no link to it
     traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
     return json.dumps({"number": attempt, "traceparent": traceparent}, separators=(",", ":"))
 

@@ -1,6 +1,6 @@
 """Traces against hostile configurations and rows, with no database: span processors and
 propagators that raise what is no ``Exception``, propagators that write what PostgreSQL or a
-reader cannot take, a handler that leaves a context current, contexts written by hand."""
+reader cannot take, a handler that leaves a context current, a sampler that samples nothing."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from opentelemetry.context import Context
 from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
-from django_pgoutbox import JobContext, job, tracing
+from django_pgoutbox import JobContext, TransientError, job, tracing
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.models import JobStatus, OutboxEvent
 from django_pgoutbox.worker.execute import execute
@@ -247,6 +248,22 @@ class TestHandlersThatLeaveAContext:
         thread.join()
         assert results[1].result_json is None
         assert results[2] is False
+
+
+@pytest.mark.usefixtures("registry")
+class TestSamplers:
+    def test_an_attempt_not_sampled_keeps_no_span_for_the_next(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider(sampler=ALWAYS_OFF))
+
+        @job("t.failing")
+        def handler(payload: dict[str, Any], ctx: JobContext) -> None:
+            raise TransientError("busy")
+
+        outcome = run("t.failing", trace_context=json.dumps({"traceparent": TRACEPARENT}))
+        assert outcome.status == JobStatus.RETRYING
+        assert outcome.attempt_trace is None
 
 
 class TestStoredRows:
