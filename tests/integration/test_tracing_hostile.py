@@ -132,3 +132,28 @@ def test_a_cloudevent_of_garbage_rows(request_span: Any) -> None:
         cloudevent = OutboxEvent.objects.get(pk=event.pk).as_cloudevent()
         assert "traceparent" not in cloudevent or cloudevent["traceparent"] == TRACEPARENT
         json.dumps(cloudevent)
+
+
+@pytest.mark.parametrize("garbage", [*GARBAGE[3:], {"traceparent": '<script>alert("x")</script>'}])
+def test_the_admin_and_the_cli_show_rows_of_any_context(admin_client: Any, garbage: Any) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    job = enqueue("tests.noop", {})
+    Job.objects.filter(pk=job.pk).update(trace_context=garbage, status=JobStatus.DEAD)
+    event = publish("tests.to_job", aggregate_type="t", aggregate_id=uuid.uuid4(), payload={})
+    OutboxEvent.objects.filter(pk=event.pk).update(trace_context=garbage)
+    for url in (
+        f"/admin/pgoutbox/job/{job.pk}/change/",
+        f"/admin/pgoutbox/deadletter/{job.pk}/change/",
+        "/admin/pgoutbox/job/",
+        f"/admin/pgoutbox/outboxevent/{event.pk}/change/",
+        "/admin/pgoutbox/outboxevent/",
+    ):
+        page = admin_client.get(url)
+        assert page.status_code == 200, url
+        assert "<script>alert" not in page.content.decode()
+    out = StringIO()
+    call_command("pgoutbox", "deadletters", "show", str(job.pk), stdout=out)
+    assert str(job.pk) in out.getvalue()

@@ -220,6 +220,28 @@ class TestHandlersThatLeaveAContext:
         assert int(stored["traceparent"][36:52], 16) == spans[1].context.span_id
 
     @pytest.mark.usefixtures("registry")
+    def test_a_handler_that_ends_its_attempts_span_or_makes_the_root_current(
+        self, traces: InMemorySpanExporter
+    ) -> None:
+        @job("t.ender")
+        def ender(payload: dict[str, Any], ctx: JobContext) -> str:
+            trace.get_current_span().end()
+            context.attach(Context())  # the root, never detached
+            return "ran"
+
+        @job("t.reader")
+        def reader(payload: dict[str, Any], ctx: JobContext) -> str | None:
+            return tracing.current_context()
+
+        assert run("t.ender").result_json == '"ran"'
+        stored = run("t.reader").result_json
+        assert stored is not None
+        assert trace.get_current_span().is_recording() is False
+        ended, read = traces.get_finished_spans()
+        assert ended.name == read.name == "process default"
+        assert f"{read.context.span_id:016x}" in json.loads(stored)
+
+    @pytest.mark.usefixtures("registry")
     def test_untraced_by_a_refusing_processor_inherits_nothing(
         self, monkeypatch: pytest.MonkeyPatch
     ) -> None:
