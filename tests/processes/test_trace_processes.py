@@ -225,3 +225,26 @@ def test_tracing_that_fails_fails_no_job(start_worker: Any, tmp_path: Path, trac
     assert {Job.objects.get(pk=j.pk).status for j in everything} == {JobStatus.COMPLETED}
     assert worker.process.poll() is None, "the worker kept on"
     assert "tracing:" in worker.output()  # said once per kind, with its traceback
+
+
+def test_a_span_processor_raising_system_exit_fails_no_job(
+    start_worker: Any, tmp_path: Path, traces: Any
+) -> None:
+    """A span processor that raises ``SystemExit`` at a span's start and ``KeyboardInterrupt``
+    at every span's end, on the handlers' threads: every job completes, each at its first
+    attempt that does not fail, and the worker keeps on."""
+    with trace.get_tracer("tests").start_as_current_span("request"):
+        jobs = [enqueue("tests.behave", {"record": False}) for _ in range(4)]
+        jobs.append(enqueue("tests.traced", {"kind": "fail_once"}))
+    worker = start_worker(
+        "--queues", "default",
+        env={"PGOUTBOX_TEST_TRACES": str(tmp_path / "spans.jsonl"),
+             "PGOUTBOX_TEST_TRACES_HOSTILE": "exit"},
+        **QUICK,
+    )  # fmt: skip
+    wait_for(lambda: settled(*jobs), timeout=60)
+    rows = [Job.objects.get(pk=j.pk) for j in jobs]
+    assert {row.status for row in rows} == {JobStatus.COMPLETED}
+    assert [row.attempts for row in rows] == [1, 1, 1, 1, 2]
+    assert worker.process.poll() is None, "the worker kept on"
+    assert "tracing:" in worker.output()
