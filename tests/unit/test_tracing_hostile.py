@@ -151,6 +151,8 @@ class TestWhatAPropagatorWrites:
             {"traceparent": "garbage"},
             {"traceparent": TRACEPARENT.upper()},
             {"traceparent": "x" * 10_000_000},
+            {"traceparent": TRACEPARENT.encode()},
+            {"traceparent": ["00", "0af7651916cd43dd8448eb211c80319c"]},
         ],
     )
     def test_a_traceparent_no_reader_takes_is_replaced_by_w3c(
@@ -270,6 +272,28 @@ class TestHandlersThatLeaveAContext:
         thread.join()
         assert results[1].result_json is None
         assert results[2] is False
+
+
+@pytest.mark.usefixtures("registry")
+class TestSnoozes:
+    def test_the_attempt_after_a_snooze_links_it(self, traces: InMemorySpanExporter) -> None:
+        from django_pgoutbox import Snooze
+
+        @job("t.snoozing")
+        def handler(payload: dict[str, Any], ctx: JobContext) -> None:
+            if ctx.attempt == 1 and not payload.get("woke"):
+                raise Snooze(60)
+
+        first = run("t.snoozing")
+        assert first.gives_back_attempt
+        assert first.attempt_trace is not None
+        # a snooze gives its attempt back: the next claim counts attempt 1 again
+        stored = json.dumps({"attempt": json.loads(first.attempt_trace)})
+        second = run("t.snoozing", payload={"woke": True}, trace_context=stored, id=first.job.id)
+        assert second.status == JobStatus.COMPLETED
+        snoozed, completed = traces.get_finished_spans()
+        assert snoozed.status.status_code.name == "UNSET"
+        assert [link.context.span_id for link in completed.links] == [snoozed.context.span_id]
 
 
 @pytest.mark.usefixtures("registry")
