@@ -352,3 +352,23 @@ class TestStoredRows:
         cloudevent = event.as_cloudevent()
         assert cloudevent["traceparent"] == TRACEPARENT
         assert cloudevent["tracestate"] == "k=v"
+
+
+class TestAProviderNamedInTheEnvironment:
+    def test_one_that_cannot_be_loaded_is_tried_once(
+        self, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        # OTEL_PYTHON_TRACER_PROVIDER naming no installed provider (a typo, a package missing
+        # from the workers' image): each attempt and each event asked the API again, which
+        # scanned the entry points (a few hundred µs) and logged an ERROR with its traceback
+        monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "no_such_provider")
+        monkeypatch.setattr(tracing, "_PROVIDER_FROM_ENVIRONMENT", True)
+        monkeypatch.setattr(tracing, "_environment_failed", False, raising=False)
+        monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+        for _ in range(20):
+            assert not tracing.enabled()
+        failed = [r for r in caplog.records if "Failed to load configured provider" in r.message]
+        assert len(failed) == 1
+        # one set in code later is taken all the same
+        monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider())
+        assert tracing.enabled()
