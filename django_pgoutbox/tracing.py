@@ -188,8 +188,28 @@ def w3c_fields(carrier: Any) -> dict[str, str] | None:
     kept = {"traceparent": traceparent}
     tracestate = carrier.get("tracestate")
     if isinstance(tracestate, str) and _TRACESTATE.fullmatch(tracestate) is not None:
-        kept["tracestate"] = tracestate
+        tracestate = _cut(tracestate)
+        if tracestate:
+            kept["tracestate"] = tracestate
     return kept
+
+
+#: The length of a ``tracestate`` kept whole: W3C's vendors propagate at least 512 characters,
+#: and may cut a longer one.
+TRACESTATE_KEPT = 512
+
+
+def _cut(tracestate: str) -> str:
+    """``tracestate`` cut to ``TRACESTATE_KEPT`` characters as W3C says: its members longer
+    than 128 characters removed first, then its last ones. A request's span takes the header its
+    client sent (up to 32 members of 513 characters), and each job the request enqueues stored
+    it whole."""
+    if len(tracestate) <= TRACESTATE_KEPT:
+        return tracestate
+    members = [m.strip() for m in tracestate.split(",") if m.strip() and len(m.strip()) <= 128]
+    while members and len(",".join(members)) > TRACESTATE_KEPT:
+        members.pop()
+    return ",".join(members)
 
 
 def span_context(stored: Any) -> Any:

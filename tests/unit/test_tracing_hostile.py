@@ -16,6 +16,7 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from django_pgoutbox import JobContext, TransientError, job, tracing
 from django_pgoutbox.conf import RetrySettings
@@ -372,3 +373,38 @@ class TestAProviderNamedInTheEnvironment:
         # one set in code later is taken all the same
         monkeypatch.setattr(trace, "_TRACER_PROVIDER", TracerProvider())
         assert tracing.enabled()
+
+
+class TestAnIncomingTracestate:
+    def test_a_requests_long_tracestate_is_cut_as_w3c_says(
+        self, traces: InMemorySpanExporter
+    ) -> None:
+        # a client's tracestate header of 32 long members, taken by the request's span, was
+        # stored whole (16 KB) with every job that request enqueued
+        long = [(f"k{n}", "v" * 250) for n in range(30)]
+        short = [("a", "1"), ("b", "2")]
+        state = TraceState([long[0], short[0], *long[1:], short[1]])
+        assert len(state.to_header()) > 7_000
+        parent = SpanContext(
+            int(TRACEPARENT[3:35], 16), int(TRACEPARENT[36:52], 16), True, TraceFlags(1), state
+        )
+        with trace.get_tracer("t").start_as_current_span(
+            "request", context=trace.set_span_in_context(NonRecordingSpan(parent))
+        ):
+            stored = tracing.current_context()
+        assert stored is not None
+        # the members over 128 characters go first, then the last ones, to 512 at most
+        assert json.loads(stored)["tracestate"] == "a=1,b=2"
+
+    def test_one_within_512_characters_is_kept_whole(self, traces: InMemorySpanExporter) -> None:
+        members = [(f"k{n}", "v" * 100) for n in range(4)]
+        state = TraceState(members)
+        parent = SpanContext(
+            int(TRACEPARENT[3:35], 16), int(TRACEPARENT[36:52], 16), True, TraceFlags(1), state
+        )
+        with trace.get_tracer("t").start_as_current_span(
+            "request", context=trace.set_span_in_context(NonRecordingSpan(parent))
+        ):
+            stored = tracing.current_context()
+        assert stored is not None
+        assert json.loads(stored)["tracestate"] == state.to_header()
