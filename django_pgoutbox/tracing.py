@@ -334,18 +334,27 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
 def _untraced(run: Callable[[], Outcome]) -> Outcome:
     """``run()`` with no span, in a context of its own all the same: one that its handler makes
     current and never detaches is not the next attempt's on the thread (nor its jobs')."""
+    with _context_of_its_own():
+        return run()
+
+
+@contextmanager
+def _context_of_its_own() -> Iterator[None]:
+    """An empty OpenTelemetry context current for the block, the one before it current again
+    after, whatever the block attached and never detached (if it can be attached at all)."""
+    token = None
     try:
         _, otel_context = _otel()
         token = otel_context.attach(otel_context.Context())
     except BaseException as raised:
         if not _tolerated(raised):
             raise
-        return run()
     try:
-        return run()
+        yield
     finally:
-        with suppress(Exception):
-            otel_context.detach(token)
+        if token is not None:
+            with suppress(Exception):
+                otel_context.detach(token)
 
 
 def _timeout(job_type: str) -> float | None:
@@ -446,7 +455,8 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
         if span is not None:
             with suppress(BaseException):
                 span.end()
-        yield
+        with _context_of_its_own():
+            yield
         return
     try:
         yield

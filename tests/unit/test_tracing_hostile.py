@@ -275,6 +275,21 @@ class TestHandlersThatLeaveAContext:
         assert results[2] is False
 
 
+class TestSubscribersThatLeaveAContext:
+    def test_untraced_by_a_refusing_processor_leaves_nothing(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        from testproject.testjobs.traces import RaisingProcessor
+
+        provider_with(monkeypatch, RaisingProcessor())
+        own = TracerProvider()
+        with tracing.traced_event(OutboxEvent(event_type="t"), "s"):
+            span = own.get_tracer("t").start_span("leaked")
+            context.attach(trace.set_span_in_context(span))  # never detached
+        assert trace.get_current_span().is_recording() is False
+        assert tracing.current_context() is None
+
+
 @pytest.mark.usefixtures("registry")
 class TestSnoozes:
     def test_the_attempt_after_a_snooze_links_it(self, traces: InMemorySpanExporter) -> None:
