@@ -186,11 +186,10 @@ class OutboxEvent(models.Model):
         event["schemaversion"] = self.schema_version
         if self.organization_id is not None:
             event["organizationid"] = str(self.organization_id)
-        trace_context = self.trace_context
-        if isinstance(trace_context, dict) and isinstance(trace_context.get("traceparent"), str):
-            for name in ("traceparent", "tracestate"):  # only text: a row written by hand
-                if isinstance(trace_context.get(name), str):
-                    event[name] = trace_context[name]
+        from django_pgoutbox.tracing import w3c_fields
+
+        # only a valid W3C context: a row written by hand adds nothing a reader would refuse
+        event.update(w3c_fields(self.trace_context) or {})
         event["data"] = self.payload
         return event
 

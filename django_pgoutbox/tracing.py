@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -52,6 +53,10 @@ _PROVIDER_FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 if _PROVIDER_FROM_ENVIRONMENT:
     with suppress(ImportError):
         import opentelemetry.trace  # noqa: F401
+#: Set once the provider that variable names failed to load (no such entry point, or its code
+#: raised): the API tries again at each call, scanning the installed packages' entry points (a
+#: few hundred µs, forty no-op jobs' time) and logging an ERROR with its traceback each time.
+_environment_failed = False
 
 
 def _api() -> ModuleType | None:
@@ -69,19 +74,37 @@ def enabled() -> bool:
     item 34). So the API's own global is read (a provider set, or None), and the function is
     called only where it has something to do: that variable set, or an API without the global.
     """
+    global _environment_failed
     trace = _api()
     if trace is None:
         return False
+    provider: Any = None
     try:
         provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
-        if provider is None and not _PROVIDER_FROM_ENVIRONMENT:
-            return False
+        if provider is None and (not _PROVIDER_FROM_ENVIRONMENT or _environment_failed):
+            return False  # a provider set in code later is read from the global all the same
         if provider is None or provider is _UNKNOWN:
             provider = trace.get_tracer_provider()
         return not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider))
-    except Exception:  # an API half imported by another thread, or one that changed
+    except BaseException as raised:  # an API half imported by another thread, or one that changed
+        if not _tolerated(raised):
+            raise
+        if provider is None:  # the one the environment names did not load: not tried again
+            _environment_failed = True
         _warn_once("asking for the tracer provider")
         return False
+
+
+def _tolerated(error: BaseException) -> bool:
+    """Whether tracing swallows ``error``, raised by OpenTelemetry or what it calls (a span
+    processor, an exporter, a propagator, a sampler): anything, ``SystemExit`` and a
+    ``KeyboardInterrupt`` raised on another thread included (that processor's code, not the
+    process's: on a handler's thread it replaced the outcome of an attempt that had run, and its
+    job ran again), but Ctrl-C's ``KeyboardInterrupt`` on the main thread, which stops the run
+    wherever it arrives."""
+    return not isinstance(error, KeyboardInterrupt) or (
+        threading.current_thread() is not threading.main_thread()
+    )
 
 
 def _warn_once(what: str) -> None:
@@ -110,7 +133,9 @@ def current_context() -> str | None:
         if not span.is_recording() or not span.get_span_context().is_valid:
             return None
         return _inject()
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("reading the current span's context")
         return None
 
@@ -123,14 +148,68 @@ def _inject() -> str | None:
     carrier: dict[str, str] = {}
     try:
         propagate.inject(carrier)
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("the configured propagator")
         carrier = {}
-    if not isinstance(carrier.get("traceparent"), str):
+    kept = w3c_fields(carrier)
+    if kept is None or len(kept) != sum(isinstance(carrier.get(name), str) for name in FIELDS):
+        # none written (another format configured), or what no reader takes: a NUL or a lone
+        # surrogate (which PostgreSQL's jsonb refuses: the enqueue failed), uppercase hex, a
+        # traceparent of another form, a tracestate of megabytes stored with every job
         carrier = {}
         _w3c().inject(carrier)
-    kept = {name: carrier[name] for name in FIELDS if isinstance(carrier.get(name), str)}
-    return json.dumps(kept, separators=(",", ":")) if "traceparent" in kept else None
+        kept = w3c_fields(carrier)
+    return None if kept is None else json.dumps(kept, separators=(",", ":"))
+
+
+#: A W3C ``traceparent`` as this package stores and hands on: version, trace id, parent id and
+#: flags, lowercase hex (version ff is invalid; the all-zero ids are checked apart).
+_TRACEPARENT = re.compile(r"(?!ff)[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+#: A ``tracestate``: printable ASCII, at most what W3C's 32 members of 256-character keys and
+#: values make.
+_TRACESTATE = re.compile(r"[\x20-\x7e]{0,16447}")
+
+
+def w3c_fields(carrier: Any) -> dict[str, str] | None:
+    """The W3C fields of ``carrier`` that are valid: its ``traceparent`` (None without a valid
+    one) and its ``tracestate`` if valid too. Needs no OpenTelemetry (``as_cloudevent()``)."""
+    if not isinstance(carrier, dict):
+        return None
+    traceparent = carrier.get("traceparent")
+    if (
+        not isinstance(traceparent, str)
+        or _TRACEPARENT.fullmatch(traceparent) is None
+        or traceparent[3:35] == "0" * 32
+        or traceparent[36:52] == "0" * 16
+    ):
+        return None
+    kept = {"traceparent": traceparent}
+    tracestate = carrier.get("tracestate")
+    if isinstance(tracestate, str) and _TRACESTATE.fullmatch(tracestate) is not None:
+        tracestate = _cut(tracestate)
+        if tracestate:
+            kept["tracestate"] = tracestate
+    return kept
+
+
+#: The length of a ``tracestate`` kept whole: W3C's vendors propagate at least 512 characters,
+#: and may cut a longer one.
+TRACESTATE_KEPT = 512
+
+
+def _cut(tracestate: str) -> str:
+    """``tracestate`` cut to ``TRACESTATE_KEPT`` characters as W3C says: its members longer
+    than 128 characters removed first, then its last ones. A request's span takes the header its
+    client sent (up to 32 members of 513 characters), and each job the request enqueues stored
+    it whole."""
+    if len(tracestate) <= TRACESTATE_KEPT:
+        return tracestate
+    members = [m.strip() for m in tracestate.split(",") if m.strip() and len(m.strip()) <= 128]
+    while members and len(",".join(members)) > TRACESTATE_KEPT:
+        members.pop()
+    return ",".join(members)
 
 
 def span_context(stored: Any) -> Any:
@@ -148,7 +227,9 @@ def span_context(stored: Any) -> Any:
             return None
         found = trace.get_current_span(_w3c().extract(fields)).get_span_context()
         return found if found.is_valid else None
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("reading a stored trace context")
         return None
 
@@ -180,7 +261,9 @@ def _previous_attempt(stored: Any, attempt: int) -> Any:
         if not isinstance(kept, dict) or kept.get("number") not in (attempt - 1, attempt):
             return None
         return span_context(kept)
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("reading a stored trace context")
         return None
 
@@ -189,8 +272,8 @@ def attempt_trace(span: Any, attempt: int) -> str | None:
     """What the outcome of a traced attempt that did not complete its job writes under
     ``ATTEMPT`` in ``jobs.trace_context`` (RECORD_OUTCOMES), for the next attempt's link."""
     context = span.get_span_context()
-    if not context.is_valid:
-        return None
+    if not context.is_valid or not context.trace_flags.sampled:
+        return None  # a span not sampled is exported nowhere: no link to it
     traceparent = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
     return json.dumps({"number": attempt, "traceparent": traceparent}, separators=(",", ":"))
 
@@ -203,7 +286,7 @@ def traced_attempt(job: ClaimedJob, run: Callable[[], Outcome]) -> Outcome:
     """
     started = _start_attempt(job)
     if started is None:
-        return run()
+        return _untraced(run)
     outcome: Outcome | None = None
     try:
         outcome = run()
@@ -216,7 +299,8 @@ async def traced_attempt_async(job: ClaimedJob, run: Callable[[], Awaitable[Outc
     """``traced_attempt`` for a coroutine: its span is current in the coroutine's own task."""
     started = _start_attempt(job)
     if started is None:
-        return await run()
+        with _context_of_its_own():
+            return await run()
     outcome: Outcome | None = None
     try:
         outcome = await run()
@@ -248,10 +332,12 @@ def _start_attempt(job: ClaimedJob) -> tuple[Any, Any, float | None, float] | No
             },
         )
         token = otel_context.attach(trace.set_span_in_context(span))
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("starting an attempt's span")
         if span is not None:  # started, not made current: ended at once, never left open
-            with suppress(Exception):
+            with suppress(BaseException):
                 span.end()
         return None
     return span, token, timeout, time.monotonic()
@@ -264,9 +350,37 @@ def _kept(span: Any, job: ClaimedJob, outcome: Outcome) -> Outcome:
         return outcome
     try:
         return replace(outcome, attempt_trace=attempt_trace(span, job.attempt))
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("keeping an attempt's span for the next one")
         return outcome
+
+
+def _untraced(run: Callable[[], Outcome]) -> Outcome:
+    """``run()`` with no span, in a context of its own all the same: one that its handler makes
+    current and never detaches is not the next attempt's on the thread (nor its jobs')."""
+    with _context_of_its_own():
+        return run()
+
+
+@contextmanager
+def _context_of_its_own() -> Iterator[None]:
+    """An empty OpenTelemetry context current for the block, the one before it current again
+    after, whatever the block attached and never detached (if it can be attached at all)."""
+    token = None
+    try:
+        _, otel_context = _otel()
+        token = otel_context.attach(otel_context.Context())
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
+    try:
+        yield
+    finally:
+        if token is not None:
+            with suppress(Exception):
+                otel_context.detach(token)
 
 
 def _timeout(job_type: str) -> float | None:
@@ -286,7 +400,9 @@ def _end_attempt(
 
     try:
         otel_context.detach(token)
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("detaching an attempt's context")
     try:
         if outcome is None:
@@ -302,11 +418,15 @@ def _end_attempt(
             elif timed_out:
                 span.set_attribute("error.type", "timeout")
                 span.set_status(trace.StatusCode.ERROR, "the attempt ran past its timeout")
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("setting an attempt's outcome on its span")
     try:
         span.end()
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("ending a span (its processor or exporter)")
 
 
@@ -324,7 +444,9 @@ def record_failure(error: BaseException) -> None:
             span.record_exception(error, escaped=True)
         except Exception:
             span.add_event("exception", {"exception.type": type(error).__qualname__})
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("recording an exception on a span")
 
 
@@ -355,12 +477,15 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
             },
         )
         token = otel_context.attach(trace.set_span_in_context(span))
-    except Exception:
+    except BaseException as raised:
+        if not _tolerated(raised):
+            raise
         _warn_once("starting an event's span")
         if span is not None:
-            with suppress(Exception):
+            with suppress(BaseException):
                 span.end()
-        yield
+        with _context_of_its_own():
+            yield
         return
     try:
         yield
@@ -368,17 +493,23 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
         record_failure(error)
         try:
             span.set_status(trace.StatusCode.ERROR, type(error).__qualname__)
-        except Exception:
+        except BaseException as raised:
+            if not _tolerated(raised):
+                raise
             _warn_once("setting an event's status on its span")
         raise
     finally:
         try:
             otel_context.detach(token)
-        except Exception:
+        except BaseException as raised:
+            if not _tolerated(raised):
+                raise
             _warn_once("detaching an event's context")
         try:
             span.end()
-        except Exception:
+        except BaseException as raised:
+            if not _tolerated(raised):
+                raise
             _warn_once("ending a span (its processor or exporter)")
 
 

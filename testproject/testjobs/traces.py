@@ -1,7 +1,8 @@
 """An OpenTelemetry SDK for the test project's processes, when ``PGOUTBOX_TEST_TRACES`` names a
 file: every span ended is written there as a JSON line (``span_line``), as an exporter would send
 it. ``PGOUTBOX_TEST_TRACES_HOSTILE=1`` adds a span processor that raises at every span's start
-and end, and a global propagator that raises: tracing must fail no job and stop no process.
+and end, and a global propagator that raises; ``=exit``, a span processor that raises
+``SystemExit`` and ``KeyboardInterrupt``: tracing must fail no job and stop no process.
 """
 
 from __future__ import annotations
@@ -65,6 +66,20 @@ class RaisingProcessor(SpanProcessor):
         raise RuntimeError("a span processor that raises at end")
 
 
+class ExitingProcessor(SpanProcessor):
+    """A span processor that raises what is no ``Exception``: ``SystemExit`` at the start of a
+    ``tests.traced`` attempt's span, ``KeyboardInterrupt`` at every span's end (on a handler's
+    thread: no Ctrl-C)."""
+
+    def on_start(self, span: Any, parent_context: Context | None = None) -> None:
+        attributes = span.attributes or {}
+        if attributes.get("pgoutbox.job.type") == "tests.traced":
+            raise SystemExit("a span processor that exits at start")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        raise KeyboardInterrupt("a span processor that interrupts at end")
+
+
 class RaisingPropagator(TextMapPropagator):
     def extract(self, carrier: Any, context: Context | None = None, getter: Any = None) -> Context:
         raise RuntimeError("a propagator that raises")
@@ -96,6 +111,8 @@ def configure() -> None:
     if os.environ.get("PGOUTBOX_TEST_TRACES_HOSTILE") == "1":
         provider.add_span_processor(RaisingProcessor())
         propagate.set_global_textmap(RaisingPropagator())
+    elif os.environ.get("PGOUTBOX_TEST_TRACES_HOSTILE") == "exit":
+        provider.add_span_processor(ExitingProcessor())
     if path == "noexport":
         provider.add_span_processor(BatchSpanProcessor(NoExport()))
     else:

@@ -2,7 +2,8 @@
 writes every span ended to a file: a request's jobs, among them poison ones in the same batch,
 each attempt's span linked to the request's and to the attempt before; the relay's chain
 publish -> projection -> job; and tracing that fails (a processor and a propagator that raise,
-garbage contexts in the rows) failing no job and stopping no process.
+garbage contexts in the rows; a processor that raises SystemExit and KeyboardInterrupt on the
+handlers' and the relay's threads) failing no job and stopping no process.
 
 transaction=True: the worker is another process and sees only committed rows.
 """
@@ -225,3 +226,49 @@ def test_tracing_that_fails_fails_no_job(start_worker: Any, tmp_path: Path, trac
     assert {Job.objects.get(pk=j.pk).status for j in everything} == {JobStatus.COMPLETED}
     assert worker.process.poll() is None, "the worker kept on"
     assert "tracing:" in worker.output()  # said once per kind, with its traceback
+
+
+def test_a_span_processor_raising_system_exit_fails_no_job(
+    start_worker: Any, tmp_path: Path, traces: Any
+) -> None:
+    """A span processor that raises ``SystemExit`` at a span's start and ``KeyboardInterrupt``
+    at every span's end, on the handlers' threads: every job completes, each at its first
+    attempt that does not fail, and the worker keeps on."""
+    with trace.get_tracer("tests").start_as_current_span("request"):
+        jobs = [enqueue("tests.behave", {"record": False}) for _ in range(4)]
+        jobs.append(enqueue("tests.traced", {"kind": "fail_once"}))
+    worker = start_worker(
+        "--queues", "default",
+        env={"PGOUTBOX_TEST_TRACES": str(tmp_path / "spans.jsonl"),
+             "PGOUTBOX_TEST_TRACES_HOSTILE": "exit"},
+        **QUICK,
+    )  # fmt: skip
+    wait_for(lambda: settled(*jobs), timeout=60)
+    rows = [Job.objects.get(pk=j.pk) for j in jobs]
+    assert {row.status for row in rows} == {JobStatus.COMPLETED}
+    assert [row.attempts for row in rows] == [1, 1, 1, 1, 2]
+    assert worker.process.poll() is None, "the worker kept on"
+    assert "tracing:" in worker.output()
+
+
+def test_a_span_processor_raising_keyboard_interrupt_in_the_relay(
+    start_worker: Any, tmp_path: Path, traces: Any
+) -> None:
+    """The same processor at the end of the relay's spans, on the relay's thread: each event is
+    projected once, its jobs complete, and the worker keeps on."""
+    with trace.get_tracer("tests").start_as_current_span("request"):
+        event = publish(
+            "tests.fan_out", aggregate_type="t", aggregate_id=uuid.uuid4(), payload={"fan_out": 3}
+        )
+    worker = start_worker(
+        "--roles", "relay,jobs", "--queues", "default",
+        env={"PGOUTBOX_TEST_TRACES": str(tmp_path / "spans.jsonl"),
+             "PGOUTBOX_TEST_TRACES_HOSTILE": "exit"},
+        **QUICK,
+    )  # fmt: skip
+    jobs = Job.objects.filter(payload__event=str(event.pk))
+    wait_for(lambda: jobs.filter(status=JobStatus.COMPLETED).count() == 4 + 3, timeout=60)
+    assert jobs.count() == 4 + 3
+    assert worker.process.poll() is None, "the worker kept on"
+    event.refresh_from_db()
+    assert event.processed_at is not None
