@@ -32,7 +32,7 @@ from django.db import close_old_connections, connections
 
 from django_pgoutbox.registry import get_job
 from django_pgoutbox.worker.attempt import Attempt
-from django_pgoutbox.worker.execute import Outcome
+from django_pgoutbox.worker.execute import TIMEOUT_CANCEL, Outcome
 from django_pgoutbox.worker.handlers import cancelled_unstarted
 from django_pgoutbox.worker.mailbox import BEAT, ENDED, RETURNED, Mailbox
 
@@ -168,7 +168,7 @@ class EventLoop:
                 if task not in self._timed_out:
                     self._timed_out.add(task)
                     self._counted -= 1
-                    task.cancel()
+                    task.cancel(TIMEOUT_CANCEL)
                 break
         self._fill()
 

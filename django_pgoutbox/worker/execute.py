@@ -272,7 +272,7 @@ async def _execute_async(
     if isinstance(error, asyncio.CancelledError) or (
         error is None and _cancel_requested(begun.ctx)
     ):
-        error = _cancellation(begun.ctx, job)
+        error = _cancellation(begun.ctx, job, error)
     return finish(begun, settle(begun, returned, error, policy, close_connections=False))
 
 
@@ -283,12 +283,23 @@ def _cancel_requested(ctx: JobContext) -> bool:
     return ctx.cancelled and task is not None and task.cancelling() > 0
 
 
-def _cancellation(ctx: JobContext, job: ClaimedJob) -> BaseException:
+def _cancellation(ctx: JobContext, job: ClaimedJob, error: BaseException | None) -> BaseException:
     """The error of a cancelled coroutine: ``Cancelled`` when the job's cancellation was
-    requested, else the timeout's (the coordinator has written that outcome already)."""
+    requested, the timeout's when the event loop cancelled it at its timeout (the coordinator
+    has written that outcome already), else the ``CancelledError`` itself: the coroutine
+    cancelled itself, or awaited a task cancelled by someone else, and failed with it."""
     if ctx.cancelled:
         return Cancelled(f"job {job.id} was cancelled while it ran; its coroutine was cancelled")
-    return JobTimeout(f"attempt {job.attempt} ran past its timeout; its coroutine was cancelled")
+    if error is None or TIMEOUT_CANCEL in error.args:
+        return JobTimeout(
+            f"attempt {job.attempt} ran past its timeout; its coroutine was cancelled"
+        )
+    return error
+
+
+#: The message of the event loop's cancellation of a coroutine at its timeout
+#: (``coroutines.EventLoop``): any other ``CancelledError`` is the handler's own failure.
+TIMEOUT_CANCEL = "pgoutbox: the attempt ran past its timeout"
 
 
 def _worker_failed(job: ClaimedJob, error: BaseException, policy: RetrySettings) -> Outcome:

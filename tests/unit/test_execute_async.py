@@ -12,7 +12,7 @@ from django_pgoutbox import JobContext, Snooze, job, signals
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import JobRegistrationError
 from django_pgoutbox.models import JobStatus
-from django_pgoutbox.worker.execute import Outcome, execute, execute_async
+from django_pgoutbox.worker.execute import TIMEOUT_CANCEL, Outcome, execute, execute_async
 from tests.conftest import claimed_job
 
 POLICY = RetrySettings(base_delay=1.0, max_delay=600.0, jitter=0.0, unknown_error_retries=3)
@@ -57,7 +57,9 @@ def run(job_type: str) -> Outcome:
     return execute(claimed_job(job_type, payload={"n": 1}), policy=POLICY, renew=lambda: None)
 
 
-def run_async(job_type: str, *, cancel_after: float | None = None, flag: bool = False) -> Outcome:
+def run_async(
+    job_type: str, *, cancel_after: float | None = None, flag: bool = False, message: str = ""
+) -> Outcome:
     from django_pgoutbox.context import CancelFlag
 
     cancel = CancelFlag()
@@ -75,7 +77,7 @@ def run_async(job_type: str, *, cancel_after: float | None = None, flag: bool = 
             await asyncio.sleep(cancel_after)
             if flag:
                 cancel.set()
-            task.cancel()
+            task.cancel(message or None)
         return await task
 
     return asyncio.run(main())
@@ -129,8 +131,12 @@ class TestOnALoop:
         assert (outcome.status, outcome.code) == (JobStatus.CANCELLED, "cancelled")
 
     def test_a_timeout_cancellation_is_the_timeouts(self, coroutines: None) -> None:
-        outcome = run_async("tests.unit_async_waits", cancel_after=0.01)
+        outcome = run_async("tests.unit_async_waits", cancel_after=0.01, message=TIMEOUT_CANCEL)
         assert outcome.code == "timeout"
+
+    def test_another_cancellation_is_the_handlers_failure(self, coroutines: None) -> None:
+        outcome = run_async("tests.unit_async_waits", cancel_after=0.01)
+        assert (outcome.status, outcome.code) == (JobStatus.RETRYING, "CancelledError")
 
     def test_system_exit_is_an_outcome(self, coroutines: None) -> None:
         outcome = run_async("tests.unit_async_exits")
