@@ -125,7 +125,9 @@ class EventLoop:
             except BaseException:  # a callback of a handler's raised SystemExit or the like
                 logger.exception("%s: the event loop raised; it goes on", self.name)
         try:
-            self.loop.run_until_complete(asyncio.sleep(0))  # the cancellations delivered
+            self.loop.run_until_complete(
+                asyncio.Task(asyncio.sleep(0), loop=self.loop)
+            )  # cancelled
             self.loop.close()
         except BaseException:
             logger.exception("%s: closing the event loop failed", self.name)
@@ -140,7 +142,9 @@ class EventLoop:
         waiting, tasks = self._waiting, self._tasks
         while waiting and self._counted < self._capacity:
             attempt = waiting.popleft()
-            task = self.loop.create_task(self._run(attempt))
+            # A Task of its own, not ``loop.create_task``: a task factory a handler set on the
+            # loop (one that raises, an eager one) never decides how the next attempts start.
+            task = asyncio.Task(self._run(attempt), loop=self.loop)
             tasks[task] = attempt
             self._counted += 1
             task.add_done_callback(self._done)
@@ -182,7 +186,7 @@ class EventLoop:
         self._waiting.clear()
         for task in self._tasks:
             task.cancel()
-        self.loop.create_task(self._close_and_stop())
+        asyncio.Task(self._close_and_stop(), loop=self.loop)
 
     async def _close_and_stop(self) -> None:
         """Close the connections the async ORM opened in asgiref's thread (a second at most:
@@ -204,7 +208,7 @@ class EventLoop:
             # The async ORM runs in asgiref's one thread-sensitive thread, not this one: its
             # connection is looked at there, once a beat rather than after each attempt.
             self._ended_since_close = False
-            self._closing = self.loop.create_task(self._close_old_connections())
+            self._closing = asyncio.Task(self._close_old_connections(), loop=self.loop)
         if not (self._tasks or self._waiting):
             return
         self._post((BEAT, self), urgent=False)

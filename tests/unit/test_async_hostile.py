@@ -1,0 +1,188 @@
+"""Hostile ``async def`` handlers on a queue's real event loop (``worker.coroutines``) with the
+real attempt runner, no database: what one coroutine does to the loop must not take the
+innocents beside it down, and every attempt ends in a named outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from django_pgoutbox import JobContext, job
+from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.models import JobStatus
+from django_pgoutbox.worker.attempt import Attempt
+from django_pgoutbox.worker.coroutines import Coroutines
+from django_pgoutbox.worker.execute import Outcome
+from django_pgoutbox.worker.handlers import AttemptRunner
+from django_pgoutbox.worker.mailbox import ENDED, Mailbox
+from tests.unit.fakes import claim_row
+
+POLICY = RetrySettings(base_delay=1.0, max_delay=600.0, jitter=0.0, unknown_error_retries=3)
+INNOCENT = "tests.hostile_innocent"
+
+
+@pytest.fixture
+def innocent(registry: None) -> None:
+    @job(INNOCENT)
+    async def innocent(payload: dict[str, Any], ctx: JobContext) -> Any:
+        await asyncio.sleep(0.05)
+        await asyncio.to_thread(lambda: None)
+        return {"ok": True}
+
+
+def _attempt(job_type: str) -> Attempt:
+    return Attempt(claim_row()._replace(job_type=job_type))
+
+
+def _run(
+    hostile: Callable[..., Any], *, innocents: int = 5, capacity: int = 10, then: int = 3
+) -> tuple[Outcome, list[Outcome], list[Outcome]]:
+    """The hostile attempt beside ``innocents`` in one batch, then ``then`` more innocents
+    once they all ended: every outcome, the hostile's first."""
+    job("tests.hostile")(hostile)
+    mailbox = Mailbox()
+    runner = AttemptRunner(
+        queue="default", policy=POLICY, using="default", mailbox=mailbox, renew=lambda key: None
+    )
+    coroutines = Coroutines("default", capacity, runner.run_async, mailbox, lease_seconds=60)
+    try:
+        bad = _attempt("tests.hostile")
+        batch = [bad] + [_attempt(INNOCENT) for _ in range(innocents)]
+        outcomes = _ended(coroutines, mailbox, batch)
+        later = [_attempt(INNOCENT) for _ in range(then)]
+        after = _ended(coroutines, mailbox, later)
+        return outcomes[bad.id], [outcomes[a.id] for a in batch[1:]], list(after.values())
+    finally:
+        coroutines.shutdown()
+
+
+def _ended(coroutines: Coroutines, mailbox: Mailbox, attempts: list[Attempt]) -> dict[Any, Any]:
+    for attempt in attempts:
+        coroutines.submit(attempt, time.monotonic())
+    coroutines.flush()
+    found: dict[Any, Any] = {}
+    deadline = time.monotonic() + 5
+    while len(found) < len(attempts):
+        assert time.monotonic() < deadline, f"{len(found)} of {len(attempts)} ended"
+        for message in mailbox.wait(0.05):
+            if message[0] == ENDED:
+                assert message[3] is not None, "an attempt ended with no outcome"
+                found[message[2].id] = message[3]
+    return found
+
+
+def _all_completed(outcomes: list[Outcome]) -> None:
+    assert [o.status for o in outcomes] == [JobStatus.COMPLETED] * len(outcomes)
+
+
+def test_a_handler_that_stops_the_loop(innocent: None) -> None:
+    async def hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
+        asyncio.get_running_loop().stop()
+        await asyncio.sleep(0.01)
+        return {"stopped": True}
+
+    bad, innocents, after = _run(hostile)
+    assert bad.status == JobStatus.COMPLETED
+    _all_completed(innocents + after)
+
+
+@pytest.mark.parametrize("how", ["run", "run_until_complete", "new_loop"])
+def test_a_handler_that_runs_a_loop_of_its_own(innocent: None, how: str) -> None:
+    async def hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
+        if how == "run":
+            return asyncio.run(asyncio.sleep(0))
+        if how == "run_until_complete":
+            return asyncio.get_event_loop().run_until_complete(asyncio.sleep(0))
+        loop = asyncio.new_event_loop()
+        try:
+            return loop.run_until_complete(asyncio.sleep(0))
+        finally:
+            loop.close()
+
+    bad, innocents, after = _run(hostile)
+    assert bad.status in (JobStatus.RETRYING, JobStatus.COMPLETED)
+    _all_completed(innocents + after)
+
+
+def test_a_handler_that_unsets_the_event_loop(innocent: None) -> None:
+    async def hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
+        asyncio.set_event_loop(None)
+        return None
+
+    bad, innocents, after = _run(hostile)
+    assert bad.status == JobStatus.COMPLETED
+    _all_completed(innocents + after)
+
+
+def test_a_handler_that_sets_the_exception_handler(innocent: None) -> None:
+    async def hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: 1 / 0)
+
+        async def fails() -> None:
+            raise ValueError("later")
+
+        ctx.tasks = [loop.create_task(fails())]  # type: ignore[attr-defined]
+        return None
+
+    bad, innocents, after = _run(hostile)
+    _all_completed([bad, *innocents, *after])
+
+
+def test_a_handler_that_sets_a_task_factory(innocent: None) -> None:
+    async def hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
+        def factory(loop: Any, coro: Any, **kwargs: Any) -> Any:
+            coro.close()
+            raise RuntimeError("no tasks here")
+
+        asyncio.get_running_loop().set_task_factory(factory)
+        return None
+
+    _, innocents, after = _run(hostile)
+    _all_completed(innocents + after)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the loop's default executor, once shut down, fails every later asyncio.to_thread",
+)
+def test_a_handler_that_shuts_the_default_executor_down(innocent: None) -> None:
+    async def hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
+        await asyncio.get_running_loop().shutdown_default_executor()
+        return None
+
+    _, _, after = _run(hostile, innocents=0)
+    _all_completed(after)
+
+
+def test_a_handler_that_cancels_itself(innocent: None) -> None:
+    async def hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        await asyncio.sleep(0)
+
+    bad, innocents, after = _run(hostile)
+    assert (bad.status, bad.code) == (JobStatus.RETRYING, "CancelledError")
+    _all_completed(innocents + after)
+
+
+def test_a_handler_that_leaves_tasks_behind(innocent: None) -> None:
+    async def hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
+        async def forever() -> None:
+            while True:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(10)
+
+        ctx.tasks = [asyncio.get_running_loop().create_task(forever())]  # type: ignore[attr-defined]
+        return None
+
+    started = time.monotonic()
+    bad, innocents, after = _run(hostile)
+    _all_completed([bad, *innocents, *after])
+    assert time.monotonic() - started < 3
