@@ -17,7 +17,7 @@ from functools import partial
 from types import CoroutineType
 from typing import Any, TypeVar
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import close_old_connections
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
@@ -258,22 +258,55 @@ async def _execute_async(
     using: str,
     report: Callable[[ProgressNote], None] | None,
 ) -> Outcome:
-    begun = begin(job, renew, cancel, using, report)
+    begun = begin(job, renew, cancel, using, report, hooks=False)
+    definition = begun.definition
+    starts = bool(signals.job_started.receivers) or _hook(definition, "on_started")
     if begun.refused is not None:
-        return finish(begun, begun.refused)
-    assert begun.definition is not None
+        if starts:
+            await _off_loop(partial(started_hooks, job, begun.sender, definition))
+        return await _finish_async(begun, begun.refused)
+    assert definition is not None
     assert begun.ctx is not None
     returned: Any = None
     error: BaseException | None = None
     try:
-        returned = await begun.definition(job.payload, begun.ctx)
+        if starts:
+            await _off_loop(partial(started_hooks, job, begun.sender, definition), reraise=True)
+        returned = await definition(job.payload, begun.ctx)
     except BaseException as raised:
         error = raised
     if isinstance(error, asyncio.CancelledError) or (
         error is None and _cancel_requested(begun.ctx)
     ):
         error = _cancellation(begun.ctx, job, error)
-    return finish(begun, settle(begun, returned, error, policy, close_connections=False))
+    outcome = settle(begun, returned, error, policy, close_connections=False)
+    return await _finish_async(begun, outcome)
+
+
+async def _finish_async(begun: Begun, outcome: Outcome) -> Outcome:
+    """``finish()``, its hooks called off the loop (``_off_loop``)."""
+    if not (signals.job_finished.receivers or _hook(begun.definition, "on_finished")):
+        return finish(begun, outcome)
+    duration = time.perf_counter() - begun.started
+    await _off_loop(partial(finished_hooks, begun, outcome, duration))
+    return finish(begun, outcome, hooks=False)
+
+
+async def _off_loop(hooks: Callable[[], None], *, reraise: bool = False) -> None:
+    """Call the job signals' receivers and the definition's hooks, plain functions as for a
+    thread's attempt, where Django runs sync code that a coroutine calls (``sync_to_async``,
+    thread-sensitive): on the loop's thread the ORM in them raised SynchronousOnlyOperation.
+    They run to their end even if the coroutine is cancelled meanwhile; that cancellation is
+    raised after them if ``reraise``, else dropped (the outcome is decided)."""
+    call = asyncio.Task(sync_to_async(hooks)())
+    cancelled: asyncio.CancelledError | None = None
+    while not call.done():
+        try:
+            await asyncio.shield(call)
+        except asyncio.CancelledError as error:
+            cancelled = error
+    if cancelled is not None and reraise:
+        raise cancelled
 
 
 def _cancel_requested(ctx: JobContext) -> bool:
@@ -319,17 +352,18 @@ def begin(
     cancel: CancelFlag | None,
     using: str,
     report: Callable[[ProgressNote], None] | None,
+    *,
+    hooks: bool = True,
 ) -> Begun:
-    """Before the handler: its definition, the start's metrics, signal and hook, its context."""
+    """Before the handler: its definition, the start's metrics, signal and hook (``hooks``
+    False: the caller's to call, ``started_hooks``), its context."""
     definition, refused = _definition(job)
     metrics.JOB_START_DELAY.observe_key((job.queue,), max(job.waited, 0.0))
     sender = definition if definition is not None else signals.NO_HANDLER
     # Sent only where a receiver is connected: with none, send_robust() alone cost a tenth of
     # a no-op job's time in the worker.
-    if signals.job_started.receivers:
-        _call_hook(signals.job_started.send_robust, sender=sender, job=job)
-    if definition is not None and definition.on_started is not None:
-        _call_hook(definition.on_started, job=job)
+    if hooks and (signals.job_started.receivers or _hook(definition, "on_started")):
+        started_hooks(job, sender, definition)
     ctx = None
     if definition is None:
         refused = refused or _unknown_job_type(job)
@@ -350,15 +384,21 @@ def begin(
     return Begun(job, definition, sender, refused, ctx)
 
 
-def finish(begun: Begun, outcome: Outcome) -> Outcome:
-    """After the outcome is decided: the duration's metric, the finish's signal and hook."""
-    job, definition, sender = begun.job, begun.definition, begun.sender
-    duration = time.perf_counter() - begun.started
-    metrics.JOB_DURATION.observe_key((job.queue, job.job_type, outcome.status.value), duration)
+def started_hooks(job: ClaimedJob, sender: Any, definition: JobDefinition | None) -> None:
+    """``job_started``'s receivers and the definition's ``on_started``."""
+    if signals.job_started.receivers:
+        _call_hook(signals.job_started.send_robust, sender=sender, job=job)
+    if definition is not None and definition.on_started is not None:
+        _call_hook(definition.on_started, job=job)
+
+
+def finished_hooks(begun: Begun, outcome: Outcome, duration: float) -> None:
+    """``job_finished``'s receivers and the definition's ``on_finished``."""
+    job, definition = begun.job, begun.definition
     if signals.job_finished.receivers:
         _call_hook(
             signals.job_finished.send_robust,
-            sender=sender,
+            sender=begun.sender,
             job=job,
             outcome=outcome.status.value,
             duration=duration,
@@ -372,6 +412,20 @@ def finish(begun: Begun, outcome: Outcome) -> Outcome:
             duration=duration,
             detail=outcome,
         )
+
+
+def _hook(definition: JobDefinition | None, name: str) -> bool:
+    return definition is not None and getattr(definition, name) is not None
+
+
+def finish(begun: Begun, outcome: Outcome, *, hooks: bool = True) -> Outcome:
+    """After the outcome is decided: the duration's metric, the finish's signal and hook
+    (``hooks`` False: the caller's to call, ``finished_hooks``)."""
+    job = begun.job
+    duration = time.perf_counter() - begun.started
+    metrics.JOB_DURATION.observe_key((job.queue, job.job_type, outcome.status.value), duration)
+    if hooks and (signals.job_finished.receivers or _hook(begun.definition, "on_finished")):
+        finished_hooks(begun, outcome, duration)
     if outcome.status == JobStatus.COMPLETED and logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "job %s (%s) attempt %d completed in %.3fs",

@@ -4,6 +4,8 @@ steps around the call as a plain handler, and every path ends in an outcome."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -137,6 +139,34 @@ class TestOnALoop:
     def test_another_cancellation_is_the_handlers_failure(self, coroutines: None) -> None:
         outcome = run_async("tests.unit_async_waits", cancel_after=0.01)
         assert (outcome.status, outcome.code) == (JobStatus.RETRYING, "CancelledError")
+
+    def test_receivers_run_off_the_loop_and_a_cancellation_meanwhile(
+        self, coroutines: None
+    ) -> None:
+        """Plain receivers run where Django runs sync code for a coroutine (not on the loop's
+        thread); a cancellation while ``job_finished``'s run leaves the decided outcome, one
+        while ``job_started``'s run is the attempt's, its handler not called."""
+        threads: list[str] = []
+
+        def slow(**kwargs: Any) -> None:
+            threads.append(threading.current_thread().name)
+            time.sleep(0.2)
+
+        signals.job_finished.connect(slow, dispatch_uid="test_execute_async.slow")
+        try:
+            outcome = run_async("tests.unit_async_returns", cancel_after=0.05, flag=True)
+        finally:
+            signals.job_finished.disconnect(dispatch_uid="test_execute_async.slow")
+        assert outcome.status == JobStatus.COMPLETED
+        assert threads
+        assert threads[0] != threading.current_thread().name
+        signals.job_started.connect(slow, dispatch_uid="test_execute_async.slow")
+        try:
+            outcome = run_async("tests.unit_async_returns", cancel_after=0.05, flag=True)
+        finally:
+            signals.job_started.disconnect(dispatch_uid="test_execute_async.slow")
+        assert (outcome.status, outcome.code) == (JobStatus.CANCELLED, "cancelled")
+        assert outcome.result_json is None
 
     def test_system_exit_is_an_outcome(self, coroutines: None) -> None:
         outcome = run_async("tests.unit_async_exits")

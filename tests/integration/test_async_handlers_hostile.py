@@ -1,0 +1,96 @@
+"""``async def`` handlers drained by a burst worker in this process, with what users hang on
+them: sync receivers of the job signals that use the ORM.
+
+``transaction=True``: the worker's threads see only committed jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import pytest
+
+from django_pgoutbox import enqueue, signals
+from django_pgoutbox.models import Job, JobStatus
+from testproject.testjobs.models import SideEffect
+from tests.conftest import drain
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def fast(settings: Any) -> Any:
+    settings.PGOUTBOX = {**settings.PGOUTBOX, "POLL_INTERVAL": 0.2}
+    return settings
+
+
+def _write(event: str, job: Any) -> None:
+    SideEffect.objects.create(
+        job_id=job.id,
+        attempt=job.attempt,
+        event=event,
+        pid=os.getpid(),
+        worker_thread=threading.current_thread().name,
+    )
+
+
+def test_sync_receivers_of_the_job_signals_use_the_orm() -> None:
+    """A receiver of ``job_started`` / ``job_finished`` is a plain function, as for a thread's
+    attempt: its ORM calls must work for a coroutine's too (not SynchronousOnlyOperation)."""
+
+    def started(sender: Any, job: Any, **kwargs: Any) -> None:
+        _write("signal-start", job)
+
+    def finished(sender: Any, job: Any, **kwargs: Any) -> None:
+        _write("signal-" + kwargs["outcome"], job)
+
+    signals.job_started.connect(started, dispatch_uid="test_async_hostile.started")
+    signals.job_finished.connect(finished, dispatch_uid="test_async_hostile.finished")
+    try:
+        row = enqueue("tests.async_behave", {"sleep": 0.01})
+        drain()
+    finally:
+        signals.job_started.disconnect(dispatch_uid="test_async_hostile.started")
+        signals.job_finished.disconnect(dispatch_uid="test_async_hostile.finished")
+    row.refresh_from_db()
+    assert row.status == JobStatus.COMPLETED
+    events = set(SideEffect.objects.filter(job_id=row.pk).values_list("event", flat=True))
+    assert {"signal-start", "signal-completed"} <= events
+    assert Job.objects.filter(pk=row.pk, status=JobStatus.COMPLETED).exists()
+
+
+def test_an_async_task_with_sync_receivers_of_djangos_task_signals() -> None:
+    """Django's ``task_started`` / ``task_finished`` of an ``async def`` task (sent from the
+    job's hooks) reach plain receivers that use the ORM."""
+    from django_pgoutbox._tasks import task_finished, task_started
+    from testproject.testjobs import tasks
+
+    def started(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        _write_task("task-start", task_result)
+
+    def finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        _write_task("task-" + str(task_result.status).lower(), task_result)
+
+    task_started.connect(started, dispatch_uid="test_async_hostile.task_started")
+    task_finished.connect(finished, dispatch_uid="test_async_hostile.task_finished")
+    try:
+        result = tasks.async_double.enqueue(21)
+        drain(queues=["default", "reports"])
+    finally:
+        task_started.disconnect(dispatch_uid="test_async_hostile.task_started")
+        task_finished.disconnect(dispatch_uid="test_async_hostile.task_finished")
+    assert tasks.async_double.get_result(result.id).return_value == 42
+    events = set(SideEffect.objects.filter(job_id=result.id).values_list("event", flat=True))
+    assert events == {"task-start", "task-successful"}
+
+
+def _write_task(event: str, task_result: Any) -> None:
+    SideEffect.objects.create(
+        job_id=task_result.id,
+        attempt=0,
+        event=event,
+        pid=os.getpid(),
+        worker_thread=threading.current_thread().name,
+    )
