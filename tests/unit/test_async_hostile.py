@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ import pytest
 
 from django_pgoutbox import JobContext, job
 from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.errors import JobRegistrationError
 from django_pgoutbox.models import JobStatus
 from django_pgoutbox.worker.attempt import Attempt
 from django_pgoutbox.worker.coroutines import Coroutines
@@ -186,3 +188,28 @@ def test_a_handler_that_leaves_tasks_behind(innocent: None) -> None:
     bad, innocents, after = _run(hostile)
     _all_completed([bad, *innocents, *after])
     assert time.monotonic() - started < 3
+
+
+class _Fetcher:
+    async def __call__(self, payload: dict[str, Any], ctx: JobContext) -> Any:
+        await asyncio.sleep(0)
+        return {"thread": threading.current_thread().name}
+
+
+def test_an_instance_with_an_async_call_runs_on_the_loop(innocent: None) -> None:
+    """A class instance whose ``__call__`` is ``async def`` is an async handler: on the loop,
+    not on a handler thread with a fresh event loop of its own for each attempt."""
+    definition = job("tests.hostile_instance")(_Fetcher())
+    assert definition.on_loop
+    bad, innocents, after = _run(_Fetcher())
+    _all_completed([bad, *innocents, *after])
+    assert bad.result_json is not None
+    assert "-loop-" in bad.result_json
+
+
+def test_an_async_generator_is_refused_at_its_declaration(registry: None) -> None:
+    async def generates(payload: dict[str, Any], ctx: JobContext) -> Any:
+        yield 1
+
+    with pytest.raises(JobRegistrationError, match="async generator"):
+        job("tests.hostile_generator")(generates)
