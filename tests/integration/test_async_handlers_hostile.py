@@ -1,5 +1,5 @@
 """``async def`` handlers drained by a burst worker in this process, with what users hang on
-them: sync receivers of the job signals that use the ORM.
+them: sync receivers of the job signals that use the ORM, the sync ORM itself.
 
 ``transaction=True``: the worker's threads see only committed jobs.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from django_pgoutbox import enqueue, signals
+from django_pgoutbox import JobContext, enqueue, enqueue_many, job, signals
 from django_pgoutbox.models import Job, JobStatus
 from testproject.testjobs.models import SideEffect
 from tests.conftest import drain
@@ -22,7 +22,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def fast(settings: Any) -> Any:
-    settings.PGOUTBOX = {**settings.PGOUTBOX, "POLL_INTERVAL": 0.2}
+    settings.PGOUTBOX = {
+        **settings.PGOUTBOX,
+        "POLL_INTERVAL": 0.2,
+        "RETRY": {"BASE_DELAY": 0.05, "MAX_DELAY": 0.05, "JITTER": 0},
+    }
     return settings
 
 
@@ -94,3 +98,20 @@ def _write_task(event: str, task_result: Any) -> None:
         pid=os.getpid(),
         worker_thread=threading.current_thread().name,
     )
+
+
+def test_the_sync_orm_called_in_a_coroutine_is_its_failure(registry: None) -> None:
+    """Django refuses the sync ORM on the loop's thread: SynchronousOnlyOperation is the
+    attempt's failure, retried, then dead; the innocents beside it complete."""
+
+    @job("tests.async_sync_orm", max_attempts=2)
+    async def sync_orm(payload: dict[str, Any], ctx: JobContext) -> Any:
+        return SideEffect.objects.count()
+
+    bad = enqueue("tests.async_sync_orm", {})
+    innocents = enqueue_many([{"job_type": "tests.async_behave", "payload": {"sleep": 0.05}}] * 5)
+    drain()
+    bad.refresh_from_db()
+    assert (bad.status, bad.last_error_code) == (JobStatus.DEAD, "SynchronousOnlyOperation")
+    rows = Job.objects.filter(pk__in=[row.pk for row in innocents])
+    assert {row.status for row in rows} == {JobStatus.COMPLETED}

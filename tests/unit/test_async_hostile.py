@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from django_pgoutbox import JobContext, job
+from django_pgoutbox import JobContext, job, signals
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import JobRegistrationError
 from django_pgoutbox.models import JobStatus
@@ -213,3 +213,52 @@ def test_an_async_generator_is_refused_at_its_declaration(registry: None) -> Non
 
     with pytest.raises(JobRegistrationError, match="async generator"):
         job("tests.hostile_generator")(generates)
+
+
+def test_each_coroutines_span_is_current_in_it_alone(innocent: None, traces: Any) -> None:
+    """Coroutines interleaved on one loop: each sees its own attempt's span, the loop's own
+    callbacks none, and a job_finished receiver (run off the loop) the attempt's."""
+    from opentelemetry import trace
+
+    seen: dict[str, list[Any]] = {}
+
+    def current_job() -> Any:
+        span = trace.get_current_span()
+        attributes = getattr(span, "attributes", None) or {}
+        return attributes.get("messaging.message.id")
+
+    async def hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
+        mine = seen.setdefault(str(ctx.job_id), [])
+        for _ in range(5):
+            mine.append(current_job())
+            await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        outside: list[Any] = []
+        loop.call_soon(lambda: outside.append(current_job()))
+        await asyncio.sleep(0.01)
+        mine.append(("callback", outside[0]))
+        return None
+
+    def finished(sender: Any, job: Any, **kwargs: Any) -> None:
+        seen.setdefault(str(job.id), []).append(("receiver", current_job()))
+
+    job("tests.hostile")(hostile)
+    mailbox = Mailbox()
+    runner = AttemptRunner(
+        queue="default", policy=POLICY, using="default", mailbox=mailbox, renew=lambda key: None
+    )
+    coroutines = Coroutines("default", 10, runner.run_async, mailbox, lease_seconds=60)
+    signals.job_finished.connect(finished, dispatch_uid="test_async_hostile.span")
+    try:
+        outcomes = _ended(coroutines, mailbox, [_attempt("tests.hostile") for _ in range(4)])
+    finally:
+        signals.job_finished.disconnect(dispatch_uid="test_async_hostile.span")
+        coroutines.shutdown()
+    _all_completed(list(outcomes.values()))
+    assert len(traces.get_finished_spans()) == 4
+    for outcome in outcomes.values():
+        job_id = str(outcome.job.id)
+        values = seen[job_id]
+        assert values[:5] == [job_id] * 5
+        assert ("callback", job_id) in values  # call_soon copies the current context
+        assert ("receiver", job_id) in values
