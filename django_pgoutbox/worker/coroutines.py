@@ -72,12 +72,21 @@ def stall_after(lease_seconds: float) -> float:
     return max(MIN_STALL_AFTER, min(STALL_AFTER, lease_seconds / 3))
 
 
+async def _refuse_executor_shutdown(timeout: float | None = None) -> None:
+    raise RuntimeError(
+        "the queue's event loop keeps its default executor: the other coroutines use it too"
+    )
+
+
 class EventLoop:
     """One event loop thread and the coroutines on it (its own state, touched by it alone)."""
 
     def __init__(self, name: str, capacity: int, run: AttemptCoroutine, mailbox: Mailbox) -> None:
         self.name = name
         self.loop = asyncio.new_event_loop()
+        # Its default executor serves every coroutine of the queue (asyncio.to_thread): one that
+        # shut it down failed each later attempt's asyncio.to_thread for the loop's life.
+        self.loop.shutdown_default_executor = _refuse_executor_shutdown  # type: ignore[method-assign]
         self._capacity = capacity
         self._run = run
         self._post = mailbox.post
