@@ -108,6 +108,11 @@ class EventLoop:
     def start(self) -> None:
         self._thread.start()
 
+    def alive(self) -> bool:
+        """Whether its thread still runs (a loop left behind: whether a coroutine still
+        blocks it)."""
+        return self._thread.is_alive()
+
     def submit(self, attempts: list[Attempt]) -> None:
         self.loop.call_soon_threadsafe(self._admit, attempts)
 
@@ -256,6 +261,8 @@ class Coroutines:
         #: loop was last heard from (or first given work).
         self.on_loop: dict[tuple[int, int], Attempt] = {}
         self.heard = 0.0
+        #: The loops left behind whose thread was still running when last looked at.
+        self._left: list[EventLoop] = []
         self._pending: list[Attempt] = []
         self._numbers = itertools.count(1)
 
@@ -338,8 +345,15 @@ class Coroutines:
         )
         with contextlib.suppress(RuntimeError):
             self.loop.retire()  # should it ever answer again
+        self._left = [loop for loop in self._left if loop.alive()]
+        self._left.append(self.loop)
         self.loop, self.on_loop = None, {}
         return left
+
+    def left_behind(self) -> int:
+        """The loops left behind whose thread a coroutine still blocks: abandoned threads, as
+        a handler thread past its timeout is (``runworkers --max-abandoned-threads``)."""
+        return sum(loop.alive() for loop in self._left)
 
     def shutdown(self) -> None:
         if self.loop is not None:

@@ -17,6 +17,7 @@ messages, and the life of one job.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -683,4 +684,7 @@ class QueueRunner:
 
     def _snapshot(self) -> RunnerSnapshot:
         held, alone, lanes = self._suspects.held, self._suspects.alone, self._lanes
-        return self._state.snapshot(held, alone, lanes.turns, lanes.open, self._done)
+        snapshot = self._state.snapshot(held, alone, lanes.turns, lanes.open, self._done)
+        if left := self._coroutines.left_behind():  # a blocked loop's thread, abandoned
+            return dataclasses.replace(snapshot, abandoned=snapshot.abandoned + left)
+        return snapshot

@@ -66,3 +66,17 @@ def test_a_loop_left_behind_while_merely_slow_writes_nothing_late(start_worker: 
     assert worker.process.poll() is None
     after = _innocents(10)
     wait_for(lambda: _all(after, JobStatus.COMPLETED))
+
+
+def test_a_loop_left_behind_blocked_recycles_the_process(start_worker: Any) -> None:
+    """The thread of a loop that a coroutine blocks for good is an abandoned thread: with
+    ``--max-abandoned-threads 1`` the process recycles (its blocked thread gone), and goes on
+    with the innocents."""
+    blocker = enqueue("tests.async_hostile", {"kind": "block", "sleep": 0.1})
+    worker = start_worker("--queues", "default", "--max-abandoned-threads", "1", **QUICK)
+    wait_for(lambda: "recycled" in worker.output(), timeout=60)
+    assert "abandoned" in worker.output()
+    blocker.refresh_from_db()
+    assert worker.process.poll() is None
+    after = _innocents(10)
+    wait_for(lambda: _all(after, JobStatus.COMPLETED), timeout=60)
