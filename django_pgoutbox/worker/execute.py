@@ -260,7 +260,7 @@ async def _execute_async(
 ) -> Outcome:
     begun = begin(job, renew, cancel, using, report, hooks=False)
     definition = begun.definition
-    starts = bool(signals.job_started.receivers) or _hook(definition, "on_started")
+    starts = bool(signals.job_started.receivers) or _starts(definition)
     if begun.refused is not None:
         if starts:
             await _off_loop(partial(started_hooks, job, begun.sender, definition))
@@ -285,7 +285,11 @@ async def _execute_async(
 
 async def _finish_async(begun: Begun, outcome: Outcome) -> Outcome:
     """``finish()``, its hooks called off the loop (``_off_loop``)."""
-    if not (signals.job_finished.receivers or _hook(begun.definition, "on_finished")):
+    definition = begun.definition
+    if not (
+        signals.job_finished.receivers
+        or (definition is not None and definition.on_finished is not None)
+    ):
         return finish(begun, outcome)
     duration = time.perf_counter() - begun.started
     await _off_loop(partial(finished_hooks, begun, outcome, duration))
@@ -362,7 +366,10 @@ def begin(
     sender = definition if definition is not None else signals.NO_HANDLER
     # Sent only where a receiver is connected: with none, send_robust() alone cost a tenth of
     # a no-op job's time in the worker.
-    if hooks and (signals.job_started.receivers or _hook(definition, "on_started")):
+    if hooks and (
+        signals.job_started.receivers
+        or (definition is not None and definition.on_started is not None)
+    ):
         started_hooks(job, sender, definition)
     ctx = None
     if definition is None:
@@ -414,17 +421,20 @@ def finished_hooks(begun: Begun, outcome: Outcome, duration: float) -> None:
         )
 
 
-def _hook(definition: JobDefinition | None, name: str) -> bool:
-    return definition is not None and getattr(definition, name) is not None
+def _starts(definition: JobDefinition | None) -> bool:
+    return definition is not None and definition.on_started is not None
 
 
 def finish(begun: Begun, outcome: Outcome, *, hooks: bool = True) -> Outcome:
     """After the outcome is decided: the duration's metric, the finish's signal and hook
     (``hooks`` False: the caller's to call, ``finished_hooks``)."""
-    job = begun.job
+    job, definition = begun.job, begun.definition
     duration = time.perf_counter() - begun.started
     metrics.JOB_DURATION.observe_key((job.queue, job.job_type, outcome.status.value), duration)
-    if hooks and (signals.job_finished.receivers or _hook(begun.definition, "on_finished")):
+    if hooks and (
+        signals.job_finished.receivers
+        or (definition is not None and definition.on_finished is not None)
+    ):
         finished_hooks(begun, outcome, duration)
     if outcome.status == JobStatus.COMPLETED and logger.isEnabledFor(logging.DEBUG):
         logger.debug(
