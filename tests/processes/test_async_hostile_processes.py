@@ -80,3 +80,20 @@ def test_a_loop_left_behind_blocked_recycles_the_process(start_worker: Any) -> N
     assert worker.process.poll() is None
     after = _innocents(10)
     wait_for(lambda: _all(after, JobStatus.COMPLETED), timeout=60)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the async ORM of every coroutine runs in asgiref's one thread-sensitive thread, "
+    "which a coroutine holding it (sync_to_async of a blocking call) holds for all of them",
+)
+def test_a_coroutine_holding_the_thread_sensitive_thread(start_worker: Any) -> None:
+    """``await sync_to_async(time.sleep)(10)`` beside innocents that use the async ORM: the
+    innocents wait for it, though the loop itself is free."""
+    hog = enqueue("tests.async_hostile", {"kind": "sensitive_hog", "seconds": 10})
+    start_worker("--queues", "default", **QUICK)
+    wait_for(lambda: SideEffect.objects.filter(job_id=hog.pk, event="start").exists())
+    innocents = _innocents(5)
+    started = time.monotonic()
+    wait_for(lambda: _all(innocents, JobStatus.COMPLETED), timeout=30)
+    assert time.monotonic() - started < scaled(3)
