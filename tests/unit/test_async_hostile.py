@@ -259,3 +259,21 @@ def test_each_coroutines_span_is_current_in_it_alone(innocent: None, traces: Any
         assert values[:5] == [job_id] * 5
         assert ("callback", job_id) in values  # call_soon copies the current context
         assert ("receiver", job_id) in values
+
+
+def test_renew_lease_from_a_coroutine_waits_less_than_the_loop_may_go_unheard() -> None:
+    """``ctx.renew_lease()`` called in a coroutine waits on the loop's thread: an answer
+    slower than the loop may go unheard would leave the loop, and every coroutine on it,
+    behind. It gives up (TimeoutError) at half that; on a thread it waits the lease."""
+    from tests.unit.fakes import Harness
+
+    harness = Harness(lease_seconds=3.0)
+    assert harness.runner._coroutines.stall_after == 1.0
+
+    async def renew() -> None:
+        harness.runner.renew((claim_row().id, 1))
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        asyncio.run(renew())
+    assert time.monotonic() - started < 0.9
