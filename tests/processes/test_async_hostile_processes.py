@@ -97,3 +97,23 @@ def test_a_coroutine_holding_the_thread_sensitive_thread(start_worker: Any) -> N
     started = time.monotonic()
     wait_for(lambda: _all(innocents, JobStatus.COMPLETED), timeout=30)
     assert time.monotonic() - started < scaled(3)
+
+
+def test_max_jobs_recycles_with_coroutines_in_flight(start_worker: Any) -> None:
+    """``--max-jobs`` reached while coroutines run: they finish, the unstarted ones go back,
+    the process starts again and runs the rest; each job ends once, none runs twice."""
+    jobs = _innocents(120, sleep=0.3)
+    worker = start_worker(
+        "--queues",
+        "default",
+        "--max-jobs",
+        "30",
+        QUEUES={"default": {"ASYNC_CONCURRENCY": 40}},
+        **QUICK,
+    )
+    wait_for(lambda: _all(jobs, JobStatus.COMPLETED), timeout=90)
+    assert "recycled" in worker.output()
+    assert worker.process.poll() is None
+    ends = SideEffect.objects.filter(job_id__in=[job.pk for job in jobs], event="end")
+    assert ends.count() == 120
+    assert len(set(ends.values_list("job_id", flat=True))) == 120
