@@ -115,3 +115,20 @@ def test_the_sync_orm_called_in_a_coroutine_is_its_failure(registry: None) -> No
     assert (bad.status, bad.last_error_code) == (JobStatus.DEAD, "SynchronousOnlyOperation")
     rows = Job.objects.filter(pk__in=[row.pk for row in innocents])
     assert {row.status for row in rows} == {JobStatus.COMPLETED}
+
+
+def test_a_sequence_of_coroutines_runs_one_at_a_time_in_order() -> None:
+    """Jobs of one sequence whose handler is a coroutine: the loop has room for all of them
+    at once, yet each starts after the one before it ended."""
+    jobs = [
+        enqueue("tests.async_behave", {"sleep": 0.05, "n": n}, sequence="async-hostile")
+        for n in range(6)
+    ]
+    drain()
+    rows = Job.objects.filter(pk__in=[row.pk for row in jobs])
+    assert {row.status for row in rows} == {JobStatus.COMPLETED}
+    effects = list(
+        SideEffect.objects.filter(job_id__in=[row.pk for row in jobs]).order_by("at", "pk")
+    )
+    order = [(effect.job_id, effect.event) for effect in effects]
+    assert order == [(row.pk, event) for row in jobs for event in ("start", "end")]
