@@ -260,7 +260,9 @@ async def _execute_async(
 ) -> Outcome:
     begun = begin(job, renew, cancel, using, report, hooks=False)
     definition = begun.definition
-    starts = bool(signals.job_started.receivers) or _starts(definition)
+    starts = bool(signals.job_started.receivers) or _off_loop_hook(definition, "on_started")
+    if not starts and definition is not None and definition.on_started is not None:
+        started_hooks(job, begun.sender, definition)  # safe on the loop, as the hook says
     if begun.refused is not None:
         if starts:
             await _off_loop(partial(started_hooks, job, begun.sender, definition))
@@ -285,12 +287,8 @@ async def _execute_async(
 
 async def _finish_async(begun: Begun, outcome: Outcome) -> Outcome:
     """``finish()``, its hooks called off the loop (``_off_loop``)."""
-    definition = begun.definition
-    if not (
-        signals.job_finished.receivers
-        or (definition is not None and definition.on_finished is not None)
-    ):
-        return finish(begun, outcome)
+    if not (signals.job_finished.receivers or _off_loop_hook(begun.definition, "on_finished")):
+        return finish(begun, outcome)  # its hook, if any, safe on the loop as it says
     duration = time.perf_counter() - begun.started
     await _off_loop(partial(finished_hooks, begun, outcome, duration))
     return finish(begun, outcome, hooks=False)
@@ -421,8 +419,11 @@ def finished_hooks(begun: Begun, outcome: Outcome, duration: float) -> None:
         )
 
 
-def _starts(definition: JobDefinition | None) -> bool:
-    return definition is not None and definition.on_started is not None
+def _off_loop_hook(definition: JobDefinition | None, hook: str) -> bool:
+    """Whether the definition's ``hook`` is to be called off the event loop now."""
+    if definition is None or getattr(definition, hook) is None:
+        return False
+    return definition.hooks_off_loop is None or definition.hooks_off_loop()
 
 
 def finish(begun: Begun, outcome: Outcome, *, hooks: bool = True) -> Outcome:

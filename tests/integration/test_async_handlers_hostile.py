@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 
 from django_pgoutbox import JobContext, enqueue, enqueue_many, job, signals
 from django_pgoutbox.models import Job, JobStatus
@@ -132,3 +133,28 @@ def test_a_sequence_of_coroutines_runs_one_at_a_time_in_order() -> None:
     )
     order = [(effect.job_id, effect.event) for effect in effects]
     assert order == [(row.pk, event) for row in jobs for event in ("start", "end")]
+
+
+def test_an_async_task_with_djangos_receivers_alone_stays_on_the_loop(
+    monkeypatch: Any, caplog: Any
+) -> None:
+    """Django's own receivers of its task signals (log lines, always connected) run on the
+    loop's thread as they are: no call in another thread per attempt for them alone."""
+    from django_pgoutbox.worker import execute
+    from testproject.testjobs import tasks
+
+    calls: list[Any] = []
+    real = sync_to_async
+
+    def counting(func: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(func)
+        return real(func, *args, **kwargs)
+
+    monkeypatch.setattr(execute, "sync_to_async", counting)
+    caplog.set_level("DEBUG")
+    results = [tasks.async_double.enqueue(n) for n in range(5)]
+    drain(queues=["default", "reports"])
+    assert [tasks.async_double.get_result(r.id).return_value for r in results] == [0, 2, 4, 6, 8]
+    assert calls == []
+    own = [r for r in caplog.records if r.name.startswith(("django.tasks", "django_tasks"))]
+    assert len(own) >= 10  # Django's log lines still: started and finished, each task
