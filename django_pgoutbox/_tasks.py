@@ -22,13 +22,21 @@ if TYPE_CHECKING:
     task_enqueued: Any
     task_finished: Any
     task_started: Any
+    log_task_finished: Any
+    log_task_started: Any
 else:
     try:
         from django.tasks import task
         from django.tasks.backends.base import BaseTaskBackend
         from django.tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
         from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-        from django.tasks.signals import task_enqueued, task_finished, task_started
+        from django.tasks.signals import (
+            log_task_finished,
+            log_task_started,
+            task_enqueued,
+            task_finished,
+            task_started,
+        )
         from django.utils.json import normalize_json
     except ImportError:  # Django 5.2
         from django_tasks import task
@@ -36,7 +44,13 @@ else:
         from django_tasks.base import Task, TaskContext, TaskError, TaskResult, TaskResultStatus
         from django_tasks.exceptions import InvalidTaskError as InvalidTask
         from django_tasks.exceptions import TaskResultDoesNotExist
-        from django_tasks.signals import task_enqueued, task_finished, task_started
+        from django_tasks.signals import (
+            log_task_finished,
+            log_task_started,
+            task_enqueued,
+            task_finished,
+            task_started,
+        )
         from django_tasks.utils import normalize_json
 
 __all__ = [
@@ -48,6 +62,8 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "log_task_finished",
+    "log_task_started",
     "normalize_json",
     "task",
     "task_enqueued",

@@ -34,6 +34,8 @@ from django_pgoutbox._tasks import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    log_task_finished,
+    log_task_started,
     normalize_json,
     task_enqueued,
     task_finished,
@@ -267,7 +269,21 @@ def task_definition(job_type: str, payload: dict[str, Any]) -> JobDefinition | N
     definition.error_details = _error_details
     definition.on_started = _on_job_started
     definition.on_finished = _on_job_finished
+    definition.hooks_off_loop = _task_signals_beyond_logging
     return definition
+
+
+def _task_signals_beyond_logging() -> bool:
+    """Whether Django's task signals have receivers other than Django's own, which only log
+    (always connected): those run on an event loop's thread as they are, the others off it."""
+    own = _OWN_RECEIVERS
+    return any(
+        entry[0][0] not in own for entry in (*task_started.receivers, *task_finished.receivers)
+    )
+
+
+#: The lookup ids of Django's own receivers of its task signals (its log lines).
+_OWN_RECEIVERS = frozenset({id(log_task_started), id(log_task_finished)})
 
 
 def _running_result(ctx: JobContext, task: Task, payload: dict[str, Any]) -> TaskResult:

@@ -27,6 +27,19 @@ Payload: TypeAlias = dict[str, Any]
 Handler: TypeAlias = Callable[[Payload, JobContext], Any]
 
 
+def is_async_handler(func: Callable[..., Any]) -> bool:
+    """An ``async def`` function, or an object whose ``__call__`` is one (a class instance):
+    each call makes a coroutine, to await on the queue's event loop."""
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(_call_method(func))
+
+
+def _call_method(func: Callable[..., Any]) -> Any:
+    """The ``__call__`` of an instance of a class (None for a function, a class, a partial)."""
+    if inspect.isroutine(func) or inspect.isclass(func) or isinstance(func, functools.partial):
+        return None
+    return type(func).__call__ if callable(func) else None
+
+
 class JobDefinition:
     """A registered handler with its defaults; calling it runs the handler in-process."""
 
@@ -55,7 +68,7 @@ class JobDefinition:
         self.isolation = isolation
         #: An ``async def`` handler: its attempts run as coroutines on the queue's event loop
         #: (``worker.coroutines``), not on a handler thread.
-        self.on_loop = inspect.iscoroutinefunction(func) and isolation == "thread"
+        self.on_loop = is_async_handler(func) and isolation == "thread"
         #: What ``@job`` said of uniqueness (``unique``, ``on_conflict``, ``debounce``,
         #: ``throttle``), checked; each enqueue of the type applies it unless it overrides it.
         self.unique = unique
@@ -71,6 +84,10 @@ class JobDefinition:
         #: that every job of every type would go through.
         self.on_started: Callable[..., None] | None = None
         self.on_finished: Callable[..., None] | None = None
+        #: Optional: whether those hooks must run off the event loop now, for a coroutine's
+        #: attempt (None: always). False lets them run on the loop's thread, where they neither
+        #: block nor use the ORM, without the thread hop (``execute._off_loop``) each costs.
+        self.hooks_off_loop: Callable[[], bool] | None = None
         self.__doc__ = func.__doc__
         self.__name__ = getattr(func, "__name__", name)
         self.__module__ = func.__module__
@@ -340,7 +357,12 @@ def _register(func: Handler, name: str | None, options: _Options) -> JobDefiniti
         raise JobRegistrationError(
             f"@job {job_name!r}: isolation must be 'thread' or 'process', not {options.isolation!r}"
         )
-    if options.isolation == "process" and inspect.iscoroutinefunction(func):
+    if inspect.isasyncgenfunction(func) or inspect.isasyncgenfunction(_call_method(func)):
+        raise JobRegistrationError(
+            f"@job {job_name!r}: an async generator (async def with yield) returns no result "
+            "when awaited: every attempt would end dead (invalid_result); return a value instead"
+        )
+    if options.isolation == "process" and is_async_handler(func):
         raise JobRegistrationError(
             f"@job {job_name!r}: isolation='process' runs a plain function in a child process; "
             "an async def handler runs on the queue's event loop: drop isolation='process', or "

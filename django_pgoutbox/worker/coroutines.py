@@ -32,7 +32,7 @@ from django.db import close_old_connections, connections
 
 from django_pgoutbox.registry import get_job
 from django_pgoutbox.worker.attempt import Attempt
-from django_pgoutbox.worker.execute import Outcome
+from django_pgoutbox.worker.execute import TIMEOUT_CANCEL, Outcome
 from django_pgoutbox.worker.handlers import cancelled_unstarted
 from django_pgoutbox.worker.mailbox import BEAT, ENDED, RETURNED, Mailbox
 
@@ -72,12 +72,21 @@ def stall_after(lease_seconds: float) -> float:
     return max(MIN_STALL_AFTER, min(STALL_AFTER, lease_seconds / 3))
 
 
+async def _refuse_executor_shutdown(timeout: float | None = None) -> None:
+    raise RuntimeError(
+        "the queue's event loop keeps its default executor: the other coroutines use it too"
+    )
+
+
 class EventLoop:
     """One event loop thread and the coroutines on it (its own state, touched by it alone)."""
 
     def __init__(self, name: str, capacity: int, run: AttemptCoroutine, mailbox: Mailbox) -> None:
         self.name = name
         self.loop = asyncio.new_event_loop()
+        # Its default executor serves every coroutine of the queue (asyncio.to_thread): one that
+        # shut it down failed each later attempt's asyncio.to_thread for the loop's life.
+        self.loop.shutdown_default_executor = _refuse_executor_shutdown  # type: ignore[method-assign]
         self._capacity = capacity
         self._run = run
         self._post = mailbox.post
@@ -98,6 +107,11 @@ class EventLoop:
 
     def start(self) -> None:
         self._thread.start()
+
+    def alive(self) -> bool:
+        """Whether its thread still runs (a loop left behind: whether a coroutine still
+        blocks it)."""
+        return self._thread.is_alive()
 
     def submit(self, attempts: list[Attempt]) -> None:
         self.loop.call_soon_threadsafe(self._admit, attempts)
@@ -125,7 +139,9 @@ class EventLoop:
             except BaseException:  # a callback of a handler's raised SystemExit or the like
                 logger.exception("%s: the event loop raised; it goes on", self.name)
         try:
-            self.loop.run_until_complete(asyncio.sleep(0))  # the cancellations delivered
+            self.loop.run_until_complete(
+                asyncio.Task(asyncio.sleep(0), loop=self.loop)
+            )  # cancelled
             self.loop.close()
         except BaseException:
             logger.exception("%s: closing the event loop failed", self.name)
@@ -140,7 +156,9 @@ class EventLoop:
         waiting, tasks = self._waiting, self._tasks
         while waiting and self._counted < self._capacity:
             attempt = waiting.popleft()
-            task = self.loop.create_task(self._run(attempt))
+            # A Task of its own, not ``loop.create_task``: a task factory a handler set on the
+            # loop (one that raises, an eager one) never decides how the next attempts start.
+            task = asyncio.Task(self._run(attempt), loop=self.loop)
             tasks[task] = attempt
             self._counted += 1
             task.add_done_callback(self._done)
@@ -168,7 +186,7 @@ class EventLoop:
                 if task not in self._timed_out:
                     self._timed_out.add(task)
                     self._counted -= 1
-                    task.cancel()
+                    task.cancel(TIMEOUT_CANCEL)
                 break
         self._fill()
 
@@ -182,7 +200,7 @@ class EventLoop:
         self._waiting.clear()
         for task in self._tasks:
             task.cancel()
-        self.loop.create_task(self._close_and_stop())
+        asyncio.Task(self._close_and_stop(), loop=self.loop)
 
     async def _close_and_stop(self) -> None:
         """Close the connections the async ORM opened in asgiref's thread (a second at most:
@@ -204,7 +222,7 @@ class EventLoop:
             # The async ORM runs in asgiref's one thread-sensitive thread, not this one: its
             # connection is looked at there, once a beat rather than after each attempt.
             self._ended_since_close = False
-            self._closing = self.loop.create_task(self._close_old_connections())
+            self._closing = asyncio.Task(self._close_old_connections(), loop=self.loop)
         if not (self._tasks or self._waiting):
             return
         self._post((BEAT, self), urgent=False)
@@ -243,6 +261,8 @@ class Coroutines:
         #: loop was last heard from (or first given work).
         self.on_loop: dict[tuple[int, int], Attempt] = {}
         self.heard = 0.0
+        #: The loops left behind whose thread was still running when last looked at.
+        self._left: list[EventLoop] = []
         self._pending: list[Attempt] = []
         self._numbers = itertools.count(1)
 
@@ -325,8 +345,15 @@ class Coroutines:
         )
         with contextlib.suppress(RuntimeError):
             self.loop.retire()  # should it ever answer again
+        self._left = [loop for loop in self._left if loop.alive()]
+        self._left.append(self.loop)
         self.loop, self.on_loop = None, {}
         return left
+
+    def left_behind(self) -> int:
+        """The loops left behind whose thread a coroutine still blocks: abandoned threads, as
+        a handler thread past its timeout is (``runworkers --max-abandoned-threads``)."""
+        return sum(loop.alive() for loop in self._left)
 
     def shutdown(self) -> None:
         if self.loop is not None:

@@ -17,7 +17,7 @@ from functools import partial
 from types import CoroutineType
 from typing import Any, TypeVar
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.db import close_old_connections
 from django.db.backends.signals import connection_created
 from django.dispatch import receiver
@@ -258,22 +258,57 @@ async def _execute_async(
     using: str,
     report: Callable[[ProgressNote], None] | None,
 ) -> Outcome:
-    begun = begin(job, renew, cancel, using, report)
+    begun = begin(job, renew, cancel, using, report, hooks=False)
+    definition = begun.definition
+    starts = bool(signals.job_started.receivers) or _off_loop_hook(definition, "on_started")
+    if not starts and definition is not None and definition.on_started is not None:
+        started_hooks(job, begun.sender, definition)  # safe on the loop, as the hook says
     if begun.refused is not None:
-        return finish(begun, begun.refused)
-    assert begun.definition is not None
+        if starts:
+            await _off_loop(partial(started_hooks, job, begun.sender, definition))
+        return await _finish_async(begun, begun.refused)
+    assert definition is not None
     assert begun.ctx is not None
     returned: Any = None
     error: BaseException | None = None
     try:
-        returned = await begun.definition(job.payload, begun.ctx)
+        if starts:
+            await _off_loop(partial(started_hooks, job, begun.sender, definition), reraise=True)
+        returned = await definition(job.payload, begun.ctx)
     except BaseException as raised:
         error = raised
     if isinstance(error, asyncio.CancelledError) or (
         error is None and _cancel_requested(begun.ctx)
     ):
-        error = _cancellation(begun.ctx, job)
-    return finish(begun, settle(begun, returned, error, policy, close_connections=False))
+        error = _cancellation(begun.ctx, job, error)
+    outcome = settle(begun, returned, error, policy, close_connections=False)
+    return await _finish_async(begun, outcome)
+
+
+async def _finish_async(begun: Begun, outcome: Outcome) -> Outcome:
+    """``finish()``, its hooks called off the loop (``_off_loop``)."""
+    if not (signals.job_finished.receivers or _off_loop_hook(begun.definition, "on_finished")):
+        return finish(begun, outcome)  # its hook, if any, safe on the loop as it says
+    duration = time.perf_counter() - begun.started
+    await _off_loop(partial(finished_hooks, begun, outcome, duration))
+    return finish(begun, outcome, hooks=False)
+
+
+async def _off_loop(hooks: Callable[[], None], *, reraise: bool = False) -> None:
+    """Call the job signals' receivers and the definition's hooks, plain functions as for a
+    thread's attempt, where Django runs sync code that a coroutine calls (``sync_to_async``,
+    thread-sensitive): on the loop's thread the ORM in them raised SynchronousOnlyOperation.
+    They run to their end even if the coroutine is cancelled meanwhile; that cancellation is
+    raised after them if ``reraise``, else dropped (the outcome is decided)."""
+    call = asyncio.Task(sync_to_async(hooks)())
+    cancelled: asyncio.CancelledError | None = None
+    while not call.done():
+        try:
+            await asyncio.shield(call)
+        except asyncio.CancelledError as error:
+            cancelled = error
+    if cancelled is not None and reraise:
+        raise cancelled
 
 
 def _cancel_requested(ctx: JobContext) -> bool:
@@ -283,12 +318,23 @@ def _cancel_requested(ctx: JobContext) -> bool:
     return ctx.cancelled and task is not None and task.cancelling() > 0
 
 
-def _cancellation(ctx: JobContext, job: ClaimedJob) -> BaseException:
+def _cancellation(ctx: JobContext, job: ClaimedJob, error: BaseException | None) -> BaseException:
     """The error of a cancelled coroutine: ``Cancelled`` when the job's cancellation was
-    requested, else the timeout's (the coordinator has written that outcome already)."""
+    requested, the timeout's when the event loop cancelled it at its timeout (the coordinator
+    has written that outcome already), else the ``CancelledError`` itself: the coroutine
+    cancelled itself, or awaited a task cancelled by someone else, and failed with it."""
     if ctx.cancelled:
         return Cancelled(f"job {job.id} was cancelled while it ran; its coroutine was cancelled")
-    return JobTimeout(f"attempt {job.attempt} ran past its timeout; its coroutine was cancelled")
+    if error is None or TIMEOUT_CANCEL in error.args:
+        return JobTimeout(
+            f"attempt {job.attempt} ran past its timeout; its coroutine was cancelled"
+        )
+    return error
+
+
+#: The message of the event loop's cancellation of a coroutine at its timeout
+#: (``coroutines.EventLoop``): any other ``CancelledError`` is the handler's own failure.
+TIMEOUT_CANCEL = "pgoutbox: the attempt ran past its timeout"
 
 
 def _worker_failed(job: ClaimedJob, error: BaseException, policy: RetrySettings) -> Outcome:
@@ -308,17 +354,21 @@ def begin(
     cancel: CancelFlag | None,
     using: str,
     report: Callable[[ProgressNote], None] | None,
+    *,
+    hooks: bool = True,
 ) -> Begun:
-    """Before the handler: its definition, the start's metrics, signal and hook, its context."""
+    """Before the handler: its definition, the start's metrics, signal and hook (``hooks``
+    False: the caller's to call, ``started_hooks``), its context."""
     definition, refused = _definition(job)
     metrics.JOB_START_DELAY.observe_key((job.queue,), max(job.waited, 0.0))
     sender = definition if definition is not None else signals.NO_HANDLER
     # Sent only where a receiver is connected: with none, send_robust() alone cost a tenth of
     # a no-op job's time in the worker.
-    if signals.job_started.receivers:
-        _call_hook(signals.job_started.send_robust, sender=sender, job=job)
-    if definition is not None and definition.on_started is not None:
-        _call_hook(definition.on_started, job=job)
+    if hooks and (
+        signals.job_started.receivers
+        or (definition is not None and definition.on_started is not None)
+    ):
+        started_hooks(job, sender, definition)
     ctx = None
     if definition is None:
         refused = refused or _unknown_job_type(job)
@@ -339,15 +389,21 @@ def begin(
     return Begun(job, definition, sender, refused, ctx)
 
 
-def finish(begun: Begun, outcome: Outcome) -> Outcome:
-    """After the outcome is decided: the duration's metric, the finish's signal and hook."""
-    job, definition, sender = begun.job, begun.definition, begun.sender
-    duration = time.perf_counter() - begun.started
-    metrics.JOB_DURATION.observe_key((job.queue, job.job_type, outcome.status.value), duration)
+def started_hooks(job: ClaimedJob, sender: Any, definition: JobDefinition | None) -> None:
+    """``job_started``'s receivers and the definition's ``on_started``."""
+    if signals.job_started.receivers:
+        _call_hook(signals.job_started.send_robust, sender=sender, job=job)
+    if definition is not None and definition.on_started is not None:
+        _call_hook(definition.on_started, job=job)
+
+
+def finished_hooks(begun: Begun, outcome: Outcome, duration: float) -> None:
+    """``job_finished``'s receivers and the definition's ``on_finished``."""
+    job, definition = begun.job, begun.definition
     if signals.job_finished.receivers:
         _call_hook(
             signals.job_finished.send_robust,
-            sender=sender,
+            sender=begun.sender,
             job=job,
             outcome=outcome.status.value,
             duration=duration,
@@ -361,6 +417,26 @@ def finish(begun: Begun, outcome: Outcome) -> Outcome:
             duration=duration,
             detail=outcome,
         )
+
+
+def _off_loop_hook(definition: JobDefinition | None, hook: str) -> bool:
+    """Whether the definition's ``hook`` is to be called off the event loop now."""
+    if definition is None or getattr(definition, hook) is None:
+        return False
+    return definition.hooks_off_loop is None or definition.hooks_off_loop()
+
+
+def finish(begun: Begun, outcome: Outcome, *, hooks: bool = True) -> Outcome:
+    """After the outcome is decided: the duration's metric, the finish's signal and hook
+    (``hooks`` False: the caller's to call, ``finished_hooks``)."""
+    job, definition = begun.job, begun.definition
+    duration = time.perf_counter() - begun.started
+    metrics.JOB_DURATION.observe_key((job.queue, job.job_type, outcome.status.value), duration)
+    if hooks and (
+        signals.job_finished.receivers
+        or (definition is not None and definition.on_finished is not None)
+    ):
+        finished_hooks(begun, outcome, duration)
     if outcome.status == JobStatus.COMPLETED and logger.isEnabledFor(logging.DEBUG):
         logger.debug(
             "job %s (%s) attempt %d completed in %.3fs",

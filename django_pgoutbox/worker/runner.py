@@ -17,6 +17,8 @@ messages, and the life of one job.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import itertools
 import json
 import logging
@@ -60,6 +62,15 @@ from django_pgoutbox.worker.timeouts import timed_out
 
 __all__ = ["AloneGate", "QueueRunner", "RunnerSnapshot"]
 logger = logging.getLogger("django_pgoutbox.worker")
+
+
+def _on_event_loop() -> bool:
+    """Whether this thread runs an event loop (``ctx.renew_lease()`` called in a coroutine)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class QueueRunner:
@@ -182,7 +193,10 @@ class QueueRunner:
         """Renew one attempt's lease now (``ctx.renew_lease()``); raise ``LeaseLost`` if gone."""
         request = RenewalRequest(key, threading.Event())
         self._mailbox.post((mailbox.RENEW, request))
-        if not request.done.wait(timeout=self.lease_seconds):
+        wait = self.lease_seconds
+        if _on_event_loop():  # a coroutine's: its loop must not go unheard while it waits
+            wait = min(wait, self._coroutines.stall_after / 2)
+        if not request.done.wait(timeout=wait):
             raise TimeoutError(f"the lease of job {key[0]} could not be renewed in time")
         if not request.held:
             raise LeaseLost(f"the lease of job {key[0]} was lost; its outcome will be discarded")
@@ -683,4 +697,7 @@ class QueueRunner:
 
     def _snapshot(self) -> RunnerSnapshot:
         held, alone, lanes = self._suspects.held, self._suspects.alone, self._lanes
-        return self._state.snapshot(held, alone, lanes.turns, lanes.open, self._done)
+        snapshot = self._state.snapshot(held, alone, lanes.turns, lanes.open, self._done)
+        if left := self._coroutines.left_behind():  # a blocked loop's thread, abandoned
+            return dataclasses.replace(snapshot, abandoned=snapshot.abandoned + left)
+        return snapshot

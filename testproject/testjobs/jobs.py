@@ -632,4 +632,12 @@ async def async_hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
     if kind == "block":
         time.sleep(payload.get("seconds", 1000))
         return None
+    if kind == "pool_hog":  # a thread of the loop's default executor, held
+        await _arecord(ctx, "start")
+        await asyncio.to_thread(time.sleep, payload.get("seconds", 1000))
+        return None
+    if kind == "sensitive_hog":  # asgiref's one thread-sensitive thread, held
+        await _arecord(ctx, "start")
+        await sync_to_async(time.sleep)(payload.get("seconds", 1000))
+        return None
     raise AssertionError(kind)

@@ -151,3 +151,29 @@ def test_the_claims_count_the_coroutine_slots_from_the_first_async_attempt() -> 
         time.sleep(0.01)
         harness.step()
     harness.runner._coroutines.shutdown()
+
+
+def test_a_loop_left_behind_counts_as_an_abandoned_thread_while_blocked() -> None:
+    """``runworkers --max-abandoned-threads`` counts a loop left behind while a coroutine still
+    blocks its thread (a blocker on every attempt leaks one each time), and no longer once
+    the thread ended."""
+    release = threading.Event()
+
+    async def run(attempt: Attempt) -> Outcome:
+        release.wait(10)  # holds the loop's thread
+        return Outcome.completed(attempt.bare_job())
+
+    mailbox = Mailbox()
+    coroutines = Coroutines("default", 10, run, mailbox, lease_seconds=1)
+    started = time.monotonic()
+    coroutines.submit(Attempt(claim_row()), started)
+    coroutines.flush()
+    assert coroutines.left_behind() == 0
+    assert len(coroutines.stalled(started + 1.0)) == 1
+    assert coroutines.left_behind() == 1
+    release.set()
+    deadline = time.monotonic() + 5
+    while coroutines.left_behind():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    coroutines.shutdown()

@@ -4,6 +4,8 @@ steps around the call as a plain handler, and every path ends in an outcome."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -12,7 +14,7 @@ from django_pgoutbox import JobContext, Snooze, job, signals
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import JobRegistrationError
 from django_pgoutbox.models import JobStatus
-from django_pgoutbox.worker.execute import Outcome, execute, execute_async
+from django_pgoutbox.worker.execute import TIMEOUT_CANCEL, Outcome, execute, execute_async
 from tests.conftest import claimed_job
 
 POLICY = RetrySettings(base_delay=1.0, max_delay=600.0, jitter=0.0, unknown_error_retries=3)
@@ -57,7 +59,9 @@ def run(job_type: str) -> Outcome:
     return execute(claimed_job(job_type, payload={"n": 1}), policy=POLICY, renew=lambda: None)
 
 
-def run_async(job_type: str, *, cancel_after: float | None = None, flag: bool = False) -> Outcome:
+def run_async(
+    job_type: str, *, cancel_after: float | None = None, flag: bool = False, message: str = ""
+) -> Outcome:
     from django_pgoutbox.context import CancelFlag
 
     cancel = CancelFlag()
@@ -75,7 +79,7 @@ def run_async(job_type: str, *, cancel_after: float | None = None, flag: bool = 
             await asyncio.sleep(cancel_after)
             if flag:
                 cancel.set()
-            task.cancel()
+            task.cancel(message or None)
         return await task
 
     return asyncio.run(main())
@@ -129,8 +133,40 @@ class TestOnALoop:
         assert (outcome.status, outcome.code) == (JobStatus.CANCELLED, "cancelled")
 
     def test_a_timeout_cancellation_is_the_timeouts(self, coroutines: None) -> None:
-        outcome = run_async("tests.unit_async_waits", cancel_after=0.01)
+        outcome = run_async("tests.unit_async_waits", cancel_after=0.01, message=TIMEOUT_CANCEL)
         assert outcome.code == "timeout"
+
+    def test_another_cancellation_is_the_handlers_failure(self, coroutines: None) -> None:
+        outcome = run_async("tests.unit_async_waits", cancel_after=0.01)
+        assert (outcome.status, outcome.code) == (JobStatus.RETRYING, "CancelledError")
+
+    def test_receivers_run_off_the_loop_and_a_cancellation_meanwhile(
+        self, coroutines: None
+    ) -> None:
+        """Plain receivers run where Django runs sync code for a coroutine (not on the loop's
+        thread); a cancellation while ``job_finished``'s run leaves the decided outcome, one
+        while ``job_started``'s run is the attempt's, its handler not called."""
+        threads: list[str] = []
+
+        def slow(**kwargs: Any) -> None:
+            threads.append(threading.current_thread().name)
+            time.sleep(0.2)
+
+        signals.job_finished.connect(slow, dispatch_uid="test_execute_async.slow")
+        try:
+            outcome = run_async("tests.unit_async_returns", cancel_after=0.05, flag=True)
+        finally:
+            signals.job_finished.disconnect(dispatch_uid="test_execute_async.slow")
+        assert outcome.status == JobStatus.COMPLETED
+        assert threads
+        assert threads[0] != threading.current_thread().name
+        signals.job_started.connect(slow, dispatch_uid="test_execute_async.slow")
+        try:
+            outcome = run_async("tests.unit_async_returns", cancel_after=0.05, flag=True)
+        finally:
+            signals.job_started.disconnect(dispatch_uid="test_execute_async.slow")
+        assert (outcome.status, outcome.code) == (JobStatus.CANCELLED, "cancelled")
+        assert outcome.result_json is None
 
     def test_system_exit_is_an_outcome(self, coroutines: None) -> None:
         outcome = run_async("tests.unit_async_exits")
