@@ -208,7 +208,12 @@ def execute(
             # partial, not a lambda: a closure would make every argument a cell, at every call
             attempt = partial(_execute, job, policy, renew, cancel, using, report, on_error)
             return tracing.traced_attempt(job, attempt)
-        return _execute(job, policy, renew, cancel, using, report, on_error)
+        # _execute()'s steps inline: one call fewer on every untraced attempt
+        begun = begin(job, renew, cancel, using, report)
+        if begun.refused is not None:
+            return finish(begun, begun.refused)
+        returned, error = _call(begun)
+        return finish(begun, settle(begun, returned, error, policy, True, on_error))
     except BaseException as error:  # a bug of this module: the guards below catch the rest
         return _worker_failed(job, error, policy)
 
@@ -226,7 +231,7 @@ def _execute(
     if begun.refused is not None:
         return finish(begun, begun.refused)
     returned, error = _call(begun)
-    return finish(begun, settle(begun, returned, error, policy, on_error=on_error))
+    return finish(begun, settle(begun, returned, error, policy, True, on_error))
 
 
 async def execute_async(
@@ -614,7 +619,6 @@ def settle(
     returned: Any,
     error: BaseException | None,
     policy: RetrySettings,
-    *,
     close_connections: bool = True,
     on_error: Callable[[BaseException], None] | None = None,
 ) -> Outcome:
