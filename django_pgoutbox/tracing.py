@@ -398,13 +398,9 @@ def _end_attempt(
     trace, otel_context = _otel()
     timed_out = timeout is not None and time.monotonic() - started >= timeout
 
-    try:
+    with _guarded("detaching an attempt's context"):
         otel_context.detach(token)
-    except BaseException as raised:
-        if not _tolerated(raised):
-            raise
-        _warn_once("detaching an attempt's context")
-    try:
+    with _guarded("setting an attempt's outcome on its span"):
         if outcome is None:
             span.set_attribute("pgoutbox.job.outcome", "worker_error")
             span.set_status(trace.StatusCode.ERROR, "the worker failed around this attempt")
@@ -418,16 +414,25 @@ def _end_attempt(
             elif timed_out:
                 span.set_attribute("error.type", "timeout")
                 span.set_status(trace.StatusCode.ERROR, "the attempt ran past its timeout")
-    except BaseException as raised:
-        if not _tolerated(raised):
-            raise
-        _warn_once("setting an attempt's outcome on its span")
+    _end(span)
+
+
+@contextmanager
+def _guarded(what: str) -> Iterator[None]:
+    """The block, whose failure (what ``_tolerated`` swallows) is logged once as ``what``
+    failing, and goes no further."""
     try:
-        span.end()
+        yield
     except BaseException as raised:
         if not _tolerated(raised):
             raise
-        _warn_once("ending a span (its processor or exporter)")
+        _warn_once(what)
+
+
+def _end(span: Any) -> None:
+    """End ``span``; its processor or exporter failing fails nothing."""
+    with _guarded("ending a span (its processor or exporter)"):
+        span.end()
 
 
 def record_failure(error: BaseException) -> None:
@@ -491,26 +496,13 @@ def traced_event(event: Any, subscriber: str) -> Iterator[None]:
         yield
     except BaseException as error:
         record_failure(error)
-        try:
+        with _guarded("setting an event's status on its span"):
             span.set_status(trace.StatusCode.ERROR, type(error).__qualname__)
-        except BaseException as raised:
-            if not _tolerated(raised):
-                raise
-            _warn_once("setting an event's status on its span")
         raise
     finally:
-        try:
+        with _guarded("detaching an event's context"):
             otel_context.detach(token)
-        except BaseException as raised:
-            if not _tolerated(raised):
-                raise
-            _warn_once("detaching an event's context")
-        try:
-            span.end()
-        except BaseException as raised:
-            if not _tolerated(raised):
-                raise
-            _warn_once("ending a span (its processor or exporter)")
+        _end(span)
 
 
 @cache
