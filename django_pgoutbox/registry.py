@@ -86,7 +86,7 @@ class JobDefinition:
         self.on_finished: Callable[..., None] | None = None
         #: Optional: whether those hooks must run off the event loop now, for a coroutine's
         #: attempt (None: always). False lets them run on the loop's thread, where they neither
-        #: block nor use the ORM, without the thread hop (``execute._off_loop``) each costs.
+        #: block nor use the ORM, without the thread hop (``execute_async._off_loop``) each costs.
         self.hooks_off_loop: Callable[[], bool] | None = None
         self.__doc__ = func.__doc__
         self.__name__ = getattr(func, "__name__", name)

@@ -32,7 +32,8 @@ from django.db import close_old_connections, connections
 
 from django_pgoutbox.registry import get_job
 from django_pgoutbox.worker.attempt import Attempt
-from django_pgoutbox.worker.execute import TIMEOUT_CANCEL, Outcome
+from django_pgoutbox.worker.execute import Outcome
+from django_pgoutbox.worker.execute_async import TIMEOUT_CANCEL
 from django_pgoutbox.worker.handlers import cancelled_unstarted
 from django_pgoutbox.worker.mailbox import BEAT, ENDED, RETURNED, Mailbox
 

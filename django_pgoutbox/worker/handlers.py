@@ -21,7 +21,8 @@ from django_pgoutbox.models import JobStatus
 from django_pgoutbox.registry import get_job
 from django_pgoutbox.retry import Kind, bound, summarize
 from django_pgoutbox.worker.attempt import Attempt, Key
-from django_pgoutbox.worker.execute import ClaimedJob, Outcome, execute, execute_async
+from django_pgoutbox.worker.execute import ClaimedJob, Outcome, execute
+from django_pgoutbox.worker.execute_async import execute_async
 from django_pgoutbox.worker.mailbox import FINISHED, LOST, PROGRESS, STARTED, Mailbox
 
 logger = logging.getLogger("django_pgoutbox.worker")

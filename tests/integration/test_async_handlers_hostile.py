@@ -140,7 +140,7 @@ def test_an_async_task_with_djangos_receivers_alone_stays_on_the_loop(
 ) -> None:
     """Django's own receivers of its task signals (log lines, always connected) run on the
     loop's thread as they are: no call in another thread per attempt for them alone."""
-    from django_pgoutbox.worker import execute
+    from django_pgoutbox.worker import execute_async
     from testproject.testjobs import tasks
 
     calls: list[Any] = []
@@ -150,7 +150,7 @@ def test_an_async_task_with_djangos_receivers_alone_stays_on_the_loop(
         calls.append(func)
         return real(func, *args, **kwargs)
 
-    monkeypatch.setattr(execute, "sync_to_async", counting)
+    monkeypatch.setattr(execute_async, "sync_to_async", counting)
     caplog.set_level("DEBUG")
     results = [tasks.async_double.enqueue(n) for n in range(5)]
     drain(queues=["default", "reports"])

@@ -14,7 +14,8 @@ from django_pgoutbox import JobContext, Snooze, job, signals
 from django_pgoutbox.conf import RetrySettings
 from django_pgoutbox.errors import JobRegistrationError
 from django_pgoutbox.models import JobStatus
-from django_pgoutbox.worker.execute import TIMEOUT_CANCEL, Outcome, execute, execute_async
+from django_pgoutbox.worker.execute import Outcome, execute
+from django_pgoutbox.worker.execute_async import TIMEOUT_CANCEL, execute_async
 from tests.conftest import claimed_job
 
 POLICY = RetrySettings(base_delay=1.0, max_delay=600.0, jitter=0.0, unknown_error_retries=3)

@@ -260,7 +260,7 @@ class TestAsyncAttempts:
     ) -> None:
         import asyncio
 
-        from django_pgoutbox.worker.execute import execute_async
+        from django_pgoutbox.worker.execute_async import execute_async
 
         async def both() -> list[Any]:
             return list(
