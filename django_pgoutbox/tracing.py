@@ -53,10 +53,11 @@ _PROVIDER_FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 if _PROVIDER_FROM_ENVIRONMENT:
     with suppress(ImportError):
         import opentelemetry.trace  # noqa: F401
-#: Set once the provider that variable names failed to load (no such entry point, or its code
-#: raised): the API tries again at each call, scanning the installed packages' entry points (a
-#: few hundred µs, forty no-op jobs' time) and logging an ERROR with its traceback each time.
-_environment_failed = False
+#: ``_said.environment_failed``, each thread's own: set once the provider that variable names
+#: failed to load on it (no such entry point, or its code raised): else the API tries again at
+#: each call, scanning the installed packages' entry points (a few hundred µs, forty no-op jobs'
+#: time) and logging an ERROR with its traceback each time. Each thread tries once: no flag is
+#: shared between handler threads.
 
 
 def _api() -> ModuleType | None:
@@ -74,14 +75,15 @@ def enabled() -> bool:
     item 34). So the API's own global is read (a provider set, or None), and the function is
     called only where it has something to do: that variable set, or an API without the global.
     """
-    global _environment_failed
     trace = _api()
     if trace is None:
         return False
     provider: Any = None
     try:
         provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
-        if provider is None and (not _PROVIDER_FROM_ENVIRONMENT or _environment_failed):
+        if provider is None and (
+            not _PROVIDER_FROM_ENVIRONMENT or getattr(_said, "environment_failed", False)
+        ):
             return False  # a provider set in code later is read from the global all the same
         if provider is None or provider is _UNKNOWN:
             provider = trace.get_tracer_provider()
@@ -90,7 +92,7 @@ def enabled() -> bool:
         if not _tolerated(raised):
             raise
         if provider is None:  # the one the environment names did not load: not tried again
-            _environment_failed = True
+            _said.environment_failed = True
         _warn_once("asking for the tracer provider")
         return False
 

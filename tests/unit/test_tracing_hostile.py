@@ -379,7 +379,7 @@ class TestAProviderNamedInTheEnvironment:
         # scanned the entry points (a few hundred µs) and logged an ERROR with its traceback
         monkeypatch.setenv("OTEL_PYTHON_TRACER_PROVIDER", "no_such_provider")
         monkeypatch.setattr(tracing, "_PROVIDER_FROM_ENVIRONMENT", True)
-        monkeypatch.setattr(tracing, "_environment_failed", False, raising=False)
+        monkeypatch.setattr(tracing._said, "environment_failed", False, raising=False)
         monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
         for _ in range(20):
             assert not tracing.enabled()
