@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -17,7 +18,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_pgoutbox.conf import MAX_CONCURRENCY, MAX_DELAY_CEILING
-from django_pgoutbox.db import require_migrated, require_postgresql
+from django_pgoutbox.db import (
+    ERROR_BACKOFF,
+    ErrorKind,
+    classify_error,
+    require_migrated,
+    require_postgresql,
+)
 from django_pgoutbox.log import show_job_logs
 from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.isolated import kill_isolated_children
@@ -29,6 +36,48 @@ logger = logging.getLogger("django_pgoutbox.worker")
 #: The level of ctx.logger's records printed at each --verbosity (2 and 3: DEBUG), where the
 #: project's LOGGING does not route them.
 JOB_LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO}
+
+
+#: While the database refuses connections at start, say so again after this many seconds.
+UNAVAILABLE_REMINDER = 60.0
+
+
+def require_migrated_once_it_answers(alias: str) -> None:
+    """``require_migrated``, waiting out a database that refuses connections for now.
+
+    A worker started while the server is full (SQLSTATE 53300), starting up (57P03) or not
+    reachable (``db.classify_error``: ``CONNECTION``) tries again with the loops' back-off
+    (``ERROR_BACKOFF``) until it answers, as the loops of a running worker do: one warning when
+    it is first refused, one a minute while it still is, one once it answers; no traceback. Any
+    other error (a wrong password, a database that does not exist) is raised at once.
+    """
+    pause, refused_at, said_at = ERROR_BACKOFF[0], None, 0.0
+    while True:
+        try:
+            require_migrated(alias)
+        except Exception as error:
+            if classify_error(error) is not ErrorKind.CONNECTION:
+                raise
+            connections[alias].close()
+            now = time.monotonic()
+            if refused_at is None or now - said_at >= UNAVAILABLE_REMINDER:
+                waited = "" if refused_at is None else f" for {now - refused_at:.0f}s"
+                logger.warning(
+                    "database %r unavailable at start%s (%s); retrying until it answers",
+                    alias,
+                    waited,
+                    str(error).strip().splitlines()[-1] if str(error).strip() else error,
+                )
+                said_at = now
+                refused_at = now if refused_at is None else refused_at
+            time.sleep(pause)
+            pause = min(pause * 2, ERROR_BACKOFF[1])
+            continue
+        if refused_at is not None:
+            logger.warning(
+                "database %r answers after %.1fs: starting", alias, time.monotonic() - refused_at
+            )
+        return
 
 
 def _names(value: str) -> list[str]:
@@ -231,7 +280,7 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
-        require_migrated(worker.using)
+        require_migrated_once_it_answers(worker.using)
         if not connections[worker.using].in_atomic_block:
             connections[worker.using].close()  # the loops have their own; it would sit idle
         host = options["metrics_host"]
