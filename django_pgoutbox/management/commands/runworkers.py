@@ -38,20 +38,21 @@ logger = logging.getLogger("django_pgoutbox.worker")
 JOB_LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO}
 
 
-#: While the database refuses connections at start, say so again after this many seconds.
-UNAVAILABLE_REMINDER = 60.0
+#: How long a worker waits at start for a database that refuses connections (seconds).
+START_WAIT = 60.0
 
 
-def require_migrated_once_it_answers(alias: str) -> None:
+def require_migrated_once_it_answers(alias: str, wait: float = START_WAIT) -> None:
     """``require_migrated``, waiting out a database that refuses connections for now.
 
-    A worker started while the server is full (SQLSTATE 53300), starting up (57P03) or not
-    reachable (``db.classify_error``: ``CONNECTION``) tries again with the loops' back-off
-    (``ERROR_BACKOFF``) until it answers, as the loops of a running worker do: one warning when
-    it is first refused, one a minute while it still is, one once it answers; no traceback. Any
-    other error (a wrong password, a database that does not exist) is raised at once.
+    A worker started while the server is full (53300: "too many clients"), starting up (57P03)
+    or not reachable (``db.classify_error``: ``CONNECTION``) tries again with the loops'
+    back-off (``ERROR_BACKOFF``), saying so once, and once more when it answers; no traceback.
+    libpq reports no SQLSTATE for a refused connection, so a wrong password or database name
+    looks the same: after ``wait`` seconds the command stops with one line (``CommandError``).
+    Any other error is raised at once.
     """
-    pause, refused_at, said_at = ERROR_BACKOFF[0], None, 0.0
+    pause, refused_at = ERROR_BACKOFF[0], None
     while True:
         try:
             require_migrated(alias)
@@ -59,18 +60,22 @@ def require_migrated_once_it_answers(alias: str) -> None:
             if classify_error(error) is not ErrorKind.CONNECTION:
                 raise
             connections[alias].close()
+            text = str(error).strip()
+            reason = text.splitlines()[-1] if text else type(error).__name__
             now = time.monotonic()
-            if refused_at is None or now - said_at >= UNAVAILABLE_REMINDER:
-                waited = "" if refused_at is None else f" for {now - refused_at:.0f}s"
+            if refused_at is None:
+                refused_at = now
                 logger.warning(
-                    "database %r unavailable at start%s (%s); retrying until it answers",
+                    "database %r unavailable at start (%s); retrying for up to %.0fs",
                     alias,
-                    waited,
-                    str(error).strip().splitlines()[-1] if str(error).strip() else error,
+                    reason,
+                    wait,
                 )
-                said_at = now
-                refused_at = now if refused_at is None else refused_at
-            time.sleep(pause)
+            elif now - refused_at >= wait:
+                raise CommandError(
+                    f"database {alias!r} still unavailable after {now - refused_at:.0f}s: {reason}"
+                ) from error
+            time.sleep(min(pause, max(0.0, refused_at + wait - now)))
             pause = min(pause * 2, ERROR_BACKOFF[1])
             continue
         if refused_at is not None:
