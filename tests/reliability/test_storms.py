@@ -13,7 +13,11 @@ one more worker. Nothing may exit, the logs stay bounded (no traceback per attem
 failure to connect (SQLSTATE 53300) is a named, retried outcome, and once the slots are free
 every worker recovers by itself and drains everything (checker: nothing lost).
 
-The fast variants run with the suite; ``PGOUTBOX_LONG_TESTS=1`` runs the long ones.
+The fast variants run with the suite (``BASE_DELAY`` 4 s, slots held 10 s);
+``PGOUTBOX_LONG_TESTS=1`` runs the long ones (``BASE_DELAY`` 10 s, slots held 30 s).
+``PGOUTBOX_STORM_BASE_DELAY`` and ``PGOUTBOX_STORM_JITTER`` set the storm's policy, to measure
+another (the defaults, 1 and 0.1: the first retries come due within 0.4 s of each other, so a
+storm's retries come due as closely together as its failures happened).
 """
 
 from __future__ import annotations
@@ -32,8 +36,9 @@ import pytest
 
 from django_pgoutbox.db import ERROR_BACKOFF
 from django_pgoutbox.health import HEARTBEAT_SECONDS
+from django_pgoutbox.management.commands.runworkers import START_WAIT
 from django_pgoutbox.worker.listener import RECONNECT_BACKOFF
-from tests.processes import scaled, wait_for
+from tests.processes import wait_for
 from tests.processes.reliability.checker import check
 from tests.reliability.cluster import Cluster, own_cluster
 
@@ -209,8 +214,10 @@ def test_retry_storm_is_spread_by_the_jitter(module_cluster: Cluster, start_work
 #: The exhaustion cluster's ``max_connections`` (``superuser_reserved_connections`` stays 3; the
 #: test connects as a superuser, as the workers do, so it can take every slot).
 MAX_CONNECTIONS = 20
-#: Seconds every slot is held.
+#: Seconds every slot is held: less than ``runworkers.START_WAIT``, the most a worker started
+#: meanwhile waits for a connection before it gives up.
 HELD = 30.0 if LONG else 10.0
+assert HELD < START_WAIT
 EXHAUST_WORKERS = 2
 EXHAUST_CONCURRENCY = 2
 #: Jobs offered per second while the slots are held and before.
@@ -398,7 +405,7 @@ def test_connection_exhaustion_recovers(module_cluster: Cluster, start_worker: A
         )
         workers.append(late)
         before[late.pid] = 0
-        held_for = scaled(HELD)
+        held_for = HELD  # the fault lasts as long on any machine: not a deadline
         while time.monotonic() - full_at < held_for:
             assert all(alive(w) for w in workers), "a worker exited while the slots were held"
             time.sleep(0.2)
