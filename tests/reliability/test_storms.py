@@ -501,6 +501,11 @@ def test_connection_exhaustion_recovers(module_cluster: Cluster, start_worker: A
         # no longer write).
         assert verdict.duplicated <= held_by_the_cut
         assert late_connections == 0  # it could not start while the slots were held
+        # ... and said so once, then once more when it could (no traceback, no exit).
+        late_log = late.output()
+        assert late_log.count("unavailable at start") == 1, late_log
+        assert late_log.count("answers after") == 1, late_log
+        assert "Traceback" not in late_log
         bound = log_records_bound(held_for)
         assert all(len(lines) <= bound for lines in other.values()), (bound, other)
     finally:
@@ -508,3 +513,44 @@ def test_connection_exhaustion_recovers(module_cluster: Cluster, start_worker: A
         taker.release()
         monitor.close()
         producer_conn.close()
+
+
+# -- a worker that cannot connect at start ---------------------------------------------------------
+
+
+def test_start_waits_out_a_refused_connection_then_gives_up_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``runworkers`` while every connection is refused (no SQLSTATE, as libpq reports it):
+    one warning, tries with back-off, then one ``CommandError`` line after the wait; an error
+    of any other kind is raised at once."""
+    from django.core.management.base import CommandError
+    from django.db import OperationalError, ProgrammingError
+
+    from django_pgoutbox.management.commands import runworkers
+
+    tries: list[float] = []
+
+    def refused(alias: str) -> None:
+        tries.append(time.monotonic())
+        raise OperationalError("connection failed: FATAL:  sorry, too many clients already")
+
+    monkeypatch.setattr(runworkers, "require_migrated", refused)
+    started = time.monotonic()
+    with pytest.raises(CommandError) as raised:
+        runworkers.require_migrated_once_it_answers("default", wait=1.0)
+    assert 1.0 <= time.monotonic() - started < 5
+    assert str(raised.value) == (
+        "database 'default' still unavailable after 1s: "
+        "connection failed: FATAL:  sorry, too many clients already"
+    )
+    assert 3 <= len(tries) <= 6  # 0.2, 0.4 then what is left of the second: a back-off
+    warnings = [r.getMessage() for r in caplog.records if "unavailable at start" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+
+    def broken(alias: str) -> None:
+        raise ProgrammingError("permission denied for table jobs")
+
+    monkeypatch.setattr(runworkers, "require_migrated", broken)
+    with pytest.raises(ProgrammingError):
+        runworkers.require_migrated_once_it_answers("default", wait=1.0)
