@@ -641,3 +641,42 @@ async def async_hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
         await sync_to_async(time.sleep)(payload.get("seconds", 1000))
         return None
     raise AssertionError(kind)
+
+
+# -- retry storms and connection exhaustion (tests/reliability/test_storms.py) ---------------------
+
+_storm_connections = threading.local()
+
+
+def _record_on_own_connection(ctx: JobContext, event: str) -> None:
+    """``record`` on a psycopg connection this thread keeps open (Django's closes after each
+    attempt with ``CONN_MAX_AGE = 0``, and a new one per job would be most of a storm's time)."""
+    import psycopg
+
+    from django_pgoutbox.db import raw_connection_params
+
+    conn = getattr(_storm_connections, "conn", None)
+    if conn is None or conn.closed:
+        conn = psycopg.connect(**raw_connection_params("default"), autocommit=True)
+        _storm_connections.conn = conn
+    conn.execute(
+        "INSERT INTO testjobs_sideeffect (job_id, attempt, event, pid, worker_thread, at) "
+        "VALUES (%s, %s, %s, %s, %s, now())",
+        [ctx.job_id, ctx.attempt, event, os.getpid(), threading.current_thread().name],
+    )
+
+
+@job("tests.storm", max_attempts=50)
+def storm(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Fail with a ``TransientError`` on attempts up to ``fail_attempts`` without touching the
+    database; then maybe sleep, and record an end: through the ORM (``orm``: a connection opened
+    for the attempt, as a handler does), else on a connection the thread keeps."""
+    if ctx.attempt <= payload.get("fail_attempts", 0):
+        raise TransientError("upstream down")
+    if payload.get("sleep"):
+        time.sleep(payload["sleep"])
+    if payload.get("orm"):
+        record(ctx, "end")
+    else:
+        _record_on_own_connection(ctx, "end")
+    return None

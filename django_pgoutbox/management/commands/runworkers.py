@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -17,7 +18,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 
 from django_pgoutbox.conf import MAX_CONCURRENCY, MAX_DELAY_CEILING
-from django_pgoutbox.db import require_migrated, require_postgresql
+from django_pgoutbox.db import (
+    ERROR_BACKOFF,
+    ErrorKind,
+    classify_error,
+    require_migrated,
+    require_postgresql,
+)
 from django_pgoutbox.log import show_job_logs
 from django_pgoutbox.worker import Worker
 from django_pgoutbox.worker.isolated import kill_isolated_children
@@ -29,6 +36,53 @@ logger = logging.getLogger("django_pgoutbox.worker")
 #: The level of ctx.logger's records printed at each --verbosity (2 and 3: DEBUG), where the
 #: project's LOGGING does not route them.
 JOB_LOG_LEVELS = {0: logging.WARNING, 1: logging.INFO}
+
+
+#: How long a worker waits at start for a database that refuses connections (seconds).
+START_WAIT = 60.0
+
+
+def require_migrated_once_it_answers(alias: str, wait: float = START_WAIT) -> None:
+    """``require_migrated``, waiting out a database that refuses connections for now.
+
+    A worker started while the server is full (53300: "too many clients"), starting up (57P03)
+    or not reachable (``db.classify_error``: ``CONNECTION``) tries again with the loops'
+    back-off (``ERROR_BACKOFF``), saying so once, and once more when it answers; no traceback.
+    libpq reports no SQLSTATE for a refused connection, so a wrong password or database name
+    looks the same: after ``wait`` seconds the command stops with one line (``CommandError``).
+    Any other error is raised at once.
+    """
+    pause, refused_at = ERROR_BACKOFF[0], None
+    while True:
+        try:
+            require_migrated(alias)
+        except Exception as error:
+            if classify_error(error) is not ErrorKind.CONNECTION:
+                raise
+            connections[alias].close()
+            text = str(error).strip()
+            reason = text.splitlines()[-1] if text else type(error).__name__
+            now = time.monotonic()
+            if refused_at is None:
+                refused_at = now
+                logger.warning(
+                    "database %r unavailable at start (%s); retrying for up to %.0fs",
+                    alias,
+                    reason,
+                    wait,
+                )
+            elif now - refused_at >= wait:
+                raise CommandError(
+                    f"database {alias!r} still unavailable after {now - refused_at:.0f}s: {reason}"
+                ) from error
+            time.sleep(min(pause, max(0.0, refused_at + wait - now)))
+            pause = min(pause * 2, ERROR_BACKOFF[1])
+            continue
+        if refused_at is not None:
+            logger.warning(
+                "database %r answers after %.1fs: starting", alias, time.monotonic() - refused_at
+            )
+        return
 
 
 def _names(value: str) -> list[str]:
@@ -231,7 +285,7 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
-        require_migrated(worker.using)
+        require_migrated_once_it_answers(worker.using)
         if not connections[worker.using].in_atomic_block:
             connections[worker.using].close()  # the loops have their own; it would sit idle
         host = options["metrics_host"]
