@@ -458,7 +458,11 @@ def drain_through_pgbouncer(
                 print(f"{time.monotonic() - began:.1f}s: killed a worker")
                 workers[victim] = spawn()
                 all_started.append(workers[victim])
-            assert producer.wait(timeout=scaled(120)) == 0, (tmp_path / "producer.log").read_text()
+            deadline = time.monotonic() + scaled(120)
+            while producer.poll() is None and time.monotonic() < deadline:
+                loaded.append(connections.counts(workers))
+                time.sleep(0.2)
+            assert producer.wait(timeout=1) == 0, (tmp_path / "producer.log").read_text()
         finally:
             if producer.poll() is None:
                 producer.kill()
@@ -568,7 +572,8 @@ def report_connections(idle: dict[str, Any], loaded: list[dict[str, Any]]) -> No
         )
         + f"; the pool: {idle['clients']} clients on {idle['servers']} server connections"
     )
-    per_worker = [c for sample in loaded for c in sample["workers"].values()]
+    # Workers that are up (listening): not a replacement still starting.
+    per_worker = [c for sample in loaded for c in sample["workers"].values() if c["direct"]]
     if per_worker:
         clients = sorted(c["clients"] for c in per_worker)
         print(
