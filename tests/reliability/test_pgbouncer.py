@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from itertools import pairwise
@@ -510,18 +511,31 @@ def drain_through_pgbouncer(
 
         # 3. The checks.
         ends = cluster.execute(
-            DATABASE, "SELECT job_id, pid FROM testjobs_sideeffect WHERE event = 'end'"
+            DATABASE, "SELECT job_id::text, pid FROM testjobs_sideeffect WHERE event = 'end'"
         )
-        verdict = check(acknowledged_jobs, [uuid.UUID(str(job_id)) for job_id, _ in ends])
-        ran_in: dict[str, set[int]] = {}
-        runs: dict[str, int] = {}
-        for job_id, pid in ends:
-            ran_in.setdefault(str(job_id), set()).add(int(pid))
-            runs[str(job_id)] = runs.get(str(job_id), 0) + 1
-        # A job run twice must have run first in a worker that was killed before it could
-        # record the outcome.
-        twice_but_not_at_a_kill = [
-            job_id for job_id, n in runs.items() if n > 1 and not ran_in[job_id] & killed
+        verdict = check(acknowledged_jobs, [uuid.UUID(job_id) for job_id, _ in ends])
+        # A job runs again only after an attempt lost with a killed worker: at most one of its
+        # runs was in a worker that lived on, and each other run is an attempt that the lease
+        # recovery logged as lost with a killed worker.
+        runs = Counter(job_id for job_id, _ in ends)
+        runs_not_killed = Counter(job_id for job_id, pid in ends if pid not in killed)
+        killed_ids = {worker_ids[pid] for pid in killed}
+        lost = {
+            job_id: sum(
+                1
+                for entry in log
+                if entry.get("outcome") == "lost" and entry.get("worker") in killed_ids
+            )
+            for job_id, log in cluster.execute(
+                DATABASE,
+                "SELECT id::text, attempt_log FROM jobs WHERE id = ANY(%s::uuid[])",
+                [[job_id for job_id, n in runs.items() if n > 1]],
+            )
+        }
+        rerun_not_after_a_kill = [
+            job_id
+            for job_id, n in runs.items()
+            if n > 1 and (runs_not_killed[job_id] > 1 or n - 1 > lost.get(job_id, 0))
         ]
         projected = [
             uuid.UUID(str(event_id))
@@ -549,9 +563,10 @@ def drain_through_pgbouncer(
         assert not any(errors.values()), errors
         assert verdict.lost == 0
         assert verdict.unexpected == 0
-        # Duplicates only for jobs in flight when a worker was killed: at most its threads.
-        assert verdict.duplicated <= kills * CONCURRENCY
-        assert not twice_but_not_at_a_kill
+        # Duplicates only for jobs in flight when a worker was killed. Not "at most its
+        # threads": a thread may end several jobs while their outcomes wait for the lane's
+        # next statement.
+        assert not rerun_not_after_a_kill, rerun_not_after_a_kill
         assert len(projected) == len(set(projected)) == len(acknowledged_events)
         assert set(projected) == set(acknowledged_events)
         assert projection_jobs == projected_events == len(acknowledged_events)
