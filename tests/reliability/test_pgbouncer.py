@@ -218,10 +218,8 @@ def produce(plan: dict[str, Any], acknowledged: Path) -> None:
                     for _ in range(publishing)
                 ]
             # Committed: acknowledged.
-            out.write(
-                json.dumps({"jobs": [str(i) for i in ids], "events": [str(e) for e in published]})
-            )
-            out.write("\n")
+            batch = {"jobs": [str(i) for i in ids], "events": [str(e) for e in published]}
+            out.write(json.dumps(batch) + "\n")
             out.flush()
             done_jobs += count
             done_events += publishing
@@ -240,21 +238,21 @@ def run_producer(
         "from tests.reliability.test_pgbouncer import produce; "
         "produce(json.loads(sys.argv[1]), Path(sys.argv[2]))"
     )
-    log = (directory / "producer.log").open("w")
-    return subprocess.Popen(
-        [sys.executable, "-c", code, json.dumps(plan), str(acknowledged)],
-        cwd=ROOT,
-        env={
-            **os.environ,
-            "DJANGO_SETTINGS_MODULE": "testproject.settings",
-            "DATABASE_URL": bouncer.url(DATABASE),
-            "PGOUTBOX_TEST_DIRECT_URL": direct_url,
-            "PGAPPNAME": "pgoutbox-test-producer",
-        },
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with (directory / "producer.log").open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-c", code, json.dumps(plan), str(acknowledged)],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": "testproject.settings",
+                "DATABASE_URL": bouncer.url(DATABASE),
+                "PGOUTBOX_TEST_DIRECT_URL": direct_url,
+                "PGAPPNAME": "pgoutbox-test-producer",
+            },
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def read_acknowledged(directory: Path) -> tuple[list[uuid.UUID], list[uuid.UUID], str]:
@@ -263,7 +261,8 @@ def read_acknowledged(directory: Path) -> tuple[list[uuid.UUID], list[uuid.UUID]
     events: list[uuid.UUID] = []
     stamp = ""
     path = directory / "acknowledged.jsonl"
-    for line in path.read_text().splitlines() if path.exists() else []:
+    text = path.read_text() if path.exists() else ""
+    for line in text.split("\n")[:-1]:  # whole lines: the producer may be writing the last
         batch = json.loads(line)
         stamp = batch.get("stamp", stamp)
         jobs += [uuid.UUID(i) for i in batch.get("jobs", [])]
