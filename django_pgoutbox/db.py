@@ -188,6 +188,28 @@ def classify_error(error: BaseException) -> ErrorKind:
     return ErrorKind.OTHER
 
 
+#: SQLSTATEs of a prepared statement that the server session does not have
+#: (invalid_sql_statement_name, "prepared statement ... does not exist") or has from another
+#: client (duplicate_prepared_statement, "... already exists"): the connection goes through a
+#: transaction-pooling proxy that does not carry prepared statements from one server connection
+#: to the next (PgBouncer before 1.21, or with ``max_prepared_statements = 0``).
+PREPARED_STATEMENT_LOST = frozenset({"26000", "42P05"})
+
+
+def error_hint(error: BaseException, alias: str) -> str:
+    """What to change when ``error``, by its SQLSTATE, is a setting's fault; else ``""``."""
+    if sqlstate(error) in PREPARED_STATEMENT_LOST:
+        return (
+            f"database {alias!r} looks as if it goes through a transaction-pooling proxy that "
+            "does not keep prepared statements (PgBouncer before 1.21, or its "
+            'max_prepared_statements = 0): set "DISABLE_SERVER_SIDE_CURSORS": True on it, as '
+            'Django asks behind such a proxy (the workers then prepare nothing), or "OPTIONS": '
+            '{"prepare_threshold": None}; docs/databases.md, "Behind a transaction-pooling '
+            'proxy (PgBouncer)"'
+        )
+    return ""
+
+
 #: The port PgBouncer listens on by default.
 PGBOUNCER_PORT = "6432"
 

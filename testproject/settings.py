@@ -66,6 +66,15 @@ DATABASES["secondary"] = (
 # The same database as "default" on a connection of its own, as a direct connection beside a
 # pooled one would be (the tests of PGOUTBOX["LISTEN_DATABASES"]).
 DATABASES["direct"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+# DATABASE_URL through a transaction-pooling proxy (PgBouncer), and this URL straight to the
+# same database (tests/reliability/test_pgbouncer.py): "direct" becomes it, and "default" gets
+# the setting Django asks for behind such a proxy, one of the signs of docs/databases.md.
+if os.environ.get("PGOUTBOX_TEST_DIRECT_URL"):
+    DATABASES["direct"] = {
+        **parse_database_url(os.environ["PGOUTBOX_TEST_DIRECT_URL"]),
+        "TEST": {"MIRROR": "default"},
+    }
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 # django.tasks (Django 6) or, on Django 5.2, the django-tasks backport, run by our workers.
 TASKS = {"default": {"BACKEND": "django_pgoutbox.backend.PgOutboxBackend"}}

@@ -20,6 +20,7 @@ from django_pgoutbox.conf import (
     OUTBOX_CHANNEL,
     get_settings,
 )
+from django_pgoutbox.db import error_hint
 from django_pgoutbox.health import ROLES as HEALTH_ROLES
 from django_pgoutbox.health import Heartbeat
 from django_pgoutbox.models import Job
@@ -259,10 +260,12 @@ class Worker:
         def run() -> None:
             try:
                 target()
-            except BaseException:
+            except BaseException as error:
+                hint = error_hint(error, self.using)
                 logger.critical(
-                    "%s failed; stopping this worker so that its supervisor restarts it",
+                    "%s failed; stopping this worker so that its supervisor restarts it%s",
                     name,
+                    f" ({hint})" if hint else "",
                     exc_info=True,
                 )
                 self.failed.append(name)
