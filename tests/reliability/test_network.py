@@ -346,7 +346,7 @@ def test_partitioned_host_is_taken_over_and_fenced(running: Site, tmp_path: Path
     all_jobs: list[uuid.UUID] = []
     cut_off: set[str] = set()
     for round_ in range(PARTITIONS):
-        jobs = site.insert("tests.leased_step", [{"seconds": STEP_SECONDS}] * 4)
+        jobs = site.insert("tests.leased_step", [{"seconds": STEP_SECONDS}] * (2 * HOSTS))
         all_jobs += jobs
         names = {str(job) for job in jobs}
 
