@@ -481,7 +481,17 @@ DATABASE_NOW = "SELECT now()"
 #: transaction's ``now()``.
 #:
 #: Parameters: lock key bigint.
-SCHEDULE_LOCK = "SELECT pg_try_advisory_xact_lock(%s), now()"
+#:
+#: For this transaction only, the server ends the session if the scheduler goes silent for 3 s
+#: between two of its statements (which follow each other in milliseconds): a replica cut off
+#: from the server inside the transaction (a network partition, its host gone, no RST) would
+#: otherwise hold the lock, and the cursor's row, until the partition heals or the server's TCP
+#: keepalive gives up (two hours by default), and every other replica would skip the schedule
+#: all that time (tests/reliability/test_network.py).
+SCHEDULE_LOCK = (
+    "SELECT pg_try_advisory_xact_lock(%s), now()"
+    " FROM (SELECT set_config('idle_in_transaction_session_timeout', '3s', true)) AS timeout"
+)
 
 #: The last slot a schedule enqueued, locked until the transaction ends.
 #:

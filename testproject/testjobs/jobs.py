@@ -680,3 +680,39 @@ def storm(payload: dict[str, Any], ctx: JobContext) -> Any:
     else:
         _record_on_own_connection(ctx, "end")
     return None
+
+
+# -- Hosts on a misbehaving network (tests/reliability/test_network.py) ----------------------------
+
+
+@job("tests.leased_step", max_attempts=5)
+def leased_step(payload: dict[str, Any], ctx: JobContext) -> Any:
+    """Append a start line and an end line (JSON) to the file named by
+    ``PGOUTBOX_TEST_EXECUTION_LOG``, sleeping ``seconds`` between them: an execution log kept
+    off the database, which a host cut off from it still writes. The start line holds the lease
+    expiry the claim wrote (read at the start, while the host still reaches the database)."""
+    import json
+
+    def log(event: str, **values: Any) -> None:
+        line = {
+            "job": str(ctx.job_id),
+            "attempt": ctx.attempt,
+            "worker": ctx.worker_ids[-1] if ctx.worker_ids else None,
+            "host": os.environ.get("PGOUTBOX_TEST_HOST"),
+            "event": event,
+            "at": time.time(),
+            **values,
+        }
+        with open(os.environ["PGOUTBOX_TEST_EXECUTION_LOG"], "a") as file:
+            file.write(json.dumps(line) + "\n")
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT extract(epoch FROM lease_expires_at) FROM jobs WHERE id = %s AND attempts = %s",
+            [ctx.job_id, ctx.attempt],
+        )
+        row = cursor.fetchone()
+    log("start", lease_expires_at=None if row is None or row[0] is None else float(row[0]))
+    time.sleep(payload.get("seconds", 1.0))
+    log("end")
+    return {"host": os.environ.get("PGOUTBOX_TEST_HOST"), "attempt": ctx.attempt}
