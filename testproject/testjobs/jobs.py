@@ -641,3 +641,29 @@ async def async_hostile(payload: dict[str, Any], ctx: JobContext) -> Any:
         await sync_to_async(time.sleep)(payload.get("seconds", 1000))
         return None
     raise AssertionError(kind)
+
+
+# -- tests/reliability/test_horizon.py ----------------------------------------------------------
+
+#: Each handler thread's own connection for ``tests.once``: Django's (``CONN_MAX_AGE`` 0) would
+#: be a new session per job, and at a thousand jobs a second the server's forks would be the
+#: bottleneck, not the queue.
+_once_connections = threading.local()
+
+
+@job("tests.once")
+def once(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Record one end row: the checker's proof that the handler ran, once per completed run."""
+    import psycopg
+
+    from django_pgoutbox.db import raw_connection_params
+
+    conn = getattr(_once_connections, "conn", None)
+    if conn is None or conn.closed:
+        conn = psycopg.connect(**raw_connection_params("default"), autocommit=True)
+        _once_connections.conn = conn
+    conn.execute(
+        "INSERT INTO testjobs_sideeffect (job_id, attempt, event, pid, worker_thread, at) "
+        "VALUES (%s, %s, 'end', %s, %s, now())",
+        [ctx.job_id, ctx.attempt, os.getpid(), threading.current_thread().name],
+    )
