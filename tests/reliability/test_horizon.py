@@ -126,6 +126,8 @@ class Sample:
     seek_ms: float
     worker_in_transaction: int
     worker_oldest_transaction: float
+    #: the machine's load average over the last minute: other processes slow the worker too
+    load: float
 
 
 @dataclass
@@ -226,6 +228,7 @@ class Sampler(threading.Thread):
                                 seek_ms=claims[3],
                                 worker_in_transaction=worker[0],
                                 worker_oldest_transaction=worker[1],
+                                load=os.getloadavg()[0],
                             )
                         )
                         self._sampled.notify_all()
@@ -409,13 +412,12 @@ def run_horizon(start_worker: Callable[..., Any], tmp_path: Path, held: float, l
                     health, url, health_log, not_before=held_from + WARN_AFTER + 2
                 )
                 sampler.wait_for_windows(released_window)
-                released = time.time()
+            released = time.time()
             peak_dead = max(s.dead for s in sampler.samples)
             autovacuums_at_release = sampler.samples[released_window].autovacuums
             base = [mean_ms(sampler.samples, n, "full") for n in range(2, BEFORE + 1)]
             base_full = max(b for b in base if b is not None)
             bound = max(base_full * RECOVERED, base_full + 2.0)
-            assert sampler is not None
 
             def recovered() -> bool:
                 """after the release, an autovacuum of jobs ran, its dead tuples fell below half
@@ -498,7 +500,7 @@ def run_horizon(start_worker: Callable[..., Any], tmp_path: Path, held: float, l
     )
     print(
         "  win   t/s  phase  offered/s  done/s  full ms (n)   seek ms (n)   wait p50/max ms"
-        "  n_dead_tup  avac  jobs MB  idx MB  gauge s  warn"
+        "  n_dead_tup  avac  jobs MB  idx MB  gauge s  warn  load"
     )
     for n in range(windows):
         counts = [getattr(samples[n + 1], f"{kind}_calls") - getattr(samples[n], f"{kind}_calls")
@@ -513,7 +515,7 @@ def run_horizon(start_worker: Callable[..., Any], tmp_path: Path, held: float, l
             f"{rows['done'][n]:7.0f} {full or 0:7.2f} ({counts[0]:4d}) {seek or 0:6.2f} "
             f"({counts[1]:5d}) {rows['wait_p50'][n]:7.0f}/{rows['wait_max'][n]:<7.0f} "
             f"{after.dead:11d} {after.autovacuums:5d} {after.table_bytes / 2**20:8.1f} "
-            f"{after.index_bytes / 2**20:7.1f} {gauge:>8} {warn:>5}"
+            f"{after.index_bytes / 2**20:7.1f} {gauge:>8} {warn:>5} {after.load:5.1f}"
         )
 
     # -- recovery ----------------------------------------------------------------------------------
