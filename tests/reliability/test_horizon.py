@@ -81,7 +81,7 @@ WARN_AFTER = 5.0
 #: collapse of the drain (issue 31: to 2% of its rate) fail, not a spell of the machine's.
 KEPT = 0.5
 #: At most this share of the gauge's readings while held (past ``WARN_AFTER``) may miss the
-#: holders: in one run of about ten, one reading of some 25 named another session of the
+#: holders: in one run of about ten, one reading of some 15 named another session of the
 #: database, with no warning; the test prints such readings whole (not explained yet).
 MISSED = 0.1
 #: The full claims are back once they take at most this many times the baseline's (or 2 ms more).
