@@ -716,3 +716,16 @@ def leased_step(payload: dict[str, Any], ctx: JobContext) -> Any:
     time.sleep(payload.get("seconds", 1.0))
     log("end")
     return {"host": os.environ.get("PGOUTBOX_TEST_HOST"), "attempt": ctx.attempt}
+
+
+# -- a held xmin horizon through a worker (tests/reliability/test_horizon.py) ----------------------
+
+
+@job("tests.once")
+def once(payload: dict[str, Any], ctx: JobContext) -> None:
+    """Record one end row: the checker's proof that the handler ran, once per completed run.
+
+    On the thread's own connection: Django's (``CONN_MAX_AGE`` 0) would be a new session per
+    job, and at a thousand jobs a second the server's forks would be the bottleneck, not the
+    queue."""
+    _record_on_own_connection(ctx, "end")
