@@ -382,8 +382,12 @@ def run_restarts(cluster: Cluster, start_worker: Callable[..., Any], seconds: fl
     verdict = check(expected, [j for j in ends if j not in late_slots])
     runs = Counter(ends)
     twice = [j for j in expected if runs[j] > 1]
-    retried = sum(1 for j in expected if jobs[j][1] > 1)
-    not_completed = Counter(jobs[j][0] for j in expected if jobs[j][0] != "completed")
+    retried = sum(1 for j in expected if j in jobs and jobs[j][1] > 1)
+    not_completed = Counter(
+        jobs[j][0] if j in jobs else "missing"
+        for j in expected
+        if j not in jobs or jobs[j][0] != "completed"
+    )
     phantom_jobs = [
         j
         for j, (_, _, job_type, key, _, _) in jobs.items()
