@@ -200,14 +200,15 @@ class Restart:
     downtime: float = 0.0  # until the server answered again
     backlog_before: int = 0
     first_completion: float | None = None  # seconds from the restart's start
-    backlog_normal: float | None = None  # seconds from the restart's start
+    backlog_normal: float | None = None  # seconds from the restart's start, once it completed one
 
 
 def measure_recovery(
     cluster: Cluster, database: str, restart: Restart, until: float, normal: int
 ) -> None:
-    """Poll until ``until`` (monotonic) for the first completion after ``restart`` and for the
-    backlog to be back to ``normal`` (at most)."""
+    """Poll until ``until`` (monotonic) for the first completion after ``restart``, then for the
+    backlog to be back to ``normal`` (at most): a backlog seen low before the workers completed
+    anything says only that the producer had not reconnected yet."""
     while time.monotonic() < until and (
         restart.first_completion is None or restart.backlog_normal is None
     ):
@@ -222,7 +223,7 @@ def measure_recovery(
             )
             if rows and rows[0][0] is not None:
                 restart.first_completion = float(rows[0][0]) - restart.started_at
-        if restart.backlog_normal is None:
+        elif restart.backlog_normal is None:
             rows = query(cluster, database, BACKLOG)
             if rows and int(rows[0][0]) <= normal:
                 restart.backlog_normal = time.time() - restart.started_at
@@ -311,7 +312,7 @@ def run_restarts(cluster: Cluster, start_worker: Callable[..., Any], seconds: fl
             # The normal level: the most work seen waiting over the 3 s before the restart.
             pause = max(0.0, started + at - 3 - time.monotonic())
             time.sleep(pause)
-            normal = max(backlog_level(cluster, database, 3.0), 10)
+            normal = max(backlog_level(cluster, database, 3.0), 1)
             restart = Restart(mode=mode, started_at=time.time(), backlog_before=normal)
             restart.downtime = cluster.restart(mode)
             restarts.append(restart)
@@ -444,12 +445,19 @@ def run_restarts(cluster: Cluster, start_worker: Callable[..., Any], seconds: fl
         f"{sum(projected_jobs.values())} projected jobs"
     )
     print(f"schedule: {len(slots)} slots, {len(gaps)} gaps, {len(slot_keys)} distinct keys")
-    print("restart  mode       downtime s  first completion s  backlog back s  (backlog before)")
+    print(
+        "restart  mode       downtime s  first completion s  (after it answered)  backlog back s"
+        "  (backlog before)"
+    )
     for n, r in enumerate(restarts, 1):
-        first = f"{r.first_completion:.2f}" if r.first_completion is not None else "-"
+        first, answered = (
+            (f"{r.first_completion:.2f}", f"{r.first_completion - r.downtime:.2f}")
+            if r.first_completion is not None
+            else ("-", "-")
+        )
         back = f"{r.backlog_normal:.2f}" if r.backlog_normal is not None else "-"
         print(
-            f"{n:>7}  {r.mode:<9}  {r.downtime:>10.2f}  {first:>18}  {back:>14}  "
+            f"{n:>7}  {r.mode:<9}  {r.downtime:>10.2f}  {first:>18}  {answered:>19}  {back:>14}  "
             f"({r.backlog_before})"
         )
     for name, values in (
