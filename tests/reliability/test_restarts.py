@@ -46,6 +46,7 @@ import pytest
 
 from django_pgoutbox import queries
 from django_pgoutbox.conf.values import JOBS_CHANNEL, OUTBOX_CHANNEL
+from django_pgoutbox.health import HEARTBEAT_SECONDS
 from django_pgoutbox.ids import uuid7
 from tests.processes import scaled, seed_or, wait_for
 from tests.processes.reliability.checker import check
@@ -327,6 +328,9 @@ def run_restarts(cluster: Cluster, start_worker: Callable[..., Any], seconds: fl
     assert producer.error is None, producer.error
     assert not producer.is_alive()
     load_seconds = time.monotonic() - started
+    assert restarts, "no restart happened"
+    first_restart = datetime.fromtimestamp(restarts[0].started_at).astimezone()
+    last_restart = datetime.fromtimestamp(restarts[-1].started_at).astimezone()
     stopped_at = datetime.now().astimezone()
     offer = producer.offer
 
@@ -347,10 +351,22 @@ def run_restarts(cluster: Cluster, start_worker: Callable[..., Any], seconds: fl
     drain_seconds = time.monotonic() - drain_started
 
     # The same processes as at the start: alive, and connected again (not restarted by anyone).
-    for worker, pid in zip(workers, pids, strict=True):
-        assert worker.pid == pid
-        assert worker.process.poll() is None, f"worker {pid} exited: {worker.output()[-3000:]}"
+    for worker in workers:
+        assert worker.process.poll() is None, f"{worker.pid} exited: {worker.output()[-3000:]}"
         assert worker_connections(cluster, database, worker.application_name) > 0
+
+    def beating_again() -> bool:
+        """each worker's heartbeat row is its first one, and was written after the last restart"""
+        beats = query(
+            cluster, database, "SELECT pid, started_at, last_seen_at FROM worker_heartbeats"
+        )
+        return (
+            sorted(pid for pid, _, _ in beats) == sorted(pids)
+            and all(started < first_restart for _, started, _ in beats)
+            and all(seen > last_restart for _, _, seen in beats)
+        )
+
+    wait_for(beating_again, timeout=HEARTBEAT_SECONDS * 2 + 10, interval=0.5)
     for worker in workers:
         worker.signal(signal.SIGTERM)
     for worker in workers:
@@ -482,7 +498,6 @@ def run_restarts(cluster: Cluster, start_worker: Callable[..., Any], seconds: fl
         )
 
     # -- the verdict ---------------------------------------------------------------------------
-    assert restarts, "no restart happened"
     assert verdict.lost == 0, verdict
     assert verdict.unexpected == 0, verdict
     assert not phantom_jobs, f"jobs that no commit of the producer wrote: {phantom_jobs[:5]}"
