@@ -156,13 +156,16 @@ RETURNING o.id, o.subscriber, o.attempts, o.claimed_at, c.reclaimed, c.spent,
           e.trace_context
 """
 
-#: Lock the claimed deliveries this relay still holds: the fence, as LOCK_CLAIMED_EVENTS.
+#: Lock the claimed deliveries this relay still holds: the fence, as LOCK_CLAIMED_EVENTS, and
+#: the same ``idle_in_transaction_session_timeout`` for the transaction (its subscribers run
+#: between the relay's statements; see there).
 #:
-#: Parameters (binary): ids bigint[], claimed_at timestamptz[], relay_id text.
+#: Parameters (binary): idle text, ids bigint[], claimed_at timestamptz[], relay_id text.
 LOCK_CLAIMED_DELIVERIES = binary(
     """
 SELECT o.id
-FROM unnest(%s::bigint[], %s::timestamptz[]) AS c(id, claimed_at)
+FROM (SELECT set_config('idle_in_transaction_session_timeout', %s::text, true)) AS idle,
+     unnest(%s::bigint[], %s::timestamptz[]) AS c(id, claimed_at)
 CROSS JOIN LATERAL (
     SELECT d.id
     FROM outbox_deliveries AS d
