@@ -1,0 +1,279 @@
+"""Workers cut off from the server inside a transaction that holds what other workers need.
+
+Each host is a namespace on a bridge of this test's own (``netns.py``), the cluster listens on
+the bridge's address, and a partition drops every packet of the host, silently (no RST): the
+server sees a session idle inside its transaction, and keeps its locks until the partition
+heals or its TCP keepalive gives up (two hours by default), unless the transaction bounds its
+own idleness (``idle_in_transaction_session_timeout``). A trigger slows a statement of the
+transaction, so that the test sees the worker inside it and cuts it off there.
+
+- a relay cut off inside its claim (the claimed events locked until its COMMIT): the other
+  relay projects the event once the server ended the session, long before the heal;
+- a relay cut off while a subscriber of its batch runs (its events locked by the fence): the
+  other relay takes the event over once the claim expired, long before the heal;
+- a worker cut off inside the claim of a queue with MAX_RUNNING (the queue's advisory lock) or
+  FAIR (the claimed rows locked until the COMMIT): the other worker's claims of the queue go on,
+  and the job the cut-off claim held is run by it, long before the heal.
+
+Each time, the cut-off worker, once back, finds its session ended by the server (25P03, or the
+connection gone) and reconnects. ``PGOUTBOX_LONG_TESTS=1``: also RATE_LIMIT and per-organization
+limits, and several cuts in a row.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.processes import wait_for
+from tests.reliability.cluster import own_cluster
+from tests.reliability.netns import DelayProxy, HostWorker, network
+from tests.reliability.test_network import Site, wait_listening
+
+LONG = os.environ.get("PGOUTBOX_LONG_TESTS") == "1"
+ROUNDS = 3 if LONG else 1
+#: The relays' claim, and so the bound of their transaction's idleness (3 s at least).
+CLAIM_SECONDS = 3
+#: How long a cut lasts at most: a worker that kept its locks through it fails the test. Twice
+#: the time the fix needs (the server ends the session 3 s after its last statement, then a
+#: poll, a claim, a run), for a loaded machine.
+PARTITION_SECONDS = 12.0
+#: A subscriber's run: the relay is inside its batch's transaction all this time, idle.
+SUBSCRIBER_SECONDS = 1.5
+
+#: A claim that takes a ``slow_claim`` job waits 0.5 s on the server: long enough for the test
+#: to see the worker inside its claim's transaction and cut it off there.
+SLOW_CLAIMS = """
+CREATE FUNCTION prt_slow_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_sleep(0.5);
+    RETURN NEW;
+END $$;
+CREATE TRIGGER prt_slow_claim BEFORE UPDATE ON jobs FOR EACH ROW
+    WHEN (OLD.status = 'pending' AND NEW.status = 'leased' AND NEW.payload ? 'slow_claim')
+    EXECUTE FUNCTION prt_slow_claim();
+CREATE TRIGGER prt_slow_claim BEFORE UPDATE ON outbox_events FOR EACH ROW
+    WHEN (OLD.claimed_at IS NULL AND NEW.claimed_at IS NOT NULL AND NEW.payload ? 'slow_claim')
+    EXECUTE FUNCTION prt_slow_claim();
+"""
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[Site]:
+    with network() as net, own_cluster(host=net.gateway) as cluster:
+        with (cluster.pgdata / "pg_hba.conf").open("a") as hba:
+            hba.write(f"host all all {net.subnet} trust\n")
+        cluster.reload()
+        hosts = [net.add_host() for _ in range(2)]
+        cluster.migrated_database("net")
+        cluster.execute("net", SLOW_CLAIMS)
+        proxy = DelayProxy(net.gateway, (net.gateway, cluster.port))  # unused: no latency here
+        proxy.start()
+        built = Site(net, cluster, proxy, hosts)
+        try:
+            yield built
+        finally:
+            built.stop_all()
+            proxy.stop()
+
+
+@pytest.fixture
+def running(site: Site) -> Iterator[Site]:
+    try:
+        yield site
+    finally:
+        for host in site.hosts:
+            host.heal()
+        site.stop_all()
+
+
+def cut_off(site: Site, victim: HostWorker, done: Callable[[], bool], what: str) -> float:
+    """Partition ``victim``'s host until ``done()`` (or ``PARTITION_SECONDS``); then check that
+    the victim, back, reconnected (its session was ended, not kept). Returns how long after the
+    cut ``done()`` held; fails if ``done()`` never held in it."""
+    victim.host.partition()
+    cut_at = time.monotonic()
+    took = None
+    try:
+        while time.monotonic() - cut_at < PARTITION_SECONDS:
+            if done():
+                took = time.monotonic() - cut_at
+                break
+            time.sleep(0.1)
+    finally:
+        victim.host.heal()
+    lasted = time.monotonic() - cut_at
+    assert took is not None, (
+        f"{what}: still not done {lasted:.1f} s after {victim.application} was cut off inside "
+        "its transaction: its locks were kept through the partition"
+    )
+    # Back, it finds its session ended by the server (25P03, or the connection gone): a lost
+    # connection, waited out and reconnected, not an error that stops the worker.
+    wait_for(
+        lambda: "database unavailable" in victim.output() or victim.process.poll() is not None,
+        timeout=60,
+    )
+    assert victim.process.poll() is None, victim.output()[-3000:]
+    return took
+
+
+def idle_inside(site: Site, workers: list[HostWorker], seconds: float) -> HostWorker | None:
+    """A worker whose session has been idle inside a transaction for ``seconds``."""
+    rows = site.query(
+        "SELECT application_name FROM pg_stat_activity WHERE state = 'idle in transaction'"
+        " AND state_change < clock_timestamp() - make_interval(secs => %s)"
+        " AND application_name = ANY(%s)",
+        [seconds, [w.application for w in workers]],
+    )
+    return next((w for w in workers if rows and w.application == rows[0][0]), None)
+
+
+def sleeping_inside(site: Site, workers: list[HostWorker]) -> HostWorker | None:
+    """A worker whose statement waits in ``pg_sleep`` (the slow claim's trigger)."""
+    rows = site.query(
+        "SELECT application_name FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+        " AND application_name = ANY(%s)",
+        [[w.application for w in workers]],
+    )
+    return next((w for w in workers if rows and w.application == rows[0][0]), None)
+
+
+# -- a relay cut off while its batch's subscribers run ---------------------------------------------
+
+
+#: Where the relay is cut off: inside the claim (CLAIM_EVENTS, slowed by the trigger, before
+#: its COMMIT), or inside the batch's transaction while a subscriber runs (after the fence).
+RELAY_CUTS = {
+    "claim": {"slow_claim": True},
+    "batch": {"sleep": SUBSCRIBER_SECONDS},
+}
+
+
+@pytest.mark.parametrize("where", list(RELAY_CUTS))
+def test_relay_cut_off_inside_a_transaction(running: Site, tmp_path: Path, where: str) -> None:
+    site = running
+    relays = [
+        site.start(
+            host,
+            "--roles",
+            "relay",
+            log_dir=tmp_path,
+            OUTBOX={"CLAIM_SECONDS": CLAIM_SECONDS, "POLL_INTERVAL": 0.2},
+        )
+        for host in site.hosts
+    ]
+    wait_listening(site, relays)
+    figures = []
+    for _ in range(ROUNDS):
+        ((event,),) = site.query(
+            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, schema_version,"
+            " payload) VALUES ('prt', gen_random_uuid(), 'tests.projected', 1, %s) RETURNING id",
+            [json.dumps(RELAY_CUTS[where])],
+        )
+        if where == "claim":
+            victim = wait_for(lambda: sleeping_inside(site, relays), timeout=30, interval=0.01)
+        else:  # the fence (LOCK_CLAIMED_EVENTS) holds the event, its subscriber sleeps
+            victim = wait_for(lambda: idle_inside(site, relays, 0.3), timeout=30, interval=0.02)
+        ((holder,),) = site.query("SELECT claimed_by FROM outbox_events WHERE id = %s", [event])
+
+        def projected(event: uuid.UUID = event) -> bool:
+            rows = site.query(
+                "SELECT processed_at IS NOT NULL FROM outbox_events WHERE id = %s", [event]
+            )
+            return bool(rows[0][0])
+
+        took = cut_off(site, victim, projected, f"event {event}")
+        ((taker, attempts),) = site.query(
+            "SELECT claimed_by, attempts FROM outbox_events WHERE id = %s", [event]
+        )
+        if where == "batch":
+            # Taken over (its claim expired with its relay cut off): an attempt counted,
+            # projected by the other relay.
+            assert taker != holder, (taker, holder)
+            assert attempts == 1, attempts
+        else:
+            # The cut-off claim was rolled back with its session: never committed, no takeover.
+            assert holder is None, holder
+            assert attempts == 0, attempts
+        # Once: the cut-off relay's work was rolled back with its session.
+        ((projections,),) = site.query(
+            "SELECT count(*) FROM testjobs_projection WHERE event_id = %s", [event]
+        )
+        assert projections == 1, projections
+        figures.append(f"{took:.1f}")
+    print(
+        f"\nrelay cut off inside its {where} (CLAIM_SECONDS={CLAIM_SECONDS}): the event "
+        f"projected by the other relay {', '.join(figures)} s after the cut (a cut of at most "
+        f"{PARTITION_SECONDS:.0f} s)"
+    )
+
+
+# -- a worker cut off inside a limited or fair claim -----------------------------------------------
+
+QUEUES: dict[str, dict[str, Any]] = {
+    "max_running": {"MAX_RUNNING": 50},
+    "fair": {"FAIR": True},
+}
+if LONG:
+    QUEUES |= {
+        "rate_limit": {"RATE_LIMIT": 100},
+        "per_organization": {"MAX_RUNNING": 5, "LIMIT_BY": "organization"},
+    }
+
+
+@pytest.mark.parametrize("kind", list(QUEUES))
+def test_claim_cut_off_inside_its_transaction(running: Site, tmp_path: Path, kind: str) -> None:
+    site = running
+    queue = f"prt_{kind}"
+    workers = [
+        site.start(
+            host,
+            "--roles",
+            "jobs",
+            "--queues",
+            queue,
+            "--concurrency",
+            "2",
+            log_dir=tmp_path,
+            QUEUES={queue: QUEUES[kind]},
+            POLL_INTERVAL=0.2,
+        )
+        for host in site.hosts
+    ]
+    wait_listening(site, workers)
+
+    def insert(count: int, **payload: Any) -> list[uuid.UUID]:
+        rows = site.query(
+            "INSERT INTO jobs (queue, job_type, payload, organization_id)"
+            " SELECT %s, 'tests.noop', %s, gen_random_uuid() FROM generate_series(1, %s)"
+            " RETURNING id",
+            [queue, json.dumps(payload), count],
+        )
+        return [row[0] for row in rows]
+
+    figures = []
+    for _ in range(ROUNDS):
+        (slow,) = insert(1, slow_claim=True)
+        victim = wait_for(lambda: sleeping_inside(site, workers), timeout=30, interval=0.01)
+        after = insert(10)
+
+        def all_done(jobs: list[uuid.UUID] = [slow, *after]) -> bool:  # noqa: B006
+            rows = site.query(
+                "SELECT count(*) FROM jobs WHERE id = ANY(%s) AND status <> 'completed'", [jobs]
+            )
+            return bool(rows[0][0] == 0)
+
+        took = cut_off(site, victim, all_done, f"queue {queue}")
+        figures.append(f"{took:.1f}")
+    print(
+        f"\n{kind} claim cut off inside its transaction: the held job and 10 more run by the "
+        f"other worker {', '.join(figures)} s after the cut (a cut of at most "
+        f"{PARTITION_SECONDS:.0f} s)"
+    )
