@@ -10,7 +10,8 @@ transaction, so that the test sees the worker inside it and cuts it off there.
 - a relay cut off inside its claim (the claimed events locked until its COMMIT): the other
   relay projects the event once the server ended the session, long before the heal;
 - a relay cut off while a subscriber of its batch runs (its events locked by the fence): the
-  other relay takes the event over once the claim expired, long before the heal;
+  other relay takes the event over once the claim expired, long before the heal; the same two
+  cuts for a delivery (``outbox_deliveries``) the relay runs;
 - a worker cut off inside the claim of a queue with MAX_RUNNING (the queue's advisory lock) or
   FAIR (the claimed rows locked until the COMMIT): the other worker's claims of the queue go on,
   and the job the cut-off claim held is run by it, long before the heal.
@@ -61,6 +62,9 @@ CREATE TRIGGER prt_slow_claim BEFORE UPDATE ON jobs FOR EACH ROW
     EXECUTE FUNCTION prt_slow_claim();
 CREATE TRIGGER prt_slow_claim BEFORE UPDATE ON outbox_events FOR EACH ROW
     WHEN (OLD.claimed_at IS NULL AND NEW.claimed_at IS NOT NULL AND NEW.payload ? 'slow_claim')
+    EXECUTE FUNCTION prt_slow_claim();
+CREATE TRIGGER prt_slow_claim BEFORE UPDATE ON outbox_deliveries FOR EACH ROW
+    WHEN (OLD.claimed_at IS NULL AND NEW.claimed_at IS NOT NULL AND NEW.aggregate_type = 'slow')
     EXECUTE FUNCTION prt_slow_claim();
 """
 
@@ -154,6 +158,12 @@ RELAY_CUTS = {
     "claim": {"slow_claim": True},
     "batch": {"sleep": SUBSCRIBER_SECONDS},
 }
+#: The same for a delivery of a projected event (``outbox_deliveries``, run by the same relays).
+DELIVERY_CUTS = {
+    "delivery claim": ("slow", {}),
+    "delivery": ("prt", {"sleep": SUBSCRIBER_SECONDS}),
+}
+SUBSCRIBER = "testproject.testjobs.subscribers.project"
 
 
 @pytest.mark.parametrize("where", list(RELAY_CUTS))
@@ -211,6 +221,58 @@ def test_relay_cut_off_inside_a_transaction(running: Site, tmp_path: Path, where
     print(
         f"\nrelay cut off inside its {where} (CLAIM_SECONDS={CLAIM_SECONDS}): the event "
         f"projected by the other relay {', '.join(figures)} s after the cut (a cut of at most "
+        f"{PARTITION_SECONDS:.0f} s)"
+    )
+
+
+@pytest.mark.parametrize("where", list(DELIVERY_CUTS))
+def test_relay_cut_off_inside_a_delivery(running: Site, tmp_path: Path, where: str) -> None:
+    site = running
+    relays = [
+        site.start(
+            host,
+            "--roles",
+            "relay",
+            log_dir=tmp_path,
+            OUTBOX={"CLAIM_SECONDS": CLAIM_SECONDS, "POLL_INTERVAL": 0.2},
+        )
+        for host in site.hosts
+    ]
+    wait_listening(site, relays)
+    aggregate_type, payload = DELIVERY_CUTS[where]
+    figures = []
+    for _ in range(ROUNDS):
+        ((delivery,),) = site.query(
+            "WITH e AS (INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type,"
+            " schema_version, payload, processed_at) VALUES (%s, gen_random_uuid(),"
+            " 'tests.projected', 1, %s, now()) RETURNING *)"
+            " INSERT INTO outbox_deliveries (event_id, subscriber, aggregate_type, aggregate_id,"
+            " occurred_at) SELECT id, %s, aggregate_type, aggregate_id, occurred_at FROM e"
+            " RETURNING id",
+            [aggregate_type, json.dumps(payload), SUBSCRIBER],
+        )
+        if where == "delivery claim":
+            victim = wait_for(lambda: sleeping_inside(site, relays), timeout=30, interval=0.01)
+        else:  # the fence (LOCK_CLAIMED_DELIVERIES) holds the delivery, its subscriber sleeps
+            victim = wait_for(lambda: idle_inside(site, relays, 0.3), timeout=30, interval=0.02)
+
+        def delivered(delivery: int = delivery) -> bool:
+            rows = site.query(
+                "SELECT delivered_at IS NOT NULL FROM outbox_deliveries WHERE id = %s", [delivery]
+            )
+            return bool(rows[0][0])
+
+        took = cut_off(site, victim, delivered, f"delivery {delivery}")
+        ((projections,),) = site.query(
+            "SELECT count(*) FROM testjobs_projection AS p JOIN outbox_deliveries AS d"
+            " ON d.event_id = p.event_id WHERE d.id = %s",
+            [delivery],
+        )
+        assert projections == 1, projections
+        figures.append(f"{took:.1f}")
+    print(
+        f"\nrelay cut off inside its {where} (CLAIM_SECONDS={CLAIM_SECONDS}): delivered by the "
+        f"other relay {', '.join(figures)} s after the cut (a cut of at most "
         f"{PARTITION_SECONDS:.0f} s)"
     )
 
