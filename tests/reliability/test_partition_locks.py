@@ -102,6 +102,7 @@ def cut_off(site: Site, victim: HostWorker, done: Callable[[], bool], what: str)
     """Partition ``victim``'s host until ``done()`` (or ``PARTITION_SECONDS``); then check that
     the victim, back, reconnected (its session was ended, not kept). Returns how long after the
     cut ``done()`` held; fails if ``done()`` never held in it."""
+    lost_before = victim.output().count("database unavailable")
     victim.host.partition()
     cut_at = time.monotonic()
     took = None
@@ -121,7 +122,10 @@ def cut_off(site: Site, victim: HostWorker, done: Callable[[], bool], what: str)
     # Back, it finds its session ended by the server (25P03, or the connection gone): a lost
     # connection, waited out and reconnected, not an error that stops the worker.
     wait_for(
-        lambda: "database unavailable" in victim.output() or victim.process.poll() is not None,
+        lambda: (
+            victim.output().count("database unavailable") > lost_before
+            or victim.process.poll() is not None
+        ),
         timeout=60,
     )
     assert victim.process.poll() is None, victim.output()[-3000:]
@@ -149,25 +153,24 @@ def sleeping_inside(site: Site, workers: list[HostWorker]) -> HostWorker | None:
     return next((w for w in workers if rows and w.application == rows[0][0]), None)
 
 
-# -- a relay cut off while its batch's subscribers run ---------------------------------------------
+# -- a relay cut off inside its transactions ------------------------------------------------------
 
-
-#: Where the relay is cut off: inside the claim (CLAIM_EVENTS, slowed by the trigger, before
-#: its COMMIT), or inside the batch's transaction while a subscriber runs (after the fence).
-RELAY_CUTS = {
-    "claim": {"slow_claim": True},
-    "batch": {"sleep": SUBSCRIBER_SECONDS},
-}
-#: The same for a delivery of a projected event (``outbox_deliveries``, run by the same relays).
-DELIVERY_CUTS = {
-    "delivery claim": ("slow", {}),
-    "delivery": ("prt", {"sleep": SUBSCRIBER_SECONDS}),
-}
 SUBSCRIBER = "testproject.testjobs.subscribers.project"
 
+#: Where a relay is cut off, and the row it holds there: an event (``aggregate_type`` 'prt') or
+#: a delivery of a projected event ('delivery'), with its payload. Inside the claim (slowed by
+#: the trigger, before its COMMIT), or inside the transaction that runs a subscriber (after the
+#: fence, while the subscriber sleeps).
+RELAY_CUTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "event claim": ("event", {"slow_claim": True}),
+    "event batch": ("event", {"sleep": SUBSCRIBER_SECONDS}),
+    "delivery claim": ("delivery", {}),
+    "delivery run": ("delivery", {"sleep": SUBSCRIBER_SECONDS}),
+}
 
-@pytest.mark.parametrize("where", list(RELAY_CUTS))
-def test_relay_cut_off_inside_a_transaction(running: Site, tmp_path: Path, where: str) -> None:
+
+def test_relay_cut_off_inside_its_transactions(running: Site, tmp_path: Path) -> None:
+    """Two relays; one cut off at each place in turn (the same two relays throughout)."""
     site = running
     relays = [
         site.start(
@@ -181,137 +184,96 @@ def test_relay_cut_off_inside_a_transaction(running: Site, tmp_path: Path, where
     ]
     wait_listening(site, relays)
     figures = []
-    for _ in range(ROUNDS):
-        ((event,),) = site.query(
-            "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type, schema_version,"
-            " payload) VALUES ('prt', gen_random_uuid(), 'tests.projected', 1, %s) RETURNING id",
-            [json.dumps(RELAY_CUTS[where])],
-        )
-        if where == "claim":
+    for where, (row, payload) in [*RELAY_CUTS.items()] * ROUNDS:
+        slow_claim = where.endswith("claim")
+        if row == "event":
+            ((event,),) = site.query(
+                "INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type,"
+                " schema_version, payload) VALUES ('prt', gen_random_uuid(), 'tests.projected',"
+                " 1, %s) RETURNING id",
+                [json.dumps(payload)],
+            )
+            check = "SELECT processed_at IS NOT NULL FROM outbox_events WHERE id = %s"
+        else:
+            ((event, delivery),) = site.query(
+                "WITH e AS (INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type,"
+                " schema_version, payload, processed_at) VALUES (%s, gen_random_uuid(),"
+                " 'tests.projected', 1, %s, now()) RETURNING *)"
+                " INSERT INTO outbox_deliveries (event_id, subscriber, aggregate_type,"
+                " aggregate_id, occurred_at) SELECT id, %s, aggregate_type, aggregate_id,"
+                " occurred_at FROM e RETURNING event_id, id",
+                ["slow" if slow_claim else "prt", json.dumps(payload), SUBSCRIBER],
+            )
+            check = "SELECT delivered_at IS NOT NULL FROM outbox_deliveries WHERE id = %s"
+        if slow_claim:
             victim = wait_for(lambda: sleeping_inside(site, relays), timeout=30, interval=0.01)
-        else:  # the fence (LOCK_CLAIMED_EVENTS) holds the event, its subscriber sleeps
+        else:  # the fence holds the row, its subscriber sleeps
             victim = wait_for(lambda: idle_inside(site, relays, 0.3), timeout=30, interval=0.02)
         ((holder,),) = site.query("SELECT claimed_by FROM outbox_events WHERE id = %s", [event])
+        key = event if row == "event" else delivery
 
-        def projected(event: uuid.UUID = event) -> bool:
-            rows = site.query(
-                "SELECT processed_at IS NOT NULL FROM outbox_events WHERE id = %s", [event]
+        def done(check: str = check, key: Any = key) -> bool:
+            return bool(site.query(check, [key])[0][0])
+
+        took = cut_off(site, victim, done, f"{where} {key}")
+        if row == "event":
+            ((taker, attempts),) = site.query(
+                "SELECT claimed_by, attempts FROM outbox_events WHERE id = %s", [event]
             )
-            return bool(rows[0][0])
-
-        took = cut_off(site, victim, projected, f"event {event}")
-        ((taker, attempts),) = site.query(
-            "SELECT claimed_by, attempts FROM outbox_events WHERE id = %s", [event]
-        )
-        if where == "batch":
-            # Taken over (its claim expired with its relay cut off): an attempt counted,
-            # projected by the other relay.
-            assert taker != holder, (taker, holder)
-            assert attempts == 1, attempts
-        else:
-            # The cut-off claim was rolled back with its session: never committed, no takeover.
-            assert holder is None, holder
-            assert attempts == 0, attempts
-        # Once: the cut-off relay's work was rolled back with its session.
+            if slow_claim:
+                # The cut-off claim was rolled back with its session: never committed, so no
+                # takeover was counted.
+                assert (holder, attempts) == (None, 0), (where, holder, attempts)
+            else:
+                # Taken over once its claim expired: an attempt counted, the other relay's.
+                assert taker != holder, (where, taker, holder)
+                assert attempts == 1, (where, attempts)
+        # Run once: the cut-off relay's work was rolled back with its session.
         ((projections,),) = site.query(
             "SELECT count(*) FROM testjobs_projection WHERE event_id = %s", [event]
         )
-        assert projections == 1, projections
-        figures.append(f"{took:.1f}")
+        assert projections == 1, (where, projections)
+        figures.append(f"{where} {took:.1f}")
     print(
-        f"\nrelay cut off inside its {where} (CLAIM_SECONDS={CLAIM_SECONDS}): the event "
-        f"projected by the other relay {', '.join(figures)} s after the cut (a cut of at most "
-        f"{PARTITION_SECONDS:.0f} s)"
-    )
-
-
-@pytest.mark.parametrize("where", list(DELIVERY_CUTS))
-def test_relay_cut_off_inside_a_delivery(running: Site, tmp_path: Path, where: str) -> None:
-    site = running
-    relays = [
-        site.start(
-            host,
-            "--roles",
-            "relay",
-            log_dir=tmp_path,
-            OUTBOX={"CLAIM_SECONDS": CLAIM_SECONDS, "POLL_INTERVAL": 0.2},
-        )
-        for host in site.hosts
-    ]
-    wait_listening(site, relays)
-    aggregate_type, payload = DELIVERY_CUTS[where]
-    figures = []
-    for _ in range(ROUNDS):
-        ((delivery,),) = site.query(
-            "WITH e AS (INSERT INTO outbox_events (aggregate_type, aggregate_id, event_type,"
-            " schema_version, payload, processed_at) VALUES (%s, gen_random_uuid(),"
-            " 'tests.projected', 1, %s, now()) RETURNING *)"
-            " INSERT INTO outbox_deliveries (event_id, subscriber, aggregate_type, aggregate_id,"
-            " occurred_at) SELECT id, %s, aggregate_type, aggregate_id, occurred_at FROM e"
-            " RETURNING id",
-            [aggregate_type, json.dumps(payload), SUBSCRIBER],
-        )
-        if where == "delivery claim":
-            victim = wait_for(lambda: sleeping_inside(site, relays), timeout=30, interval=0.01)
-        else:  # the fence (LOCK_CLAIMED_DELIVERIES) holds the delivery, its subscriber sleeps
-            victim = wait_for(lambda: idle_inside(site, relays, 0.3), timeout=30, interval=0.02)
-
-        def delivered(delivery: int = delivery) -> bool:
-            rows = site.query(
-                "SELECT delivered_at IS NOT NULL FROM outbox_deliveries WHERE id = %s", [delivery]
-            )
-            return bool(rows[0][0])
-
-        took = cut_off(site, victim, delivered, f"delivery {delivery}")
-        ((projections,),) = site.query(
-            "SELECT count(*) FROM testjobs_projection AS p JOIN outbox_deliveries AS d"
-            " ON d.event_id = p.event_id WHERE d.id = %s",
-            [delivery],
-        )
-        assert projections == 1, projections
-        figures.append(f"{took:.1f}")
-    print(
-        f"\nrelay cut off inside its {where} (CLAIM_SECONDS={CLAIM_SECONDS}): delivered by the "
-        f"other relay {', '.join(figures)} s after the cut (a cut of at most "
-        f"{PARTITION_SECONDS:.0f} s)"
+        f"\nrelay cut off inside a transaction (CLAIM_SECONDS={CLAIM_SECONDS}, cuts of at most "
+        f"{PARTITION_SECONDS:.0f} s): done by the other relay after (s) {'; '.join(figures)}"
     )
 
 
 # -- a worker cut off inside a limited or fair claim -----------------------------------------------
 
 QUEUES: dict[str, dict[str, Any]] = {
-    "max_running": {"MAX_RUNNING": 50},
-    "fair": {"FAIR": True},
+    "prt_max_running": {"MAX_RUNNING": 50},
+    "prt_fair": {"FAIR": True},
 }
 if LONG:
     QUEUES |= {
-        "rate_limit": {"RATE_LIMIT": 100},
-        "per_organization": {"MAX_RUNNING": 5, "LIMIT_BY": "organization"},
+        "prt_rate_limit": {"RATE_LIMIT": 100},
+        "prt_per_organization": {"MAX_RUNNING": 5, "LIMIT_BY": "organization"},
     }
 
 
-@pytest.mark.parametrize("kind", list(QUEUES))
-def test_claim_cut_off_inside_its_transaction(running: Site, tmp_path: Path, kind: str) -> None:
+def test_claims_cut_off_inside_their_transaction(running: Site, tmp_path: Path) -> None:
+    """Two workers of every queue; one cut off inside a claim of each queue in turn."""
     site = running
-    queue = f"prt_{kind}"
     workers = [
         site.start(
             host,
             "--roles",
             "jobs",
             "--queues",
-            queue,
+            ",".join(QUEUES),
             "--concurrency",
             "2",
             log_dir=tmp_path,
-            QUEUES={queue: QUEUES[kind]},
+            QUEUES=QUEUES,
             POLL_INTERVAL=0.2,
         )
         for host in site.hosts
     ]
     wait_listening(site, workers)
 
-    def insert(count: int, **payload: Any) -> list[uuid.UUID]:
+    def insert(queue: str, count: int, **payload: Any) -> list[uuid.UUID]:
         rows = site.query(
             "INSERT INTO jobs (queue, job_type, payload, organization_id)"
             " SELECT %s, 'tests.noop', %s, gen_random_uuid() FROM generate_series(1, %s)"
@@ -321,10 +283,10 @@ def test_claim_cut_off_inside_its_transaction(running: Site, tmp_path: Path, kin
         return [row[0] for row in rows]
 
     figures = []
-    for _ in range(ROUNDS):
-        (slow,) = insert(1, slow_claim=True)
+    for queue in [*QUEUES] * ROUNDS:
+        (slow,) = insert(queue, 1, slow_claim=True)
         victim = wait_for(lambda: sleeping_inside(site, workers), timeout=30, interval=0.01)
-        after = insert(10)
+        after = insert(queue, 10)
 
         def all_done(jobs: list[uuid.UUID] = [slow, *after]) -> bool:  # noqa: B006
             rows = site.query(
@@ -333,9 +295,8 @@ def test_claim_cut_off_inside_its_transaction(running: Site, tmp_path: Path, kin
             return bool(rows[0][0] == 0)
 
         took = cut_off(site, victim, all_done, f"queue {queue}")
-        figures.append(f"{took:.1f}")
+        figures.append(f"{queue} {took:.1f}")
     print(
-        f"\n{kind} claim cut off inside its transaction: the held job and 10 more run by the "
-        f"other worker {', '.join(figures)} s after the cut (a cut of at most "
-        f"{PARTITION_SECONDS:.0f} s)"
+        f"\nworker cut off inside a claim (cuts of at most {PARTITION_SECONDS:.0f} s): the job "
+        f"it held and 10 more run by the other worker after (s) {'; '.join(figures)}"
     )
