@@ -201,7 +201,7 @@ def relay(url: str, shared: Shared, args: argparse.Namespace, number: int) -> No
                 with conn.transaction():
                     cursor.execute(
                         queries.LOCK_CLAIMED_EVENTS,
-                        [[r[0] for r in rows], [r[10] for r in rows], relay_id],
+                        ["60s", [r[0] for r in rows], [r[10] for r in rows], relay_id],
                     )
                     held = [r[0] for r in cursor.fetchall()]
                     cursor.execute(queries.MARK_EVENTS_PROCESSED, [held])

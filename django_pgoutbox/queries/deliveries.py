@@ -104,6 +104,10 @@ ON CONFLICT (event_id, subscriber) DO NOTHING
 #: died, perhaps because of it) is counted an attempt here and run alone, as CLAIM_EVENTS does
 #: with an event; at most one per claim (``attempts`` stops at the largest 32-bit integer, as
 #: CLAIM_EVENTS's). Returns the event's columns with each delivery.
+#:
+#: ``idle_in_transaction_session_timeout`` is 3 s for its transaction, for the reason
+#: CLAIM_EVENTS_PLAN gives: the rows it claims stay locked until the COMMIT, a round trip later.
+#: Set in the UPDATE's join (one row), which runs whenever a row is claimed.
 CLAIM_DELIVERIES = """
 WITH candidates AS MATERIALIZED (
     SELECT d.id, d.claimed_at IS NOT NULL AS reclaimed, d.claimed_by AS holder, d.attempts,
@@ -148,7 +152,8 @@ SET claimed_at = CASE WHEN c.spent THEN NULL ELSE now() END,
                       THEN CASE WHEN c.spent THEN %(dead_summary)s ELSE %(summary)s END
                            || coalesce(' (last held by ' || left(c.holder, 200) || ')', '')
                       ELSE o.last_error END
-FROM chosen AS c, outbox_events AS e
+FROM chosen AS c, outbox_events AS e,
+     (SELECT set_config('idle_in_transaction_session_timeout', '3s', true)) AS idle
 WHERE o.id = c.id AND e.id = o.event_id
 RETURNING o.id, o.subscriber, o.attempts, o.claimed_at, c.reclaimed, c.spent,
           e.id, e.organization_id, e.aggregate_type, e.aggregate_id, e.event_type,
@@ -156,13 +161,16 @@ RETURNING o.id, o.subscriber, o.attempts, o.claimed_at, c.reclaimed, c.spent,
           e.trace_context
 """
 
-#: Lock the claimed deliveries this relay still holds: the fence, as LOCK_CLAIMED_EVENTS.
+#: Lock the claimed deliveries this relay still holds: the fence, as LOCK_CLAIMED_EVENTS, and
+#: the same ``idle_in_transaction_session_timeout`` for the transaction (its subscribers run
+#: between the relay's statements; see there).
 #:
-#: Parameters (binary): ids bigint[], claimed_at timestamptz[], relay_id text.
+#: Parameters (binary): idle text, ids bigint[], claimed_at timestamptz[], relay_id text.
 LOCK_CLAIMED_DELIVERIES = binary(
     """
 SELECT o.id
-FROM unnest(%s::bigint[], %s::timestamptz[]) AS c(id, claimed_at)
+FROM (SELECT set_config('idle_in_transaction_session_timeout', %s::text, true)) AS idle,
+     unnest(%s::bigint[], %s::timestamptz[]) AS c(id, claimed_at)
 CROSS JOIN LATERAL (
     SELECT d.id
     FROM outbox_deliveries AS d

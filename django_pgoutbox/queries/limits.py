@@ -15,7 +15,17 @@ from django_pgoutbox.queries.claims import CLAIM_RETURNING
 
 #: Serialize the claims of one queue across every worker, until the transaction ends.
 #: Parameters: queue text.
-CLAIM_LOCK = "SELECT pg_advisory_xact_lock(hashtextextended('pgoutbox.claim:' || %s, 0))"
+#:
+#: With ``idle_in_transaction_session_timeout`` of 3 s for the transaction: the claim's
+#: statements follow each other in milliseconds, each a round trip, the lock held across them.
+#: A worker cut off from the server between two of them (a network partition, its host gone,
+#: no RST) would otherwise keep the lock, and every other worker's claim of the queue would
+#: wait for it, until the partition heals or the server's TCP keepalive gives up (two hours by
+#: default); the server ends its session instead, and the lock goes with it.
+CLAIM_LOCK = (
+    "SELECT pg_advisory_xact_lock(hashtextextended('pgoutbox.claim:' || %s, 0))"
+    " FROM (SELECT set_config('idle_in_transaction_session_timeout', '3s', true)) AS timeout"
+)
 
 #: A queue-wide limit's allowance: jobs of the queue running now, and the tokens of its bucket.
 #:
@@ -163,11 +173,14 @@ RETURNING {returning}
 #: each), and on a small table it prefers to join them back to ``jobs`` by hashing the whole table,
 #: which grows with the table (docs/benchmarks.md, "What profiling found", item 7). Without hash and
 #: merge joins it probes the primary key for each candidate. ``is_local``: the settings end with the
-#: transaction. JIT is off for the reason CLAIM_EVENTS_PLAN gives.
+#: transaction. JIT is off for the reason CLAIM_EVENTS_PLAN gives; and the transaction's
+#: ``idle_in_transaction_session_timeout`` is 3 s for the reason CLAIM_LOCK gives (a FAIR queue
+#: without limits takes no lock, but the rows it claims stay locked until its COMMIT).
 FAIR_PLAN = (
     "SELECT set_config('enable_hashjoin', 'off', true),"
     " set_config('enable_mergejoin', 'off', true),"
-    " set_config('jit', 'off', true)"
+    " set_config('jit', 'off', true),"
+    " set_config('idle_in_transaction_session_timeout', '3s', true)"
 )
 
 

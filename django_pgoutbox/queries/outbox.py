@@ -36,9 +36,17 @@ RETURNING occurred_at, available_at,
 #: compiling its plan than running it; and with statistics from a fuller backlog it preferred to
 #: read every waiting event (a sequential or bitmap scan), check each one's aggregate, then sort, to
 #: walking ``outbox_claim_idx`` in order until the batch is full.
+#:
+#: And ``idle_in_transaction_session_timeout`` of 3 s for this transaction: the claim locks the
+#: rows it takes (``FOR UPDATE``) until its COMMIT, a round trip later, and the relay runs
+#: nothing between its statements. A relay cut off from the server between them (a network
+#: partition, its host gone, no RST) would otherwise keep those rows locked, so that every other
+#: relay's claim skipped them (``SKIP LOCKED``), until the partition heals or the server's TCP
+#: keepalive gives up (two hours by default); the server ends its session instead.
 CLAIM_EVENTS_PLAN = (
     "SELECT set_config('jit', 'off', true), set_config('enable_seqscan', 'off', true),"
-    " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
+    " set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true),"
+    " set_config('idle_in_transaction_session_timeout', '3s', true)"
 )
 
 
@@ -174,12 +182,23 @@ SEEK_CLAIM_EVENTS = _CLAIM_EVENTS.format(
 
 #: Lock the claimed events this relay still holds, at the start of the projecting transaction.
 #:
-#: Parameters: ids uuid[], claimed_at timestamptz[], relay_id text.
+#: Parameters: idle text (an ``idle_in_transaction_session_timeout``), ids uuid[],
+#: claimed_at timestamptz[], relay_id text.
 #:
 #: The fence of the outbox: an event whose claim expired and was taken over by another relay
 #: (its ``claimed_at`` moved on: each claim is a transaction of its own, with its own ``now()``)
 #: is not returned, and is skipped; the lock keeps any other relay from claiming these rows
 #: until this transaction ends.
+#:
+#: It also sets ``idle_in_transaction_session_timeout`` for the transaction to ``idle``: the
+#: relay's ``CLAIM_SECONDS``, 3 s at least (``deliveries.idle_bound``). The subscribers run
+#: between the relay's statements, so the transaction waits on the relay for as long as they
+#: take; a relay cut off from the server there (a network partition, no RST) would keep the
+#: events locked, and no other relay could take them over, until the partition heals or the
+#: server's TCP keepalive gives up (two hours by default). Not a fixed few seconds: a
+#: subscriber may work that long without a statement. After ``CLAIM_SECONDS`` of silence the
+#: claim has expired anyway (it was taken before the transaction began), so another relay may
+#: take the events over: the server ends the session then, and the lock goes with it.
 #:
 #: Each id is looked up by the primary key (``LATERAL``): as a join, the planner, trusting
 #: statistics in which ``claimed_by`` is nearly always NULL, compared every claimed row with
@@ -187,7 +206,8 @@ SEEK_CLAIM_EVENTS = _CLAIM_EVENTS.format(
 LOCK_CLAIMED_EVENTS = binary(
     """
 SELECT o.id
-FROM unnest(%s::uuid[], %s::timestamptz[]) AS c(id, claimed_at)
+FROM (SELECT set_config('idle_in_transaction_session_timeout', %s::text, true)) AS idle,
+     unnest(%s::uuid[], %s::timestamptz[]) AS c(id, claimed_at)
 CROSS JOIN LATERAL (
     SELECT e.id
     FROM outbox_events AS e

@@ -144,6 +144,18 @@ def run_alone(
     return None
 
 
+#: The shortest ``idle_bound``: the 3 s that the relay's claims allow between two of their own
+#: statements (CLAIM_EVENTS_PLAN), for a ``CLAIM_SECONDS`` shorter than that (tests set 1 ms).
+IDLE_FLOOR_SECONDS = 3.0
+
+
+def idle_bound(claim_seconds: float) -> str:
+    """The ``idle_in_transaction_session_timeout`` of a transaction that runs subscribers on
+    claimed rows (LOCK_CLAIMED_EVENTS, LOCK_CLAIMED_DELIVERIES): ``CLAIM_SECONDS``, after which
+    the claim may be taken over anyway, and never below ``IDLE_FLOOR_SECONDS``."""
+    return f"{math.ceil(max(claim_seconds, IDLE_FLOOR_SECONDS) * 1000)}ms"
+
+
 def metric_name(subscriber: str, event_type: str) -> str:
     """``subscriber``, if registered for ``event_type`` here; else ``UNREGISTERED``."""
     if any(s.name == subscriber for s in subscribers_for(event_type)):
@@ -372,7 +384,12 @@ class DeliveryRunner:
         with server_side_cursor(self.using) as cursor:
             cursor.execute(
                 queries.LOCK_CLAIMED_DELIVERIES,
-                [[c.id for c in items], [c.claimed_at for c in items], self.relay_id],
+                [
+                    idle_bound(self.settings.claim_seconds),
+                    [c.id for c in items],
+                    [c.claimed_at for c in items],
+                    self.relay_id,
+                ],
             )
             return {row[0] for row in cursor.fetchall()}
 

@@ -61,6 +61,7 @@ from django_pgoutbox.worker.deliveries import (
     DeliveryRunner,
     claimed_event,
     connection_lost,
+    idle_bound,
     metric_name,
     run_alone,
     write_deliveries,
@@ -501,7 +502,12 @@ class Relay:
         with server_side_cursor(self.using) as cursor:
             cursor.execute(
                 queries.LOCK_CLAIMED_EVENTS,
-                [[e.id for e in events], [e.claimed_at for e in events], self.relay_id],
+                [
+                    idle_bound(self.settings.claim_seconds),
+                    [e.id for e in events],
+                    [e.claimed_at for e in events],
+                    self.relay_id,
+                ],
             )
             return {row[0] for row in cursor.fetchall()}
 

@@ -110,3 +110,20 @@ def test_a_prepared_statement_a_migration_made_stale_is_unsupported(
     assert [error.sqlstate for error in errors] == ["0A000", "0A000"]
     assert classify_error(errors[0]) is ErrorKind.UNSUPPORTED
     assert ErrorKind.UNSUPPORTED in RECONNECT
+
+
+@pytest.mark.django_db
+def test_a_session_ended_idle_in_a_transaction_is_a_lost_connection() -> None:
+    """The server ends a session left idle inside its transaction past
+    ``idle_in_transaction_session_timeout`` (25P03): the worker reconnects, as for a lost
+    connection (the relay's, the scheduler's and the limited claims' transactions set it)."""
+    import time
+
+    from django_pgoutbox.db import raw_connection_params
+
+    with psycopg.connect(**raw_connection_params("default")) as conn:
+        conn.execute("SELECT set_config('idle_in_transaction_session_timeout', '100ms', true)")
+        time.sleep(1.0)
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT 1")
+    assert classify_error(raised.value) is ErrorKind.CONNECTION, raised.value
