@@ -112,7 +112,13 @@ def claimed_event(row: Sequence[Any], using: str, **extra: Any) -> OutboxEvent:
 
 
 def run_alone(
-    projection: Subscriber, event: OutboxEvent, jobs: DeferredEnqueues, using: str, *, flush: bool
+    projection: Subscriber,
+    event: OutboxEvent,
+    jobs: DeferredEnqueues,
+    using: str,
+    *,
+    flush: bool,
+    idle_seconds: float | None = None,
 ) -> tuple[BaseException, str] | None:
     """Run one subscriber on ``event`` in a savepoint (and, with ``flush``, write the jobs it
     enqueued there); if it failed, what failed it and the code of its delivery.
@@ -125,7 +131,7 @@ def run_alone(
     mark = jobs.mark()
     try:
         with transaction.atomic(using=using):  # a savepoint: this subscriber only
-            subscribers.run_one(projection, event, using)
+            subscribers.run_one(projection, event, using, idle_seconds)
             if flush:
                 session_settings.restore(using, f"subscriber {projection.name!r}")
                 jobs.flush()
@@ -149,11 +155,17 @@ def run_alone(
 IDLE_FLOOR_SECONDS = 3.0
 
 
+def idle_seconds(claim_seconds: float) -> float:
+    """How long a transaction that runs subscribers on claimed rows (LOCK_CLAIMED_EVENTS,
+    LOCK_CLAIMED_DELIVERIES) may stay idle: ``CLAIM_SECONDS``, after which the claim may be
+    taken over anyway, and never below ``IDLE_FLOOR_SECONDS``. A subscriber that keeps it idle
+    longer fails its delivery (``SubscriberTimedOut``)."""
+    return max(claim_seconds, IDLE_FLOOR_SECONDS)
+
+
 def idle_bound(claim_seconds: float) -> str:
-    """The ``idle_in_transaction_session_timeout`` of a transaction that runs subscribers on
-    claimed rows (LOCK_CLAIMED_EVENTS, LOCK_CLAIMED_DELIVERIES): ``CLAIM_SECONDS``, after which
-    the claim may be taken over anyway, and never below ``IDLE_FLOOR_SECONDS``."""
-    return f"{math.ceil(max(claim_seconds, IDLE_FLOOR_SECONDS) * 1000)}ms"
+    """``idle_seconds`` as an ``idle_in_transaction_session_timeout``."""
+    return f"{math.ceil(idle_seconds(claim_seconds) * 1000)}ms"
 
 
 def metric_name(subscriber: str, event_type: str) -> str:
@@ -372,7 +384,7 @@ class DeliveryRunner:
         )
 
     def _record_apart(self, item: Claimed, error: subscribers.ClosedBySubscriber) -> None:
-        outcome = self._failed(item, error, subscribers.CLOSED_RELAY_CONNECTION)
+        outcome = self._failed(item, error, error.code)
         with transaction.atomic(using=self.using):
             if self._lock([item]):
                 with server_side_cursor(self.using) as cursor:
@@ -407,7 +419,14 @@ class DeliveryRunner:
         if event.schema_version not in projection.versions:
             return subscribers.refused(event, item.subscriber)
         try:
-            failure = run_alone(projection, event, jobs, self.using, flush=True)
+            failure = run_alone(
+                projection,
+                event,
+                jobs,
+                self.using,
+                flush=True,
+                idle_seconds=idle_seconds(self.settings.claim_seconds),
+            )
         except subscribers.ClosedBySubscriber as closed:
             raise _Closed(item, closed) from closed
         return None if failure is None else self._failed(item, *failure)

@@ -62,6 +62,7 @@ from django_pgoutbox.worker.deliveries import (
     claimed_event,
     connection_lost,
     idle_bound,
+    idle_seconds,
     metric_name,
     run_alone,
     write_deliveries,
@@ -105,10 +106,6 @@ class EventSeekPolicy(SeekPolicy):
     def mark_of(self, rows: Sequence[Any]) -> tuple[Any, ...]:
         first = min((row.occurred_at, row.id) for row in rows)
         return first if self.mark is None else max(self.mark, first)
-
-
-#: The code of a delivery whose subscriber closed the relay's connection.
-CLOSED = subscribers.CLOSED_RELAY_CONNECTION
 
 
 #: After a batch whose first pass failed, the batches of the next seconds start at the second
@@ -342,7 +339,7 @@ class Relay:
         deliveries = list(plan.deliveries)
         for projection in plan.runnable:
             if projection.name == closed.subscriber:
-                deliveries.append(self._failed(event, projection.name, closed, CLOSED))
+                deliveries.append(self._failed(event, projection.name, closed, closed.code))
             else:
                 deliveries.append(subscribers.waiting_delivery(event, projection.name))
         with transaction.atomic(using=self.using):
@@ -474,14 +471,17 @@ class Relay:
         raises raises ``_SubscriberFailed``."""
         plan = subscribers.plan(event, self._waiting.get(event.id, ()))
         deliveries.extend(plan.deliveries)
+        idle = idle_seconds(self.settings.claim_seconds)
         for projection in plan.runnable:
             if alone:
-                failure = run_alone(projection, event, jobs, self.using, flush=flush)
+                failure = run_alone(
+                    projection, event, jobs, self.using, flush=flush, idle_seconds=idle
+                )
                 if failure is not None:
                     deliveries.append(self._failed(event, projection.name, *failure))
                 continue
             try:
-                subscribers.run_one(projection, event, self.using)
+                subscribers.run_one(projection, event, self.using, idle)
             except subscribers.SubscriberRaised as raised:
                 if connection_lost(self.using):
                     raise ConnectionLost from raised.error

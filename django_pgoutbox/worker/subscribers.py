@@ -7,6 +7,7 @@ not run or failed (``outbox_deliveries``). The relay and its delivery runner sha
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -29,6 +30,11 @@ UNWRITABLE_JOB = "unwritable_job"
 
 #: ``last_error_code`` of an event whose subscriber closed the relay's connection.
 CLOSED_RELAY_CONNECTION = "closed_relay_connection"
+
+#: ``last_error_code`` of an event whose subscriber kept the relay's transaction silent for
+#: longer than its idle bound (``OUTBOX["CLAIM_SECONDS"]``, 3 s at least), so that the server
+#: ended the relay's session (``idle_in_transaction_session_timeout``).
+SUBSCRIBER_TIMEOUT = "subscriber_timeout"
 
 #: ``last_error_code`` of a delivery whose event's schema version its subscriber does not accept.
 UNSUPPORTED_SCHEMA_VERSION = "unsupported_schema_version"
@@ -61,14 +67,37 @@ class ClosedBySubscriber(Exception):
     """A subscriber closed the relay's connection (``connection.close()``,
     ``close_old_connections()``): the transaction is gone, through that subscriber's fault."""
 
-    def __init__(self, event: OutboxEvent, subscriber: str) -> None:
+    #: The failed delivery's ``last_error_code``.
+    code = CLOSED_RELAY_CONNECTION
+
+    def __init__(self, event: OutboxEvent, subscriber: str, message: str | None = None) -> None:
         super().__init__(
-            f"subscriber {subscriber!r} of {event.event_type!r} closed the relay's database "
+            message
+            or f"subscriber {subscriber!r} of {event.event_type!r} closed the relay's database "
             "connection inside the relay's transaction (connection.close(), "
             "close_old_connections()); nothing it wrote was kept"
         )
         self.event = event
         self.subscriber = subscriber
+
+
+class SubscriberTimedOut(ClosedBySubscriber):
+    """A subscriber ran for longer than the relay's transaction may stay silent (no statement
+    sent: an HTTP call, a sleep), and the server ended the relay's session: the transaction is
+    gone, through that subscriber's fault. Without this, the relay would project the same batch
+    again and again, each time cut off by the same subscriber."""
+
+    code = SUBSCRIBER_TIMEOUT
+
+    def __init__(self, event: OutboxEvent, subscriber: str, seconds: float, bound: float) -> None:
+        super().__init__(
+            event,
+            subscriber,
+            f"subscriber {subscriber!r} of {event.event_type!r} ran for {seconds:.1f}s, longer "
+            f"than the relay's transaction may stay idle ({bound:g}s: OUTBOX['CLAIM_SECONDS'], "
+            "3 s at least), and the server ended the relay's session; nothing it wrote was "
+            "kept (slow work belongs in a job the subscriber enqueues)",
+        )
 
 
 class SubscriberRaised(Exception):
@@ -145,11 +174,16 @@ def refused(event: OutboxEvent, subscriber: str) -> Delivery:
     return Delivery(event.id, subscriber, 1, True, 0.0, UNSUPPORTED_SCHEMA_VERSION, bound(message))
 
 
-def run_one(projection: Subscriber, event: OutboxEvent, using: str) -> None:
+def run_one(
+    projection: Subscriber, event: OutboxEvent, using: str, idle_seconds: float | None = None
+) -> None:
     """Run one subscriber on ``event``; whatever it raises (``KeyboardInterrupt`` aside) comes
     out as ``SubscriberRaised``, so that it is told apart from the relay's own statements, and a
-    connection it closed as ``ClosedBySubscriber``."""
+    connection it closed as ``ClosedBySubscriber``. One that ran for ``idle_seconds`` or more
+    (the transaction's ``idle_in_transaction_session_timeout``) after which the server ended the
+    session raises ``SubscriberTimedOut``."""
     wrapper = connections[using]
+    started = time.monotonic()
     try:
         with for_event(event.id), traced_event(event, projection.name):
             projection(event)
@@ -158,7 +192,9 @@ def run_one(projection: Subscriber, event: OutboxEvent, using: str) -> None:
     except BaseException as error:  # SystemExit too: a subscriber's, not the process's
         if wrapper.closed_in_transaction:
             raise ClosedBySubscriber(event, projection.name) from error
+        _raise_if_timed_out(projection, event, using, started, idle_seconds, error)
         raise SubscriberRaised(error) from error
+    _raise_if_timed_out(projection, event, using, started, idle_seconds, None)
     # Set by Django's close() alone, never by a connection the server dropped.
     if wrapper.closed_in_transaction:
         raise ClosedBySubscriber(event, projection.name)
@@ -167,6 +203,39 @@ def run_one(projection: Subscriber, event: OutboxEvent, using: str) -> None:
         # No round trip: psycopg knows the server's transaction status from its last answer.
         aborted = AbortedTransaction(event, projection.name)
         raise SubscriberRaised(aborted) from aborted
+
+
+def _raise_if_timed_out(
+    projection: Subscriber,
+    event: OutboxEvent,
+    using: str,
+    started: float,
+    idle_seconds: float | None,
+    error: BaseException | None,
+) -> None:
+    """After a subscriber that ran for ``idle_seconds`` or more: one round trip to learn whether
+    the server ended the session meanwhile (SQLSTATE 25P03, or the connection gone); if so,
+    ``SubscriberTimedOut``. Subscribers quicker than that cost nothing."""
+    seconds = time.monotonic() - started
+    if idle_seconds is None or seconds < idle_seconds:
+        return
+    raw = connections[using].connection
+    if raw is None or raw.closed or raw.broken:
+        ended = raw is not None
+    else:
+        try:
+            raw.execute("SELECT 1")
+            ended = False
+        except psycopg.Error:
+            # An aborted transaction (the subscriber caught a database error) answers too,
+            # with an error: only a session the server ended leaves the connection broken.
+            ended = bool(raw.closed or raw.broken)
+    if ended:
+        # As a subscriber's close() would: Django marks the transaction closed, so that the
+        # relay records the failure apart in a transaction on a new connection.
+        connections[using].close()
+        timed_out = SubscriberTimedOut(event, projection.name, seconds, idle_seconds)
+        raise timed_out from error
 
 
 def failed(
@@ -184,7 +253,7 @@ def failed(
     summary = summarize(error)
     if code == UNWRITABLE_JOB:
         summary = bound(f"a job it enqueued cannot be written: {summary}")
-    elif code == CLOSED_RELAY_CONNECTION:
+    elif code in (CLOSED_RELAY_CONNECTION, SUBSCRIBER_TIMEOUT):
         summary = bound(str(error))
     # Whatever a subscriber raised, its delivery is retried until its attempts run out.
     outcome = failure_outcome(

@@ -169,6 +169,13 @@ def poison_close_connection(event: OutboxEvent) -> None:
     close_old_connections()
 
 
+@subscriber("poison.stall")
+def poison_stall(event: OutboxEvent) -> None:
+    """Keep the relay's transaction silent (no statement) for ``seconds``, as an HTTP call made
+    from a subscriber does."""
+    time.sleep(event.payload["seconds"])
+
+
 @subscriber("poison.os_exit")
 def poison_os_exit(event: OutboxEvent) -> None:
     """Kill the relay's whole process, as a crash in native code or the OOM killer would."""

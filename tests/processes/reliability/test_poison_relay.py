@@ -233,6 +233,25 @@ def test_a_subscriber_closing_the_relay_connection_fails_its_delivery_only(
     assert "close_old_connections()" in (stored.last_error or "")
 
 
+def test_a_subscriber_silent_past_the_claim_fails_its_delivery_only(start_worker: Any) -> None:
+    """A subscriber that keeps the relay's transaction idle for longer than ``CLAIM_SECONDS``
+    (3 s here, the least the relay allows) gets the session ended by the server
+    (``idle_in_transaction_session_timeout``, which bounds how long a relay cut off from the
+    server holds its events). That is the subscriber's failure, recorded apart; the rest of the
+    batch is projected, and the relay does not project the same batch again and again."""
+    innocents, [poison] = publish_batch(("poison.stall", {"seconds": 4}))
+    worker = start_worker("--roles", "relay", **{**SETTINGS, "OUTBOX": {
+        "MAX_ATTEMPTS": MAX_ATTEMPTS, "CLAIM_SECONDS": 3,
+    }})  # fmt: skip
+    wait_for(dead_or_exited(poison, worker), timeout=90)
+    assert worker.process.poll() is None, worker.output()
+    assert_innocents_projected_once(innocents)
+    stored = assert_dead(poison, "subscriber_timeout")
+    assert "OUTBOX['CLAIM_SECONDS']" in (stored.last_error or "")
+    # One abandoned batch per attempt of the poison, at most: no loop over the same batch.
+    assert worker.output().count("database unavailable") <= MAX_ATTEMPTS, worker.output()
+
+
 def test_a_subscriber_killing_its_process_ends_dead_alone_and_the_relay_runs_on(
     start_worker: Any,
 ) -> None:
