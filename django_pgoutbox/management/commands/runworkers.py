@@ -60,8 +60,10 @@ def require_migrated_once_it_answers(alias: str, wait: float = START_WAIT) -> No
             if classify_error(error) is not ErrorKind.CONNECTION:
                 raise
             connections[alias].close()
-            text = str(error).strip()
-            reason = text.splitlines()[-1] if text else type(error).__name__
+            # libpq's message: the failure, then often a hint on a line of its own (and one
+            # line per host tried): all of it, on one line.
+            reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+            reason = reason or type(error).__name__
             now = time.monotonic()
             if refused_at is None:
                 refused_at = now
