@@ -87,6 +87,24 @@ def require_migrated_once_it_answers(alias: str, wait: float = START_WAIT) -> No
         return
 
 
+#: The signals that stop a worker (``Command._install_signal_handlers``).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StoppedBeforeStart(BaseException):
+    """SIGTERM or SIGINT received while ``runworkers`` waited for its database: nothing runs
+    yet, so nothing to finish. A ``BaseException``, as ``KeyboardInterrupt``, so that no
+    ``except Exception`` on the way (the wait's, the driver's) takes it for a database error."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
+def _stop_before_start(signum: int, frame: FrameType | None) -> None:
+    raise StoppedBeforeStart(signum)
+
+
 def _names(value: str) -> list[str]:
     names = [name.strip() for name in value.split(",") if name.strip()]
     if not names:
@@ -287,7 +305,22 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
-        require_migrated_once_it_answers(worker.using)
+        # Until the loops start (and their handlers replace these), a stop has nothing to
+        # finish: SIGTERM or Ctrl-C during the wait for the database exits at once, with one
+        # line and the status of a worker stopped after its loops ran, not a traceback (SIGINT)
+        # nor death by the signal (SIGTERM, which a container's PID 1 would even ignore).
+        previous = {signum: signal.signal(signum, _stop_before_start) for signum in STOP_SIGNALS}
+        try:
+            require_migrated_once_it_answers(worker.using)
+        except StoppedBeforeStart as stopped:
+            connections[worker.using].close()
+            logger.warning(
+                "received %s while waiting for database %r: exiting", stopped.name, worker.using
+            )
+            return
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         if not connections[worker.using].in_atomic_block:
             connections[worker.using].close()  # the loops have their own; it would sit idle
         host = options["metrics_host"]
