@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -43,7 +44,14 @@ START_WAIT = 60.0
 
 
 def require_migrated_once_it_answers(alias: str, wait: float = START_WAIT) -> None:
-    """``require_migrated``, waiting out a database that refuses connections for now.
+    """``require_migrated``, waiting out a database that refuses connections for now
+    (``once_it_answers``)."""
+    once_it_answers(alias, lambda: require_migrated(alias), wait)
+
+
+def once_it_answers(alias: str, step: Callable[[], None], wait: float = START_WAIT) -> None:
+    """``step`` (a statement on database ``alias`` at start), waiting out a database that
+    refuses connections for now.
 
     A worker started while the server is full (53300: "too many clients"), starting up (57P03)
     or not reachable (``db.classify_error``: ``CONNECTION``) tries again with the loops'
@@ -55,7 +63,7 @@ def require_migrated_once_it_answers(alias: str, wait: float = START_WAIT) -> No
     pause, refused_at = ERROR_BACKOFF[0], None
     while True:
         try:
-            require_migrated(alias)
+            step()
         except Exception as error:
             if classify_error(error) is not ErrorKind.CONNECTION:
                 raise
@@ -305,22 +313,8 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
-        # Until the loops start (and their handlers replace these), a stop has nothing to
-        # finish: SIGTERM or Ctrl-C during the wait for the database exits at once, with one
-        # line and the status of a worker stopped after its loops ran, not a traceback (SIGINT)
-        # nor death by the signal (SIGTERM, which a container's PID 1 would even ignore).
-        previous = {signum: signal.signal(signum, _stop_before_start) for signum in STOP_SIGNALS}
-        try:
-            require_migrated_once_it_answers(worker.using)
-        except StoppedBeforeStart as stopped:
-            connections[worker.using].close()
-            logger.warning(
-                "received %s while waiting for database %r: exiting", stopped.name, worker.using
-            )
+        if not self._at_start(worker.using, lambda: require_migrated(worker.using)):
             return
-        finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         if not connections[worker.using].in_atomic_block:
             connections[worker.using].close()  # the loops have their own; it would sit idle
         host = options["metrics_host"]
@@ -341,6 +335,12 @@ class Command(BaseCommand):
                     f"--metrics-host {host!r:.80} --metrics-port {options['metrics_port']}: "
                     f"cannot listen there ({error})"
                 ) from error
+        try:
+            # A second connection, which the server may refuse though it took the first.
+            if not self._at_start(worker.using, worker.take_id):
+                return
+        except WorkerIdInUse as error:
+            raise CommandError(str(error)) from error
         self._install_signal_handlers(worker)
         tune_collector(options["gc_threshold"])
         show_job_logs(sys.stderr, JOB_LOG_LEVELS.get(options["verbosity"], logging.DEBUG))
@@ -366,6 +366,29 @@ class Command(BaseCommand):
         if any(t.daemon and t.is_alive() for t in threading.enumerate()):
             logging.shutdown()
             os._exit(0)
+
+    def _at_start(self, alias: str, step: Callable[[], None]) -> bool:
+        """``step`` once database ``alias`` answers (``once_it_answers``); False if SIGTERM or
+        SIGINT came first.
+
+        Until the loops start (and their handlers replace these), a stop has nothing to finish:
+        it exits at once, with one line and the status of a worker stopped after its loops ran,
+        not a traceback (SIGINT) nor death by the signal (SIGTERM, which a container's PID 1
+        would even ignore).
+        """
+        previous = {signum: signal.signal(signum, _stop_before_start) for signum in STOP_SIGNALS}
+        try:
+            once_it_answers(alias, step)
+        except StoppedBeforeStart as stopped:
+            connections[alias].close()
+            logger.warning(
+                "received %s while waiting for database %r: exiting", stopped.name, alias
+            )
+            return False
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        return True
 
     def _start_again(self, worker: Worker) -> None:
         """Run this very command again in this process (``exec``): a fresh interpreter, its
