@@ -1,19 +1,34 @@
-"""A worker started while its database refuses connections: ``runworkers`` against a port nothing
-listens on waits for the database (``runworkers.START_WAIT``). SIGTERM or Ctrl-C (SIGINT) during
-that wait must end the process at once, with status 0 as after a stop of a running worker, one
-line and no traceback; and the warning must name the reason the connection failed, not only
-libpq's hint that follows it."""
+"""A worker started while its database refuses connections, stopped during the wait; and a
+scheduler whose schedule transaction the server ends after 3 s of silence.
+
+Start: ``runworkers`` against a port nothing listens on waits for the database
+(``runworkers.START_WAIT``). SIGTERM or Ctrl-C (SIGINT) during that wait must end the process at
+once, with status 0 as after a stop of a running worker, one line and no traceback; and the
+warning must name the reason the connection failed, not only libpq's hint that follows it.
+
+Schedule transaction: the scheduler's transaction carries ``idle_in_transaction_session_timeout``
+of 3 s (``queries.SCHEDULE_LOCK``). A lock wait is not idle; a process that stops between two
+statements is. The test holds, in a transaction of its own, a job row with the idempotency key of
+the slot the scheduler must enqueue, so that the scheduler's insert waits on it; stops the worker
+process (SIGSTOP) while it waits; rolls its own transaction back, so that the insert completes
+and the server then waits for the stopped client; and resumes it after the timeout. The server
+has ended the session (SQLSTATE 25P03): the scheduler must take it for a lost connection, say so
+in one warning line (no traceback), reconnect and enqueue the slot exactly once, and keep running.
+"""
 
 from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from django_pgoutbox.schedules import Schedule
 from tests.processes import wait_for
-from tests.reliability.cluster import free_port
+from tests.reliability.cluster import Cluster, free_port, own_cluster
 
 QUIET = {"PGOUTBOX_DEBUG": "0"}
 
@@ -55,3 +70,105 @@ def test_the_start_warning_names_why_the_connection_failed(start_worker: Any) ->
     # libpq's message is the failure, then a hint on a line of its own: both, on one line.
     assert "Connection refused" in line, line
     assert "Is the server running" in line, line
+
+
+# -- the schedule transaction ended by the server --------------------------------------------------
+
+DATABASE = "sessions"
+SCHEDULE = "hourly"
+SCHEDULES: dict[str, Any] = {
+    SCHEDULE: {"JOB": "tests.noop", "EVERY": 3600},
+    "pgoutbox.prune": None,
+    "pgoutbox.recover_leases": None,
+    "pgoutbox.reconcile_outbox": None,
+    "pgoutbox.sample_queues": None,
+}
+#: Longer than the schedule transaction's idle_in_transaction_session_timeout (3 s).
+STOPPED = 6.0
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with own_cluster() as own:
+        own.migrated_database(DATABASE)
+        yield own
+
+
+def test_a_schedule_transaction_ended_for_idleness_enqueues_the_slot_once(
+    cluster: Cluster, start_worker: Any
+) -> None:
+    url = cluster.url(DATABASE)
+    cluster.execute(DATABASE, "TRUNCATE jobs, schedule_cursors CASCADE")
+    # The schedule has run before: its cursor is an hour back, so the hour's slot is due now.
+    hour = cluster.execute(DATABASE, "SELECT date_trunc('hour', now())")[0][0]
+    key = Schedule(name=SCHEDULE, job_type="tests.noop", every=timedelta(hours=1)).idempotency_key(
+        hour
+    )
+    cluster.execute(
+        DATABASE,
+        "INSERT INTO schedule_cursors (name, last_slot_at) VALUES (%s, %s)",
+        [SCHEDULE, hour - timedelta(hours=1)],
+    )
+    with cluster.connect(DATABASE) as holder:
+        holder.autocommit = False
+        # The scheduler's insert of the slot's job waits for this lock (not idle: waiting).
+        holder.execute("LOCK TABLE jobs IN SHARE MODE")
+        worker = start_worker(
+            "--roles",
+            "scheduler",
+            database_url=url,
+            env=QUIET,
+            SCHEDULES=SCHEDULES,
+        )
+        with cluster.connect(DATABASE) as watcher:
+
+            def waits_for_the_lock() -> bool:
+                """the scheduler's insert of the slot's job waits for the test's lock"""
+                return bool(
+                    watcher.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                        "AND wait_event_type = 'Lock'",
+                        [worker.application_name],
+                    ).fetchone()[0]
+                )
+
+            wait_for(waits_for_the_lock, timeout=60)
+            # Waiting for a lock is not idle: past the timeout, the session still waits.
+            time.sleep(STOPPED - 2)
+            assert waits_for_the_lock()
+            worker.signal(signal.SIGSTOP)
+            holder.rollback()
+
+            def ended() -> bool:
+                """the server ended the stopped scheduler's session"""
+                return not watcher.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                    "AND xact_start IS NOT NULL",
+                    [worker.application_name],
+                ).fetchone()[0]
+
+            try:
+                wait_for(ended, timeout=STOPPED + 10)
+                time.sleep(STOPPED - 3)
+            finally:
+                worker.signal(signal.SIGCONT)
+
+            def enqueued() -> int:
+                """the slot's job is in the table"""
+                return int(
+                    watcher.execute(
+                        "SELECT count(*) FROM jobs WHERE idempotency_key = %s", [key]
+                    ).fetchone()[0]
+                )
+
+            wait_for(enqueued, timeout=60)
+            time.sleep(3)
+            assert enqueued() == 1
+            assert worker.process.poll() is None, worker.output()
+            output = worker.output()
+            assert "Traceback" not in output, output
+            assert "scheduler: database unavailable" in output, output
+            cursor = watcher.execute(
+                "SELECT last_slot_at FROM schedule_cursors WHERE name = %s", [SCHEDULE]
+            ).fetchone()
+            assert cursor == (hour,)
