@@ -196,9 +196,21 @@ def classify_error(error: BaseException) -> ErrorKind:
 PREPARED_STATEMENT_LOST = frozenset({"26000", "42P05"})
 
 
+#: SQLSTATE read_only_sql_transaction: a write on a hot standby, or in a session whose
+#: ``default_transaction_read_only`` is on (a primary being demoted, a role or database set so).
+READ_ONLY = "25006"
+
+
 def error_hint(error: BaseException, alias: str) -> str:
     """What to change when ``error``, by its SQLSTATE, is a setting's fault; else ``""``."""
-    if sqlstate(error) in PREPARED_STATEMENT_LOST:
+    state = sqlstate(error)
+    if state == READ_ONLY:
+        return (
+            f"database {alias!r} is read-only (a hot standby, or default_transaction_read_only "
+            "on): point it at the primary; with several hosts in one setting, libpq's "
+            "target_session_attrs=read-write picks it"
+        )
+    if state in PREPARED_STATEMENT_LOST:
         return (
             f"database {alias!r} looks as if it goes through a transaction-pooling proxy that "
             "does not keep prepared statements (PgBouncer before 1.21, or its "

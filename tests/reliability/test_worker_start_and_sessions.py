@@ -172,3 +172,23 @@ def test_a_schedule_transaction_ended_for_idleness_enqueues_the_slot_once(
                 "SELECT last_slot_at FROM schedule_cursors WHERE name = %s", [SCHEDULE]
             ).fetchone()
             assert cursor == (hour,)
+
+
+# -- a read-only database ------------------------------------------------------------------------
+
+
+def test_a_worker_on_a_read_only_database_stops_in_one_line(
+    cluster: Cluster, start_worker: Any
+) -> None:
+    """A hot standby, or a database with ``default_transaction_read_only`` (a primary being
+    demoted): the first write at start fails with SQLSTATE 25006. One line that says so, not a
+    traceback."""
+    url = cluster.migrated_database("readonly")
+    cluster.execute("postgres", "ALTER DATABASE readonly SET default_transaction_read_only = on")
+    worker = start_worker(database_url=url, env=QUIET)
+    status = worker.wait(timeout=60)
+    output = worker.output()
+    assert status != 0, output
+    assert "Traceback" not in output, output
+    assert "read-only" in output, output
+    assert "primary" in output, output

@@ -23,6 +23,7 @@ from django_pgoutbox.db import (
     ERROR_BACKOFF,
     ErrorKind,
     classify_error,
+    error_hint,
     require_migrated,
     require_postgresql,
 )
@@ -58,20 +59,24 @@ def once_it_answers(alias: str, step: Callable[[], None], wait: float = START_WA
     back-off (``ERROR_BACKOFF``), saying so once, and once more when it answers; no traceback.
     libpq reports no SQLSTATE for a refused connection, so a wrong password or database name
     looks the same: after ``wait`` seconds the command stops with one line (``CommandError``).
-    Any other error is raised at once.
+    Any other error is raised at once: as one line with what to change if it is a setting's
+    fault (``db.error_hint``: a read-only database, say), else as it is.
     """
     pause, refused_at = ERROR_BACKOFF[0], None
     while True:
         try:
             step()
         except Exception as error:
-            if classify_error(error) is not ErrorKind.CONNECTION:
-                raise
-            connections[alias].close()
             # libpq's message: the failure, then often a hint on a line of its own (and one
             # line per host tried): all of it, on one line.
             reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
             reason = reason or type(error).__name__
+            if classify_error(error) is not ErrorKind.CONNECTION:
+                hint = error_hint(error, alias)
+                if hint:  # a setting's fault: what to change, in one line
+                    raise CommandError(f"{reason} ({hint})") from error
+                raise
+            connections[alias].close()
             now = time.monotonic()
             if refused_at is None:
                 refused_at = now
