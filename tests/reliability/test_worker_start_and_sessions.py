@@ -8,12 +8,16 @@ warning must name the reason the connection failed, not only libpq's hint that f
 
 Schedule transaction: the scheduler's transaction carries ``idle_in_transaction_session_timeout``
 of 3 s (``queries.SCHEDULE_LOCK``). A lock wait is not idle; a process that stops between two
-statements is. The test holds, in a transaction of its own, a job row with the idempotency key of
-the slot the scheduler must enqueue, so that the scheduler's insert waits on it; stops the worker
-process (SIGSTOP) while it waits; rolls its own transaction back, so that the insert completes
-and the server then waits for the stopped client; and resumes it after the timeout. The server
-has ended the session (SQLSTATE 25P03): the scheduler must take it for a lost connection, say so
-in one warning line (no traceback), reconnect and enqueue the slot exactly once, and keep running.
+statements is. The test holds a SHARE lock on ``jobs`` in a transaction of its own, so that the
+scheduler's insert of the slot's job waits (longer than the timeout: still waiting); stops the
+worker process (SIGSTOP); rolls its own transaction back, so that the insert completes and the
+server then waits for the stopped client; and resumes it after the timeout. The server has ended
+the session (25P03; the client reads "server closed the connection unexpectedly"): the scheduler
+must take it for a lost connection, say so in one warning (no traceback), reconnect and enqueue
+the slot exactly once, and keep running.
+
+Read-only database: a worker on a database whose writes fail (SQLSTATE 25006: a hot standby,
+``default_transaction_read_only``) stops at start with one line that says so, not a traceback.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 
 from django_pgoutbox.schedules import Schedule
@@ -31,6 +36,12 @@ from tests.processes import wait_for
 from tests.reliability.cluster import Cluster, free_port, own_cluster
 
 QUIET = {"PGOUTBOX_DEBUG": "0"}
+
+
+def _count(conn: psycopg.Connection[Any], sql: str, *params: Any) -> int:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def _unreachable_url() -> str:
@@ -125,11 +136,12 @@ def test_a_schedule_transaction_ended_for_idleness_enqueues_the_slot_once(
             def waits_for_the_lock() -> bool:
                 """the scheduler's insert of the slot's job waits for the test's lock"""
                 return bool(
-                    watcher.execute(
+                    _count(
+                        watcher,
                         "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
                         "AND wait_event_type = 'Lock'",
-                        [worker.application_name],
-                    ).fetchone()[0]
+                        worker.application_name,
+                    )
                 )
 
             wait_for(waits_for_the_lock, timeout=60)
@@ -141,11 +153,12 @@ def test_a_schedule_transaction_ended_for_idleness_enqueues_the_slot_once(
 
             def ended() -> bool:
                 """the server ended the stopped scheduler's session"""
-                return not watcher.execute(
+                return not _count(
+                    watcher,
                     "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
                     "AND xact_start IS NOT NULL",
-                    [worker.application_name],
-                ).fetchone()[0]
+                    worker.application_name,
+                )
 
             try:
                 wait_for(ended, timeout=STOPPED + 10)
@@ -155,11 +168,7 @@ def test_a_schedule_transaction_ended_for_idleness_enqueues_the_slot_once(
 
             def enqueued() -> int:
                 """the slot's job is in the table"""
-                return int(
-                    watcher.execute(
-                        "SELECT count(*) FROM jobs WHERE idempotency_key = %s", [key]
-                    ).fetchone()[0]
-                )
+                return _count(watcher, "SELECT count(*) FROM jobs WHERE idempotency_key = %s", key)
 
             wait_for(enqueued, timeout=60)
             time.sleep(3)
