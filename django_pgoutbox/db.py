@@ -188,6 +188,18 @@ def classify_error(error: BaseException) -> ErrorKind:
     return ErrorKind.OTHER
 
 
+#: SQLSTATE idle_in_transaction_session_timeout: the server ended the session, idle inside a
+#: transaction for longer than that setting (a ``CONNECTION`` error). On the relay's connection
+#: it says that subscriber code paused that long between two statements of the batch: the same
+#: batch tried again would end the same way.
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+
+
+def ended_idle_in_transaction(error: BaseException) -> bool:
+    """Whether the server ended the session for idleness inside a transaction (25P03)."""
+    return sqlstate(error) == IDLE_IN_TRANSACTION_TIMEOUT
+
+
 #: SQLSTATEs of a prepared statement that the server session does not have
 #: (invalid_sql_statement_name, "prepared statement ... does not exist") or has from another
 #: client (duplicate_prepared_statement, "... already exists"): the connection goes through a

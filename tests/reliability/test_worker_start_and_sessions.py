@@ -201,3 +201,59 @@ def test_a_worker_on_a_read_only_database_stops_in_one_line(
     assert "Traceback" not in output, output
     assert "read-only" in output, output
     assert "primary" in output, output
+
+
+# -- a subscriber slower than the server's idle_in_transaction_session_timeout --------------------
+
+
+def test_a_subscriber_paused_past_the_idle_timeout_does_not_halt_the_relay(
+    cluster: Cluster, start_worker: Any
+) -> None:
+    """The relay's connection is idle inside its batch's transaction while subscriber code runs:
+    a subscriber that pauses longer than the database's ``idle_in_transaction_session_timeout``
+    gets the session ended (25P03) at each try. The batch must not be projected again and again
+    forever (every event of it, the innocent ones too, never processed): it is left to its
+    claim's expiry, then taken over event by event, the slow one counted and dead at last."""
+    url = cluster.migrated_database("idle_relay")
+    cluster.execute(
+        "postgres", "ALTER DATABASE idle_relay SET idle_in_transaction_session_timeout = '1s'"
+    )
+    with cluster.connect("idle_relay") as conn:
+        for payload in ('{"sleep": 2}', "{}"):
+            conn.execute(
+                "INSERT INTO outbox_events (id, event_type, schema_version, aggregate_type, "
+                "aggregate_id, payload) VALUES (gen_random_uuid(), 'tests.projected', 1, 't', "
+                "gen_random_uuid(), %s)",
+                [payload],
+            )
+    worker = start_worker(
+        "--roles",
+        "relay",
+        database_url=url,
+        env=QUIET,
+        OUTBOX={"CLAIM_SECONDS": 3, "MAX_ATTEMPTS": 2},
+    )
+    with cluster.connect("idle_relay") as watcher:
+
+        def innocent_projected() -> int:
+            """the event without a pause is projected"""
+            return _count(
+                watcher,
+                "SELECT count(*) FROM outbox_events WHERE processed_at IS NOT NULL "
+                "AND payload = '{}'::jsonb",
+            )
+
+        wait_for(innocent_projected, timeout=90)
+
+        def slow_one_dead() -> int:
+            """the pausing event is dead after its attempts"""
+            return _count(
+                watcher,
+                "SELECT count(*) FROM outbox_events WHERE dead_at IS NOT NULL "
+                "AND payload ? 'sleep'",
+            )
+
+        wait_for(slow_one_dead, timeout=90)
+    assert worker.process.poll() is None, worker.output()
+    assert "Traceback" not in worker.output()
+    assert "idle_in_transaction_session_timeout" in worker.output()
