@@ -1,5 +1,6 @@
-"""A worker started while its database refuses connections, stopped during the wait; and a
-scheduler whose schedule transaction the server ends after 3 s of silence.
+"""A worker started while its database refuses connections, stopped during the wait; a scheduler
+whose schedule transaction the server ends after 3 s of silence; a read-only database; a relay
+whose session the server ends inside a batch.
 
 Start: ``runworkers`` against a port nothing listens on waits for the database
 (``runworkers.START_WAIT``). SIGTERM or Ctrl-C (SIGINT) during that wait must end the process at
@@ -18,6 +19,9 @@ the slot exactly once, and keep running.
 
 Read-only database: a worker on a database whose writes fail (SQLSTATE 25006: a hot standby,
 ``default_transaction_read_only``) stops at start with one line that says so, not a traceback.
+
+Relay: a subscriber that pauses longer than the database's ``idle_in_transaction_session_timeout``
+must not stop the relay from projecting every other event.
 """
 
 from __future__ import annotations
