@@ -188,6 +188,18 @@ def classify_error(error: BaseException) -> ErrorKind:
     return ErrorKind.OTHER
 
 
+#: SQLSTATE idle_in_transaction_session_timeout: the server ended the session, idle inside a
+#: transaction for longer than that setting (a ``CONNECTION`` error). On the relay's connection
+#: it says that subscriber code paused that long between two statements of the batch: the same
+#: batch tried again would end the same way.
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"
+
+
+def ended_idle_in_transaction(error: BaseException) -> bool:
+    """Whether the server ended the session for idleness inside a transaction (25P03)."""
+    return sqlstate(error) == IDLE_IN_TRANSACTION_TIMEOUT
+
+
 #: SQLSTATEs of a prepared statement that the server session does not have
 #: (invalid_sql_statement_name, "prepared statement ... does not exist") or has from another
 #: client (duplicate_prepared_statement, "... already exists"): the connection goes through a
@@ -196,9 +208,21 @@ def classify_error(error: BaseException) -> ErrorKind:
 PREPARED_STATEMENT_LOST = frozenset({"26000", "42P05"})
 
 
+#: SQLSTATE read_only_sql_transaction: a write on a hot standby, or in a session whose
+#: ``default_transaction_read_only`` is on (a primary being demoted, a role or database set so).
+READ_ONLY = "25006"
+
+
 def error_hint(error: BaseException, alias: str) -> str:
     """What to change when ``error``, by its SQLSTATE, is a setting's fault; else ``""``."""
-    if sqlstate(error) in PREPARED_STATEMENT_LOST:
+    state = sqlstate(error)
+    if state == READ_ONLY:
+        return (
+            f"database {alias!r} is read-only (a hot standby, or default_transaction_read_only "
+            "on): point it at the primary; with several hosts in one setting, libpq's "
+            "target_session_attrs=read-write picks it"
+        )
+    if state in PREPARED_STATEMENT_LOST:
         return (
             f"database {alias!r} looks as if it goes through a transaction-pooling proxy that "
             "does not keep prepared statements (PgBouncer before 1.21, or its "

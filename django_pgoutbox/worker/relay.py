@@ -51,7 +51,13 @@ from django.db import connections, transaction
 
 from django_pgoutbox import metrics, queries, session_settings
 from django_pgoutbox.conf import OutboxSettings, RetrySettings
-from django_pgoutbox.db import ERROR_BACKOFF, ErrorKind, classify_error, server_side_cursor
+from django_pgoutbox.db import (
+    ERROR_BACKOFF,
+    ErrorKind,
+    classify_error,
+    ended_idle_in_transaction,
+    server_side_cursor,
+)
 from django_pgoutbox.enqueueing import DeferredEnqueues, deferred_enqueues
 from django_pgoutbox.models import OutboxEvent
 from django_pgoutbox.retry import summarize
@@ -191,7 +197,23 @@ class Relay:
                     last_failure, repeats = "", 0
                 except Exception as error:
                     self._close_quietly()
-                    if isinstance(error, ConnectionLost) or (
+                    if ended_idle_in_transaction(error):
+                        # A subscriber paused longer than the server allows inside the batch's
+                        # transaction: projecting the same batch again would end the same way,
+                        # for ever. Leave it to its claim's expiry: then its events are taken
+                        # over one at a time, each attempt counted (dead at MAX_ATTEMPTS).
+                        logger.warning(
+                            "relay: the server ended its session, idle inside the transaction "
+                            "of a batch of %d events for longer than its "
+                            "idle_in_transaction_session_timeout (a subscriber's pause between "
+                            "two statements); the batch is left to its claim's expiry "
+                            "(OUTBOX['CLAIM_SECONDS']), then projected event by event",
+                            len(self._batch),
+                        )
+                        self._batch = []
+                        self._suspects.clear()
+                        self._waiting.clear()
+                    elif isinstance(error, ConnectionLost) or (
                         classify_error(error) is ErrorKind.CONNECTION
                     ):
                         logger.warning(

@@ -16,6 +16,7 @@ import psycopg
 from django.db import connections
 
 from django_pgoutbox.conf import RetrySettings
+from django_pgoutbox.db import ended_idle_in_transaction
 from django_pgoutbox.enqueueing import for_event
 from django_pgoutbox.failures import failure_outcome
 from django_pgoutbox.models import OutboxEvent
@@ -213,23 +214,24 @@ def _raise_if_timed_out(
     idle_seconds: float | None,
     error: BaseException | None,
 ) -> None:
-    """After a subscriber that ran for ``idle_seconds`` or more: one round trip to learn whether
-    the server ended the session meanwhile (SQLSTATE 25P03, or the connection gone); if so,
-    ``SubscriberTimedOut``. Subscribers quicker than that cost nothing."""
+    """After a subscriber that ran for ``idle_seconds`` or more: whether the server ended the
+    session for its silence (SQLSTATE 25P03, ``idle_in_transaction_session_timeout``), in what it
+    raised or in one round trip; if so, ``SubscriberTimedOut``. Subscribers quicker than that cost
+    nothing. A connection gone without that word from the server (a network partition: the
+    subscriber's own statement waited on it) is nobody's fault: the relay's next statement finds
+    it lost, as after any lost connection."""
     seconds = time.monotonic() - started
     if idle_seconds is None or seconds < idle_seconds:
         return
+    ended = error is not None and ended_idle_in_transaction(error)
     raw = connections[using].connection
-    if raw is None or raw.closed or raw.broken:
-        ended = raw is not None
-    else:
+    if not ended and raw is not None and not raw.closed and not raw.broken:
         try:
             raw.execute("SELECT 1")
-            ended = False
-        except psycopg.Error:
-            # An aborted transaction (the subscriber caught a database error) answers too,
-            # with an error: only a session the server ended leaves the connection broken.
-            ended = bool(raw.closed or raw.broken)
+        except psycopg.Error as probe:
+            # An aborted transaction (the subscriber caught a database error) answers with an
+            # error too, but not this one.
+            ended = ended_idle_in_transaction(probe)
     if ended:
         # As a subscriber's close() would: Django marks the transaction closed, so that the
         # relay records the failure apart in a transaction on a new connection.

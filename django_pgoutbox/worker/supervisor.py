@@ -103,6 +103,8 @@ class Worker:
                 f"not {concurrency!r}"
             )
         self.worker_id = check_worker_id(worker_id) if worker_id else default_worker_id()
+        #: Whether ``take_id`` took the worker id already (``runworkers`` does, at start).
+        self._id_taken = False
         self.using = using or router.db_for_write(Job)
         # A burst drains what is already due: nothing to wait for, so nothing to listen to.
         self.listen = conf.notify and not burst
@@ -173,11 +175,19 @@ class Worker:
             parts.append(f"scheduler ({len(self.scheduler.schedules)} schedules)")
         return ", ".join(parts)
 
+    def take_id(self) -> None:
+        """Take this process's worker id (``worker_ids.take``) before ``run``, which then does
+        not: raises ``WorkerIdInUse`` if another live process runs under it."""
+        heartbeat = Heartbeat(self.worker_id, self.roles, list(self.runners), self.using)
+        worker_ids.take(heartbeat.params, self.using)
+        self._id_taken = True
+
     def run(self) -> None:
         """Run until ``stop()`` (or, with ``burst``, until nothing is due); raises
         ``WorkerIdInUse`` first if another live process runs under this worker id."""
         heartbeat = Heartbeat(self.worker_id, self.roles, list(self.runners), self.using)
-        worker_ids.take(heartbeat.params, self.using)
+        if not self._id_taken:
+            worker_ids.take(heartbeat.params, self.using)
         logger.info("worker %s running %s", self.worker_id, self.describe())
         if self.listen:
             channels: dict[str, Callable[[str], None]] = {}

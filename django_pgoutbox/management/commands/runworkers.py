@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -22,6 +23,7 @@ from django_pgoutbox.db import (
     ERROR_BACKOFF,
     ErrorKind,
     classify_error,
+    error_hint,
     require_migrated,
     require_postgresql,
 )
@@ -43,25 +45,38 @@ START_WAIT = 60.0
 
 
 def require_migrated_once_it_answers(alias: str, wait: float = START_WAIT) -> None:
-    """``require_migrated``, waiting out a database that refuses connections for now.
+    """``require_migrated``, waiting out a database that refuses connections for now
+    (``once_it_answers``)."""
+    once_it_answers(alias, lambda: require_migrated(alias), wait)
+
+
+def once_it_answers(alias: str, step: Callable[[], None], wait: float = START_WAIT) -> None:
+    """``step`` (a statement on database ``alias`` at start), waiting out a database that
+    refuses connections for now.
 
     A worker started while the server is full (53300: "too many clients"), starting up (57P03)
     or not reachable (``db.classify_error``: ``CONNECTION``) tries again with the loops'
     back-off (``ERROR_BACKOFF``), saying so once, and once more when it answers; no traceback.
     libpq reports no SQLSTATE for a refused connection, so a wrong password or database name
     looks the same: after ``wait`` seconds the command stops with one line (``CommandError``).
-    Any other error is raised at once.
+    Any other error is raised at once: as one line with what to change if it is a setting's
+    fault (``db.error_hint``: a read-only database, say), else as it is.
     """
     pause, refused_at = ERROR_BACKOFF[0], None
     while True:
         try:
-            require_migrated(alias)
+            step()
         except Exception as error:
+            # libpq's message: the failure, then often a hint on a line of its own (and one
+            # line per host tried): all of it, on one line.
+            reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+            reason = reason or type(error).__name__
             if classify_error(error) is not ErrorKind.CONNECTION:
+                hint = error_hint(error, alias)
+                if hint:  # a setting's fault: what to change, in one line
+                    raise CommandError(f"{reason} ({hint})") from error
                 raise
             connections[alias].close()
-            text = str(error).strip()
-            reason = text.splitlines()[-1] if text else type(error).__name__
             now = time.monotonic()
             if refused_at is None:
                 refused_at = now
@@ -83,6 +98,24 @@ def require_migrated_once_it_answers(alias: str, wait: float = START_WAIT) -> No
                 "database %r answers after %.1fs: starting", alias, time.monotonic() - refused_at
             )
         return
+
+
+#: The signals that stop a worker (``Command._install_signal_handlers``).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StoppedBeforeStart(BaseException):
+    """SIGTERM or SIGINT received while ``runworkers`` waited for its database: nothing runs
+    yet, so nothing to finish. A ``BaseException``, as ``KeyboardInterrupt``, so that no
+    ``except Exception`` on the way (the wait's, the driver's) takes it for a database error."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.name = signal.Signals(signum).name
+
+
+def _stop_before_start(signum: int, frame: FrameType | None) -> None:
+    raise StoppedBeforeStart(signum)
 
 
 def _names(value: str) -> list[str]:
@@ -285,7 +318,8 @@ class Command(BaseCommand):
             )
         except ValueError as error:
             raise CommandError(str(error)) from error
-        require_migrated_once_it_answers(worker.using)
+        if not self._at_start(worker.using, lambda: require_migrated(worker.using)):
+            return
         if not connections[worker.using].in_atomic_block:
             connections[worker.using].close()  # the loops have their own; it would sit idle
         host = options["metrics_host"]
@@ -306,6 +340,12 @@ class Command(BaseCommand):
                     f"--metrics-host {host!r:.80} --metrics-port {options['metrics_port']}: "
                     f"cannot listen there ({error})"
                 ) from error
+        try:
+            # A second connection, which the server may refuse though it took the first.
+            if not self._at_start(worker.using, worker.take_id):
+                return
+        except WorkerIdInUse as error:
+            raise CommandError(str(error)) from error
         self._install_signal_handlers(worker)
         tune_collector(options["gc_threshold"])
         show_job_logs(sys.stderr, JOB_LOG_LEVELS.get(options["verbosity"], logging.DEBUG))
@@ -331,6 +371,29 @@ class Command(BaseCommand):
         if any(t.daemon and t.is_alive() for t in threading.enumerate()):
             logging.shutdown()
             os._exit(0)
+
+    def _at_start(self, alias: str, step: Callable[[], None]) -> bool:
+        """``step`` once database ``alias`` answers (``once_it_answers``); False if SIGTERM or
+        SIGINT came first.
+
+        Until the loops start (and their handlers replace these), a stop has nothing to finish:
+        it exits at once, with one line and the status of a worker stopped after its loops ran,
+        not a traceback (SIGINT) nor death by the signal (SIGTERM, which a container's PID 1
+        would even ignore).
+        """
+        previous = {signum: signal.signal(signum, _stop_before_start) for signum in STOP_SIGNALS}
+        try:
+            once_it_answers(alias, step)
+        except StoppedBeforeStart as stopped:
+            connections[alias].close()
+            logger.warning(
+                "received %s while waiting for database %r: exiting", stopped.name, alias
+            )
+            return False
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        return True
 
     def _start_again(self, worker: Worker) -> None:
         """Run this very command again in this process (``exec``): a fresh interpreter, its
