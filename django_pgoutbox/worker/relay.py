@@ -198,16 +198,18 @@ class Relay:
                 except Exception as error:
                     self._close_quietly()
                     if ended_idle_in_transaction(error):
-                        # A subscriber paused longer than the server allows inside the batch's
-                        # transaction: projecting the same batch again would end the same way,
-                        # for ever. Leave it to its claim's expiry: then its events are taken
-                        # over one at a time, each attempt counted (dead at MAX_ATTEMPTS).
+                        # The server ended the session, idle inside a transaction past its
+                        # bound, and no subscriber kept it silent that long (that one fails its
+                        # delivery, subscriber_timeout): the relay was cut off from the server
+                        # (a partition) or stalled. Projecting the same batch again at once
+                        # could end the same way: leave it to its claim's expiry, after which
+                        # its events are taken over one at a time, each attempt counted.
                         logger.warning(
-                            "relay: the server ended its session, idle inside the transaction "
-                            "of a batch of %d events for longer than its "
-                            "idle_in_transaction_session_timeout (a subscriber's pause between "
-                            "two statements); the batch is left to its claim's expiry "
-                            "(OUTBOX['CLAIM_SECONDS']), then projected event by event",
+                            "relay: database unavailable (the server ended the session, idle "
+                            "inside a transaction for longer than its "
+                            "idle_in_transaction_session_timeout: cut off from the server, or "
+                            "stalled); the %d events it held are left to their claim's expiry "
+                            "(OUTBOX['CLAIM_SECONDS']), then projected one by one",
                             len(self._batch),
                         )
                         self._batch = []

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from django.db import connections
@@ -184,18 +185,22 @@ def run_one(
     (the transaction's ``idle_in_transaction_session_timeout``) after which the server ended the
     session raises ``SubscriberTimedOut``."""
     wrapper = connections[using]
-    started = time.monotonic()
+    statements = _InStatements()
     try:
-        with for_event(event.id), traced_event(event, projection.name):
+        with (
+            wrapper.execute_wrapper(statements),
+            for_event(event.id),
+            traced_event(event, projection.name),
+        ):
             projection(event)
     except KeyboardInterrupt:
         raise
     except BaseException as error:  # SystemExit too: a subscriber's, not the process's
         if wrapper.closed_in_transaction:
             raise ClosedBySubscriber(event, projection.name) from error
-        _raise_if_timed_out(projection, event, using, started, idle_seconds, error)
+        _raise_if_timed_out(projection, event, using, statements.silent(), idle_seconds, error)
         raise SubscriberRaised(error) from error
-    _raise_if_timed_out(projection, event, using, started, idle_seconds, None)
+    _raise_if_timed_out(projection, event, using, statements.silent(), idle_seconds, None)
     # Set by Django's close() alone, never by a connection the server dropped.
     if wrapper.closed_in_transaction:
         raise ClosedBySubscriber(event, projection.name)
@@ -206,21 +211,40 @@ def run_one(
         raise SubscriberRaised(aborted) from aborted
 
 
+class _InStatements:
+    """An execute wrapper on the relay's connection while a subscriber runs: how long the
+    subscriber kept the connection silent, its run's time less the time its own statements
+    took (a statement waiting on a network partition is not silence of the subscriber's)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.inside = 0.0
+
+    def __call__(self, execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        began = time.monotonic()
+        try:
+            return execute(sql, params, many, context)
+        finally:
+            self.inside += time.monotonic() - began
+
+    def silent(self) -> float:
+        return time.monotonic() - self.started - self.inside
+
+
 def _raise_if_timed_out(
     projection: Subscriber,
     event: OutboxEvent,
     using: str,
-    started: float,
+    seconds: float,
     idle_seconds: float | None,
     error: BaseException | None,
 ) -> None:
-    """After a subscriber that ran for ``idle_seconds`` or more: whether the server ended the
-    session for its silence (SQLSTATE 25P03, ``idle_in_transaction_session_timeout``), in what it
-    raised or in one round trip; if so, ``SubscriberTimedOut``. Subscribers quicker than that cost
-    nothing. A connection gone without that word from the server (a network partition: the
-    subscriber's own statement waited on it) is nobody's fault: the relay's next statement finds
-    it lost, as after any lost connection."""
-    seconds = time.monotonic() - started
+    """After a subscriber that kept the relay's connection silent for ``idle_seconds`` or more
+    (``seconds``): whether the server ended the session for it (SQLSTATE 25P03,
+    ``idle_in_transaction_session_timeout``), in what it raised or in one round trip; if so,
+    ``SubscriberTimedOut``. Subscribers quicker than that cost nothing. A connection gone while
+    the subscriber's own statement waited on it (a network partition) is nobody's fault: the
+    relay's next statement finds it lost, as after any lost connection."""
     if idle_seconds is None or seconds < idle_seconds:
         return
     ended = error is not None and ended_idle_in_transaction(error)

@@ -20,7 +20,7 @@ def test_a_refusal_when_taking_the_worker_id_is_waited_out(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     take = worker_ids.take
-    refusals = []
+    refusals: list[str] = []
 
     def refused_twice(params: Any, using: str) -> None:
         if len(refusals) < 2:
