@@ -19,6 +19,7 @@ host's namespace. The partition is silent: packets vanish, nothing is refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -140,23 +141,31 @@ class Site:
         return [row[0] for row in rows]
 
 
-@pytest.fixture(scope="module")
-def site() -> Iterator[Site]:
+@contextlib.contextmanager
+def built_site(hosts: int, setup_sql: str) -> Iterator[Site]:
+    """``hosts`` hosts in network namespaces, a cluster of its own on the bridge that trusts
+    them, its database ``net`` migrated and ``setup_sql`` run there, and a latency relay."""
     with network() as net, own_cluster(host=net.gateway) as cluster:
         with (cluster.pgdata / "pg_hba.conf").open("a") as hba:
             hba.write(f"host all all {net.subnet} trust\n")
         cluster.reload()
-        hosts = [net.add_host() for _ in range(HOSTS)]
+        members = [net.add_host() for _ in range(hosts)]
         cluster.migrated_database("net")
-        cluster.execute("net", LEASE_LOG)
+        cluster.execute("net", setup_sql)
         proxy = DelayProxy(net.gateway, (net.gateway, cluster.port))
         proxy.start()
-        built = Site(net, cluster, proxy, hosts)
+        built = Site(net, cluster, proxy, members)
         try:
             yield built
         finally:
             built.stop_all()
             proxy.stop()
+
+
+@pytest.fixture(scope="module")
+def site() -> Iterator[Site]:
+    with built_site(HOSTS, LEASE_LOG) as built:
+        yield built
 
 
 @pytest.fixture

@@ -34,9 +34,8 @@ from typing import Any
 import pytest
 
 from tests.processes import wait_for
-from tests.reliability.cluster import own_cluster
-from tests.reliability.netns import DelayProxy, HostWorker, network
-from tests.reliability.test_network import Site, wait_listening
+from tests.reliability.netns import HostWorker
+from tests.reliability.test_network import Site, built_site, wait_listening
 
 LONG = os.environ.get("PGOUTBOX_LONG_TESTS") == "1"
 ROUNDS = 3 if LONG else 1
@@ -71,21 +70,8 @@ CREATE TRIGGER prt_slow_claim BEFORE UPDATE ON outbox_deliveries FOR EACH ROW
 
 @pytest.fixture(scope="module")
 def site() -> Iterator[Site]:
-    with network() as net, own_cluster(host=net.gateway) as cluster:
-        with (cluster.pgdata / "pg_hba.conf").open("a") as hba:
-            hba.write(f"host all all {net.subnet} trust\n")
-        cluster.reload()
-        hosts = [net.add_host() for _ in range(2)]
-        cluster.migrated_database("net")
-        cluster.execute("net", SLOW_CLAIMS)
-        proxy = DelayProxy(net.gateway, (net.gateway, cluster.port))  # unused: no latency here
-        proxy.start()
-        built = Site(net, cluster, proxy, hosts)
-        try:
-            yield built
-        finally:
-            built.stop_all()
-            proxy.stop()
+    with built_site(2, SLOW_CLAIMS) as built:
+        yield built
 
 
 @pytest.fixture
