@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import psycopg
 import pytest
@@ -32,6 +32,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for members in rng.sample(list(groups.values()), len(groups)):
             ordered += rng.sample(members, len(members))
     items[:] = ordered
+
+
+#: The pytest process itself (a handler's ``os.fork()`` child is another).
+_TEST_PROCESS = os.getpid()
+_real_exit = os._exit
+
+
+def _refuse_exit_in_the_test_process(status: int) -> NoReturn:
+    """``os._exit`` in the pytest process would end the run with that status, the tests after
+    it never run and nothing reported: ``runworkers`` called in-process exits so when daemon
+    threads are alive at its end (a run that reported 0 after half its tests). It fails the
+    test instead; forked children exit as they would."""
+    if os.getpid() != _TEST_PROCESS:
+        _real_exit(status)
+    raise RuntimeError(f"os._exit({status}) called in the pytest process")
+
+
+os._exit = _refuse_exit_in_the_test_process
 
 
 @pytest.fixture

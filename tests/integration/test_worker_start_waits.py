@@ -4,6 +4,7 @@ another client in between). The start waits for it as for the first, instead of 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -29,6 +30,10 @@ def test_a_refusal_when_taking_the_worker_id_is_waited_out(
         take(params, using)
 
     monkeypatch.setattr(worker_ids, "take", refused_twice)
+    # At its end, runworkers leaves with os._exit(0) when daemon threads are alive (this
+    # process has some): here it must return to the test.
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
     call_command(
         "runworkers", "--burst", "--roles", "scheduler", "--worker-id", "start-waits", "-v", "0"
     )
