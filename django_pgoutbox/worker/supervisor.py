@@ -185,9 +185,9 @@ class Worker:
     def run(self) -> None:
         """Run until ``stop()`` (or, with ``burst``, until nothing is due); raises
         ``WorkerIdInUse`` first if another live process runs under this worker id."""
-        heartbeat = Heartbeat(self.worker_id, self.roles, list(self.runners), self.using)
         if not self._id_taken:
-            worker_ids.take(heartbeat.params, self.using)
+            self.take_id()
+        heartbeat = Heartbeat(self.worker_id, self.roles, list(self.runners), self.using)
         logger.info("worker %s running %s", self.worker_id, self.describe())
         if self.listen:
             channels: dict[str, Callable[[str], None]] = {}
